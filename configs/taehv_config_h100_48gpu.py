@@ -1,0 +1,68 @@
+"""Resolved by taehv-launch for `48 h100`: table row.
+global batch 240 = micro 5 x 48 GPUs x accumulation 1; 2880 frames of 480x720 per optimizer step.
+Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
+
+from easydict import EasyDict
+
+args = EasyDict()
+args.data_root = ''  # folder of videos; empty on the cpu profile = built-in synthetic demo set
+args.annotation_file = ''  # optional JSON {"list": [{"path": ...}]}, paths relative to data_root
+args.height = 480  # training crop height (pixels, multiple of 8)
+args.width = 720  # training crop width (pixels, multiple of 8)
+args.n_frames = 12  # frames per clip: a multiple of 12 (TAEHV stride 4 x Seraena groups of 3)
+args.min_frame_delta = 1  # smallest frame stride when sampling a clip
+args.max_frame_delta = 2  # largest frame stride when sampling a clip
+args.random_flip = True  # random horizontal flip
+args.validation_fraction = 0.05  # share of videos held out for validation
+args.max_validation_videos = 64  # cap on held-out videos
+args.validation_batch_size = 1  # clips per rank per validation batch
+args.dataloader_num_workers = 11  # DataLoader worker processes per rank
+args.prefetch_factor = 3  # batches prefetched per worker
+args.index_cache_dir = ''  # where the dataset index is cached (default: <output_dir>/.index)
+args.use_ref_vae = True  # distil from a reference VAE (False: decoder trains on its own encodings)
+args.ref_vae_type = 'cogvideox'  # diffusers reference VAE family
+args.ref_vae_path = ''  # local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE
+args.ref_vae_dtype = 'bfloat16'  # dtype of the frozen reference VAE
+args.ref_vae_chunk_size = 1  # samples per reference encode call (memory/speed trade-off)
+args.ref_latent_mean = ()  # optional per-channel mean subtracted from reference latents
+args.ref_latent_std = ()  # optional per-channel std dividing reference latents
+args.pretrained_model_path = ''  # TAEHV weights to start from (.pth or .safetensors); empty = from scratch
+args.patch_size = 1  # TAEHV pixel-shuffle patch size
+args.latent_channels = 16  # TAEHV latent channels; must equal the reference VAE's
+args.encoder_time_downscale = (True, True, False)  # temporal downscale per encoder stage
+args.decoder_time_upscale = (False, True, True)  # temporal upscale per decoder stage
+args.decoder_space_upscale = (True, True, True)  # spatial upscale per decoder stage
+args.gradient_checkpointing = False  # recompute TAEHV blocks in backward (first memory lever)
+args.reconstruction_loss_weight = 1.0  # MSE(decoded reference latents, frames)
+args.encoder_loss_weight = 1.0  # MSE(encoder(frames), reference latents)
+args.seraena_loss_weight = 0.3  # MSE(decoded, Seraena-corrected target)
+args.use_seraena = True  # adversarial corrections for the decoder
+args.n_seraena_frames = 3  # frames grouped into one discriminator image
+args.seraena_lr = 0.0003  # discriminator AdamW learning rate
+args.seraena_buffer_mb = 1024  # replay buffer bound, MiB per rank
+args.seraena_checkpoint_buffer_mb = 256  # save the replay buffer in checkpoints when it is at most this size
+args.train_batch_size = 5  # micro-batch per GPU (DeepSpeed's train_micro_batch_size_per_gpu)
+args.gradient_accumulation_steps = 1  # micro-batches per optimizer step
+args.learning_rate = 0.00018  # peak AdamW learning rate
+args.lr_scheduler = 'cosine'  # schedule after warmup
+args.lr_warmup_steps = 1200  # linear warmup, in optimizer steps
+args.min_lr_ratio = 0.0  # final LR as a fraction of the peak
+args.max_train_steps = 100000  # optimizer steps
+args.adam_beta1 = 0.9  # AdamW beta1
+args.adam_beta2 = 0.95  # AdamW beta2
+args.adam_weight_decay = 0.01  # AdamW weight decay
+args.max_grad_norm = 1.0  # gradient clipping (DeepSpeed gradient_clipping)
+args.ema_decay = 0.999  # EMA of TAEHV weights (the exported model)
+args.mixed_precision = 'bf16'  # autocast dtype
+args.zero_stage = 3  # DeepSpeed ZeRO stage (0 = plain DDP)
+args.seed = 42  # global seed (each rank offsets it)
+args.max_consecutive_bad_steps = 20  # abort after this many non-finite steps in a row
+args.output_dir = 'output'  # parent of run directories
+args.log_every = 15  # steps between log lines / scalars
+args.validation_steps = 500  # steps between validations
+args.max_validation_batches = 8  # batches per validation pass
+args.checkpointing_steps = 750  # steps between checkpoints
+args.checkpoints_total_limit = 3  # checkpoints kept (newest complete and best are never deleted)
+args.num_sample_clips = 2  # reconstructed clips written to TensorBoard at validation
+args.nccl_timeout = 10800  # process-group timeout in seconds (reaches init_process_group)
+args.profile_steps = 5  # steps traced by --profile

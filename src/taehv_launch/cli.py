@@ -1,0 +1,143 @@
+"""The `taehv-launch` command line. Parsing only: each command calls one function in commands.py.
+
+`taehv-launch 16 h100` runs the default command (`run`); subcommands sit beside it
+(`taehv-launch validate-env 16 h100`). Click would read "16" as a command name, so the
+group inserts `run` when the first word is not a known command.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Optional
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from .errors import EXIT_USAGE, UserError
+from .resolve import Options
+
+
+class DefaultCommandGroup(TyperGroup):
+    default_command = "run"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=DefaultCommandGroup, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False, rich_markup_mode="rich",
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Train TAEHV by distilling a reference video VAE: resolve GPUS x PROFILE to a config, "
+                       "an accelerate/DeepSpeed YAML and the NCCL environment, then start `accelerate launch`.\n\n"
+                       "Examples: `taehv-launch 1 cpu` (built-in demo), `taehv-launch 16 h100 --dry-run`, "
+                       "`taehv-launch validate-env 8 h100`.")
+
+Gpus = Annotated[str, typer.Argument(help="GPU count (processes on the cpu profile): 1, 8, 16, 48, 64 or any count "
+                                          "derived by the documented rule", show_default=False)]
+ProfileArg = Annotated[str, typer.Argument(help="hardware profile: h100, a800, h200 or cpu", show_default=False)]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a config key: KEY=VALUE "
+                                                     "(Python literal), repeatable", show_default=False)]
+ConfigOpt = Annotated[Optional[str], typer.Option("--config", help="a Python config file (seed style "
+                                                  "`args = EasyDict()`); executed, so only files you trust")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output only")]
+
+
+def _request(gpus, profile, sets, config, options, num_nodes, node_rank, master_addr, master_port, gpus_per_node):
+    from .commands import Request
+
+    return Request(gpus=gpus, profile=profile, sets=sets or [], config=config, options=options,
+                   num_nodes=num_nodes, node_rank=node_rank, master_addr=master_addr,
+                   master_port=master_port, gpus_per_node=gpus_per_node)
+
+
+NumNodes = Annotated[Optional[int], typer.Option("--num-nodes", help="nodes (default: from the scheduler)",
+                                                 rich_help_panel="Topology")]
+NodeRank = Annotated[Optional[int], typer.Option("--node-rank", help="this node's rank (default: from the scheduler)",
+                                                 rich_help_panel="Topology")]
+MasterAddr = Annotated[Optional[str], typer.Option("--master-addr", help="rendezvous host (node 0)",
+                                                   rich_help_panel="Topology")]
+MasterPort = Annotated[Optional[int], typer.Option("--master-port", help="rendezvous port (default 29500)",
+                                                   rich_help_panel="Topology")]
+GpusPerNode = Annotated[Optional[int], typer.Option("--gpus-per-node", help="processes per node on multi-node "
+                                                    "runs (default 8)", rich_help_panel="Topology")]
+
+
+@app.command("run", help="Resolve, render and start training on this node (the default command).")
+def run_cmd(
+    gpus: Gpus,
+    profile: ProfileArg,
+    set_: SetOpt = None,
+    config: ConfigOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the resolved plan; write and start nothing")] = False,
+    as_json: JsonOpt = False,
+    resume: Annotated[Optional[str], typer.Option("--resume", help="a checkpoint-<step> folder, a run folder, "
+                                                  "or `auto` (newest complete checkpoint of the latest run)")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="verbose distributed logs, anomaly detection, few steps")] = False,
+    profile_run: Annotated[bool, typer.Option("--profile", help="torch.profiler trace of a few steps "
+                                              "and a table of where a step's time goes")] = False,
+    run_name: Annotated[Optional[str], typer.Option("--run-name", help="run directory name (default: scheduler "
+                                                    "job id, else a timestamp)")] = None,
+    num_nodes: NumNodes = None, node_rank: NodeRank = None, master_addr: MasterAddr = None,
+    master_port: MasterPort = None, gpus_per_node: GpusPerNode = None,
+) -> None:
+    from . import commands
+
+    options = Options(resume=resume, debug=debug, profile_run=profile_run, run_name=run_name)
+    req = _request(gpus, profile, set_, config, options, num_nodes, node_rank, master_addr, master_port, gpus_per_node)
+    if as_json and not dry_run:
+        _fail("--json goes with --dry-run (or validate-env)")
+    _exit(lambda: commands.dry_run(req, as_json) if dry_run else commands.launch(req))
+
+
+@app.command("validate-env", help="Preflight: check this node, the data and the models for the resolved plan.")
+def validate_env_cmd(
+    gpus: Gpus,
+    profile: ProfileArg,
+    set_: SetOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    quick: Annotated[bool, typer.Option("--quick", help="skip the slow checks (all-reduce, model loads)")] = False,
+    num_nodes: NumNodes = None, node_rank: NodeRank = None, master_addr: MasterAddr = None,
+    master_port: MasterPort = None, gpus_per_node: GpusPerNode = None,
+) -> None:
+    from . import preflight
+
+    req = _request(gpus, profile, set_, config, Options(), num_nodes, node_rank, master_addr, master_port,
+                   gpus_per_node)
+    _exit(lambda: preflight.validate_env(req, as_json=as_json, quick=quick))
+
+
+@app.command("keys", help="List every training-config key with its type, default and meaning.")
+def keys_cmd() -> None:
+    from . import commands
+
+    _exit(commands.list_keys)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def _exit(fn) -> None:
+    try:
+        code = fn()
+    except UserError as err:
+        if os.environ.get("TAEHV_TRACEBACK"):
+            raise
+        _fail(str(err), err.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

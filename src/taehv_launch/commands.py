@@ -1,0 +1,176 @@
+"""What each CLI command does, as one function each. The CLI only parses and calls these."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .configfile import load_config_file, parse_sets
+from .profiles import get_profile
+from .errors import ConfigError, LaunchError
+from .render import Rendered, render
+from .resolve import Options, Plan, resolve
+from .runs import resolve_resume, run_id_for
+from .schema import KEYS
+from .topology import check_local_gpus, detect_topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """Everything the user asked for on the command line."""
+
+    gpus: str
+    profile: str
+    sets: list[str] = field(default_factory=list)
+    config: str | None = None
+    options: Options = Options()
+    num_nodes: int | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    gpus_per_node: int | None = None
+
+
+def parse_gpus(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"GPU count must be a whole number like 1, 8 or 16, got {text!r} "
+                          f"(usage: taehv-launch GPUS PROFILE)") from None
+
+
+def build_plan(req: Request, env: dict[str, str] | None = None) -> Plan:
+    env = dict(os.environ if env is None else env)
+    gpus = parse_gpus(req.gpus)
+    file_values, notes = load_config_file(req.config) if req.config else ({}, [])
+    set_values = parse_sets(req.sets)
+    get_profile(req.profile)   # an unknown profile is the first thing to report
+    topology = detect_topology(gpus, env, num_nodes=req.num_nodes, node_rank=req.node_rank,
+                               master_addr=req.master_addr, master_port=req.master_port,
+                               gpus_per_node=req.gpus_per_node, profile=req.profile)
+    return resolve(gpus, req.profile, topology, file_values=file_values, set_values=set_values,
+                   options=req.options, notes=tuple(notes))
+
+
+def run_dir_for(plan: Plan) -> tuple[Path, str]:
+    run_id, source = run_id_for(plan.options.run_name, plan.topology.job_id)
+    return Path(plan.config["output_dir"]).expanduser().resolve() / run_id, source
+
+
+def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
+    topo = plan.topology
+    return {
+        "gpus": plan.gpus,
+        "profile": plan.profile.name,
+        "topology": {"num_machines": topo.num_machines, "machine_rank": topo.machine_rank,
+                     "gpus_per_machine": topo.gpus_per_machine, "gpu_ids": topo.gpu_ids,
+                     "main_process_ip": topo.main_process_ip, "main_process_port": topo.main_process_port,
+                     "source": topo.source},
+        "row_source": plan.row_source,
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.config.items()},
+        "global_batch_size": plan.global_batch_size,
+        "run_dir": str(run_dir),
+        "accelerate": rendered.accelerate,
+        "deepspeed": rendered.deepspeed,
+        "env": rendered.exported(),
+        "env_kept": {k: v.value for k, v in rendered.env.items() if v.kept},
+        "command": rendered.argv,
+        "notes": list(plan.notes),
+    }
+
+
+def dry_run(req: Request, as_json: bool) -> int:
+    plan = build_plan(req)
+    run_dir, _ = run_dir_for(plan)
+    rendered = render(plan, run_dir)
+    if as_json:
+        sys.stdout.write(json.dumps(plan_json(plan, rendered, run_dir), indent=2) + "\n")
+    else:
+        print_plan(plan, rendered, run_dir)
+        print("\n(dry run: nothing was written or started)")
+    return 0
+
+
+def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
+    topo, c = plan.topology, plan.config
+    on_cpu = plan.profile.device == "cpu"
+    default = "built-in tiny demo VAE" if on_cpu else "NOT SET: --set ref_vae_path=... is required on GPUs"
+    default_data = "built-in synthetic demo videos" if on_cpu else "NOT SET: --set data_root=... is required on GPUs"
+    out = [
+        f"taehv-launch {plan.gpus} {plan.profile.name}: {plan.profile.description}",
+        f"  rows      {plan.row_source}",
+        f"  topology  {topo.num_machines} node(s) x {topo.gpus_per_machine} "
+        f"{'processes' if plan.profile.device == 'cpu' else 'GPUs'}, this is node {topo.machine_rank} "
+        f"(GPU ids {topo.gpu_ids}), master {topo.main_process_ip}:{topo.main_process_port}  [{topo.source}]",
+        f"  batch     {plan.batch_arithmetic()}",
+        f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
+        f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
+        f"  clips     {c['n_frames']} frames of {c['height']}x{c['width']}, stride {c['min_frame_delta']}-"
+        f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default})",
+        f"  data      {c['data_root'] or default_data}",
+        f"  timeouts  process group {c['nccl_timeout']} s; checkpoint every {c['checkpointing_steps']}, "
+        f"validate every {c['validation_steps']}, log every {c['log_every']}",
+        f"  run dir   {run_dir}",
+        "  env       " + (", ".join(f"{k}={v.value}" + (" (kept)" if v.kept else "")
+                                    for k, v in rendered.env.items()) or "-"),
+        "  command   " + " ".join(rendered.argv),
+    ]
+    out += [f"  note      {n}" for n in plan.notes]
+    print("\n".join(out))
+
+
+def launch(req: Request) -> int:
+    from . import launch as edge
+    from .toolcheck import check_accelerate_yaml, check_deepspeed_config
+
+    plan = build_plan(req)
+    run_dir, source = run_dir_for(plan)
+    notes = list(plan.notes)
+    if plan.options.resume:
+        explicit_run = source != "timestamp"
+        ckpt, resume_notes = resolve_resume(plan.options.resume, run_dir.parent,
+                                            run_dir if explicit_run else None)
+        notes += resume_notes
+        if ckpt is not None and not explicit_run:
+            run_dir = ckpt.parent          # continue the run the checkpoint belongs to
+        plan = replace(plan, options=replace(plan.options, resume=str(ckpt) if ckpt else None))
+    if plan.topology.num_machines > 1 and source == "timestamp" and plan.options.run_name is None:
+        raise LaunchError("a multi-node run needs one run name on every node: pass the same --run-name "
+                          "on each node (no scheduler job id was found)")
+    if plan.profile.device == "cuda":
+        check_local_gpus(plan.topology, _visible_gpus())
+    rendered = render(plan, run_dir)
+    edge.prepare_run_dir(plan, run_dir)
+    notes += edge.write_files(run_dir, rendered.files)   # identical on every node: safe on a shared filesystem
+    notes += edge.write_files(run_dir, {f"env{rendered.node_suffix}.json": edge.env_record(plan, rendered)})
+    check_accelerate_yaml(run_dir / "accelerate.yaml")
+    if rendered.deepspeed is not None:
+        check_deepspeed_config(rendered.deepspeed, plan.world_size)
+    edge.check_port_free(plan)
+    print_plan(plan, rendered, run_dir)
+    for note in notes:
+        print(f"  note      {note}")
+    sys.stdout.flush()
+    code = edge.run(plan, rendered, run_dir)
+    print(f"taehv-launch: trainer exited with code {code}; log: {run_dir / ('launch' + rendered.node_suffix + '.log')}",
+          file=sys.stderr if code else sys.stdout)
+    return code
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def list_keys() -> int:
+    width = max(map(len, KEYS))
+    for name, key in KEYS.items():
+        choices = f" [{', '.join(map(str, key.choices))}]" if key.choices else ""
+        print(f"{name:<{width}}  {key.type.__name__:<5}  {key.default!r:<22} {key.help}{choices}")
+    return 0
+

@@ -1,0 +1,196 @@
+"""The edge: write the run directory, check the machine, start `accelerate launch`, relay signals.
+
+The child runs in its own session (process group), so a Ctrl-C in the terminal reaches only
+us; we decide what the trainer sees: the first SIGINT/SIGTERM/SIGUSR1 is passed to the
+trainer processes (they checkpoint and exit with EXIT_RESUMABLE), a second kills the group.
+accelerate's wrappers turn a trainer failure into their own traceback and exit code 1; the
+trainer records its real exit code in the run directory and we exit with that one, keeping
+accelerate's traceback in launch.log only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .errors import EXIT_ABORTED, LaunchError
+from .render import TRAINER_SCRIPT, Rendered
+from .resolve import Plan
+from .runs import point_latest
+
+STATUS_FILE = "exit_status{suffix}.json"   # written by the trainer's local rank 0 of each node
+MIN_FREE_BYTES = 2 << 30
+
+
+def write_files(run_dir: Path, files: dict[str, str]) -> list[str]:
+    """Write files; an existing file with other content is kept as <name>.prev-<n>. Returns notes."""
+    notes = []
+    for name, text in files.items():
+        path = run_dir / name
+        if path.exists():
+            if path.read_text() == text:
+                continue
+            n = 1
+            while (backup := path.with_name(f"{path.name}.prev-{n}")).exists():
+                n += 1
+            path.rename(backup)
+            notes.append(f"{name} changed since the last launch of this run; the old one is {backup.name}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return notes
+
+
+def prepare_run_dir(plan: Plan, run_dir: Path) -> None:
+    """Create the run dir (and `latest` on node 0); fail clearly when the disk is unusable."""
+    output_dir = run_dir.parent
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise LaunchError(f"cannot write to {run_dir}: {exc.strerror or exc}; "
+                          f"pass a writable --set output_dir=...") from None
+    free = shutil.disk_usage(run_dir).free
+    if free < MIN_FREE_BYTES:
+        raise LaunchError(f"only {free / 2**30:.1f} GiB free under {run_dir}: checkpoints need more; "
+                          f"free space or choose another --set output_dir")
+    if plan.topology.machine_rank == 0:
+        point_latest(output_dir, run_dir)
+
+
+def check_port_free(plan: Plan) -> None:
+    """On the master node the rendezvous port must be free before we start."""
+    topo = plan.topology
+    if topo.machine_rank != 0 or topo.world_size == 1:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", topo.main_process_port))
+        except OSError:
+            raise LaunchError(f"port {topo.main_process_port} is in use on this node: pass --master-port "
+                              f"with a free port (or stop the process holding it)") from None
+
+
+def env_record(plan: Plan, rendered: Rendered) -> str:
+    topo = plan.topology
+    return json.dumps({
+        "exported": rendered.exported(),
+        "kept_from_environment": {k: v.value for k, v in rendered.env.items() if v.kept},
+        "reasons": {k: v.reason for k, v in rendered.env.items()},
+        "command": rendered.argv,
+        "topology": {"num_machines": topo.num_machines, "machine_rank": topo.machine_rank,
+                     "gpus_per_machine": topo.gpus_per_machine, "source": topo.source},
+        "python": sys.executable,
+    }, indent=2) + "\n"
+
+
+def read_status(run_dir: Path, suffix: str) -> dict | None:
+    path = run_dir / STATUS_FILE.format(suffix=suffix)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def trainer_pids(root_pid: int) -> list[int]:
+    """PIDs of trainer processes under `root_pid` (not accelerate's or torchrun's own)."""
+    import psutil   # accelerate depends on it; imported only when a signal arrives
+
+    try:
+        children = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    script = str(TRAINER_SCRIPT)
+    pids = []
+    for child in children:
+        try:
+            if script in child.cmdline():
+                pids.append(child.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
+    """Start the launch, tee its output into launch.log, return the trainer's exit code."""
+    log_path = run_dir / f"launch{rendered.node_suffix}.log"
+    status_path = run_dir / STATUS_FILE.format(suffix=rendered.node_suffix)
+    if status_path.exists():
+        status_path.unlink()
+    env = {**os.environ, **rendered.exported()}
+    with open(log_path, "ab") as log:
+        log.write(f"\n=== taehv-launch {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(rendered.argv)}\n".encode())
+        log.flush()
+        try:
+            child = subprocess.Popen(rendered.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {rendered.argv[0]}: {exc.strerror or exc}; "
+                              f"is accelerate installed in this environment?") from None
+        signals_seen = []
+
+        def relay(signum, _frame):
+            signals_seen.append(signum)
+            if len(signals_seen) == 1:
+                pids = trainer_pids(child.pid)
+                msg = (f"taehv-launch: got {signal.Signals(signum).name}: asking the trainer to save a "
+                       f"checkpoint and stop (send it again to abort at once)\n")
+                sys.stderr.write(msg)
+                log.write(msg.encode())
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                if not pids:   # not started yet: nothing to save
+                    _kill_group(child.pid, signal.SIGTERM)
+            else:
+                sys.stderr.write("taehv-launch: second signal: stopping now, without a checkpoint\n")
+                _kill_group(child.pid, signal.SIGKILL)
+
+        previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            _tee(child, log, status_path)
+            code = child.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    status = read_status(run_dir, rendered.node_suffix)
+    if len(signals_seen) > 1:
+        return EXIT_ABORTED
+    if status is not None:
+        return int(status.get("code", code))
+    return code if code >= 0 else 128 - code
+
+
+def _tee(child: subprocess.Popen, log, status_path: Path) -> None:
+    """Copy the child's output to the console and the log. Once the trainer has recorded its
+    exit status, the wrappers' tracebacks that follow go to the log only."""
+    quiet = False
+    assert child.stdout is not None
+    for line in iter(child.stdout.readline, b""):
+        log.write(line)
+        log.flush()
+        if not quiet and line.startswith(b"Traceback (most recent call last)") and status_path.exists():
+            status = json.loads(status_path.read_text() or "{}")
+            quiet = status.get("code", 1) != 0
+        if not quiet:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except (ProcessLookupError, PermissionError):
+        pass

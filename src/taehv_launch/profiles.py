@@ -1,0 +1,183 @@
+"""Hardware profiles and the seed tables, as data, plus the one rule for other GPU counts.
+
+The H100 rows are the seeds' table (SPEC.md) verbatim. A800 keeps every column but runs
+micro-batch 2 and raises accumulation to keep the H100 global batch. H200 starts from the
+H100 rows (the GPU is larger; its micro-batch is to be raised only from measurement).
+`cpu` is the built-in demo. Nothing here does I/O or imports anything heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .errors import ConfigError
+
+BASE_GLOBAL_BATCH = 128      # the global batch every derived count aims for
+BASE_LEARNING_RATE = 1e-4    # at BASE_GLOBAL_BATCH; scaled linearly with the real global batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One line of a profile table: everything that varies with the GPU count."""
+
+    gpus: int
+    micro: int               # train_batch_size: micro-batch per GPU
+    accum: int               # gradient_accumulation_steps
+    learning_rate: float
+    warmup: int
+    zero: int
+    ckpt_every: int
+    val_every: int
+    log_every: int
+    workers: int
+    prefetch: int
+    bucket: float = 5e8      # DeepSpeed reduce/allgather bucket size
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro * self.gpus * self.accum
+
+
+# fmt: off
+H100_ROWS = (
+    Row(gpus=1,  micro=8, accum=16, learning_rate=1e-4,   warmup=2000, zero=2, ckpt_every=2000, val_every=1000, log_every=50, workers=4,  prefetch=2),
+    Row(gpus=8,  micro=8, accum=2,  learning_rate=1e-4,   warmup=2000, zero=2, ckpt_every=2000, val_every=1000, log_every=25, workers=8,  prefetch=2),
+    Row(gpus=16, micro=8, accum=1,  learning_rate=1e-4,   warmup=1500, zero=3, ckpt_every=1000, val_every=500,  log_every=20, workers=12, prefetch=3),
+    Row(gpus=48, micro=5, accum=1,  learning_rate=1.8e-4, warmup=1200, zero=3, ckpt_every=750,  val_every=500,  log_every=15, workers=11, prefetch=3, bucket=7.5e8),
+    Row(gpus=64, micro=4, accum=1,  learning_rate=2e-4,   warmup=1000, zero=3, ckpt_every=500,  val_every=500,  log_every=10, workers=12, prefetch=4, bucket=1e9),
+)
+# fmt: on
+
+# Training-config keys shared by every GPU row of the GPU profiles (SPEC.md "Shared").
+GPU_SHARED = {
+    "height": 480,
+    "width": 720,
+    "n_frames": 12,
+    "min_frame_delta": 1,
+    "max_frame_delta": 2,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.95,
+    "adam_weight_decay": 1e-2,
+    "max_grad_norm": 1.0,
+    "lr_scheduler": "cosine",
+    "mixed_precision": "bf16",
+    "ref_vae_dtype": "bfloat16",
+    "max_train_steps": 100_000,
+}
+
+H100_ALLOC_CONF = "expandable_segments:True,max_split_size_mb:128"
+A800_ALLOC_CONF = "expandable_segments:True,max_split_size_mb:64,roundup_power2_divisions:16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    name: str
+    description: str
+    rows: tuple[Row, ...]
+    config: dict                 # training-config keys this profile sets beyond the rows
+    alloc_conf: str | None       # PYTORCH_CUDA_ALLOC_CONF, None on CPU
+    device: str                  # "cuda" or "cpu"
+    micro_override: int | None = None   # A800: fixed micro-batch, accumulation raised to compensate
+    max_gpus: int = 64
+
+
+def _cpu_rows() -> tuple[Row, ...]:
+    row = dict(micro=1, accum=1, learning_rate=5e-4, warmup=5, zero=0, ckpt_every=20,
+               val_every=20, log_every=5, workers=1, prefetch=2)
+    return (Row(gpus=1, **row), Row(gpus=2, **row))
+
+
+PROFILES: dict[str, Profile] = {
+    "h100": Profile(name="h100", description="NVIDIA H100 80GB (the seeds' table)", rows=H100_ROWS,
+                    config=GPU_SHARED, alloc_conf=H100_ALLOC_CONF, device="cuda"),
+    "a800": Profile(name="a800", description="NVIDIA A800 80GB: micro-batch 2, accumulation keeps the global batch",
+                    rows=H100_ROWS, config=GPU_SHARED, alloc_conf=A800_ALLOC_CONF, device="cuda",
+                    micro_override=2),
+    "h200": Profile(name="h200", description="NVIDIA H200 141GB: the H100 table until measurement raises the micro-batch",
+                    rows=H100_ROWS, config=GPU_SHARED, alloc_conf=H100_ALLOC_CONF, device="cuda"),
+    "cpu": Profile(
+        name="cpu", description="built-in CPU demo: synthetic videos, tiny reference VAE, a few dozen steps",
+        rows=_cpu_rows(), alloc_conf=None, device="cpu", max_gpus=2,
+        config={
+            "height": 64, "width": 64, "n_frames": 12, "min_frame_delta": 1, "max_frame_delta": 2,
+            "latent_channels": 4, "ref_vae_type": "cogvideox", "ref_vae_dtype": "float32",
+            "mixed_precision": "no", "max_train_steps": 40, "lr_scheduler": "cosine",
+            "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_weight_decay": 1e-2, "max_grad_norm": 1.0,
+            "seraena_buffer_mb": 64, "max_validation_batches": 2, "validation_fraction": 0.2,
+            "num_sample_clips": 1, "checkpoints_total_limit": 2,
+        },
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown profile {name!r}: choose one of {', '.join(PROFILES)}") from None
+
+
+def nccl_timeout_for(num_nodes: int, gpus: int) -> int:
+    """Seconds; longer for more nodes (SPEC.md). Reaches init_process_group through the config."""
+    if num_nodes <= 1:
+        return 1800 if gpus == 1 else 3600
+    if num_nodes <= 5:
+        return 7200
+    if num_nodes <= 7:
+        return 10800
+    return 14400
+
+
+def nccl_buffsize_for(num_nodes: int) -> int:
+    """NCCL_BUFFSIZE in bytes: 16 MiB up to 5 nodes, 24 MiB for 6-7, 32 MiB for 8+."""
+    mib = 16 if num_nodes <= 5 else 24 if num_nodes <= 7 else 32
+    return mib * 1024 * 1024
+
+
+def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
+    """The row for `gpus` and how it was obtained (a table row, or the derivation rule).
+
+    Rule for counts not in the table: take the nearest table row with fewer GPUs (its
+    micro-batch, ZeRO stage, intervals, workers), choose the accumulation that brings the
+    global batch closest to 128 (at least 1; ties go to the larger batch), and scale the
+    learning rate linearly with the resulting global batch (1e-4 at 128).
+    A800 (micro_override) then replaces the micro-batch with 2 and re-derives accumulation
+    to keep that row's global batch, scaling the LR if the batch cannot be kept exactly.
+    """
+    if gpus < 1:
+        raise ConfigError(f"GPU count must be at least 1, got {gpus}")
+    if gpus > profile.max_gpus:
+        raise ConfigError(f"profile {profile.name!r} supports at most {profile.max_gpus} "
+                          f"{'processes' if profile.device == 'cpu' else 'GPUs'}, got {gpus}")
+    exact = [r for r in profile.rows if r.gpus == gpus]
+    if exact:
+        row, how = exact[0], "table row"
+    else:
+        base = max((r for r in profile.rows if r.gpus < gpus), key=lambda r: r.gpus)
+        accum = _closest_accum(BASE_GLOBAL_BATCH, base.micro * gpus)
+        global_batch = base.micro * gpus * accum
+        row = replace(base, gpus=gpus, accum=accum,
+                      learning_rate=_round_lr(BASE_LEARNING_RATE * global_batch / BASE_GLOBAL_BATCH))
+        how = (f"derived from the {base.gpus}-GPU row: micro {base.micro}, accumulation {accum} "
+               f"for a global batch near {BASE_GLOBAL_BATCH}, LR scaled linearly to {global_batch}")
+    if profile.micro_override is not None and row.micro != profile.micro_override:
+        target = row.global_batch
+        micro = profile.micro_override
+        accum = _closest_accum(target, micro * gpus)
+        global_batch = micro * gpus * accum
+        lr = row.learning_rate if global_batch == target else _round_lr(row.learning_rate * global_batch / target)
+        how += (f"; {profile.name}: micro {micro}, accumulation {accum} "
+                + ("keeps" if global_batch == target else f"gives {global_batch} instead of")
+                + f" the global batch {target}" + ("" if global_batch == target else f", LR scaled to {lr:g}"))
+        row = replace(row, micro=micro, accum=accum, learning_rate=lr)
+    return row, how
+
+
+def _closest_accum(target_global: int, per_step: int) -> int:
+    lo = max(1, target_global // per_step)
+    candidates = (lo, lo + 1)
+    return min(candidates, key=lambda a: (abs(a * per_step - target_global), -a))
+
+
+def _round_lr(lr: float) -> float:
+    return float(f"{lr:.4g}")

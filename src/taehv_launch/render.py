@@ -1,0 +1,202 @@
+"""Plan -> the files, environment and argv of one launch. Data only: nothing is written here.
+
+`launch.py` writes what this returns into the run directory and starts the command;
+`--dry-run` prints it. The accelerate YAML is shared by all nodes (machine_rank 0 in the
+file, each node's rank on the command line), so a shared filesystem holds one copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .configfile import render_config_file
+from .profiles import nccl_buffsize_for
+from .resolve import Plan
+
+TRAINER_SCRIPT = Path(__file__).resolve().parent / "train" / "main.py"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvVar:
+    value: str
+    reason: str
+    kept: bool = False          # True: the user or site already set it, we left it alone
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rendered:
+    files: dict[str, str]                      # run-dir relative name -> text
+    accelerate: dict[str, Any]
+    deepspeed: dict[str, Any] | None
+    env: dict[str, EnvVar]                     # what the launch exports (or found already set)
+    argv: list[str]
+    node_suffix: str = ""                      # "" on node 0, ".node<k>" on the others
+    notes: list[str] = field(default_factory=list)
+
+    def exported(self) -> dict[str, str]:
+        """Only the variables we set (not the ones we found already set)."""
+        return {k: v.value for k, v in self.env.items() if not v.kept}
+
+
+def deepspeed_config(plan: Plan) -> dict[str, Any] | None:
+    """DeepSpeed's own keys. Batch keys are concrete numbers (DeepSpeed checks them at init)."""
+    c = plan.config
+    if not plan.uses_deepspeed:
+        return None
+    stage, bucket = c["zero_stage"], int(plan.row.bucket)
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": plan.profile.device == "cuda",
+                            "contiguous_gradients": True, "reduce_bucket_size": bucket}
+    if stage <= 2:
+        zero |= {"allgather_partitions": True, "allgather_bucket_size": bucket, "reduce_scatter": True}
+    else:
+        zero |= {"stage3_prefetch_bucket_size": bucket, "stage3_param_persistence_threshold": 100_000,
+                 "stage3_gather_16bit_weights_on_model_save": False}
+    return {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": c["train_batch_size"],
+        "gradient_accumulation_steps": c["gradient_accumulation_steps"],
+        "gradient_clipping": c["max_grad_norm"],
+        "bf16": {"enabled": c["mixed_precision"] == "bf16"},
+        "fp16": {"enabled": c["mixed_precision"] == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,          # our own logging; DeepSpeed's would go to stdout
+        "wall_clock_breakdown": False,
+    }
+
+
+def accelerate_config(plan: Plan, run_dir: Path, env: Mapping[str, str]) -> dict[str, Any]:
+    topo, c = plan.topology, plan.config
+    on_cpu = plan.profile.device == "cpu"
+    if plan.uses_deepspeed:
+        dist = "DEEPSPEED"
+    elif topo.world_size > 1:
+        dist = "MULTI_GPU"       # on CPU too: with ACCELERATE_USE_CPU=1 this is real gloo DDP (PLATFORM.md)
+    else:
+        dist = "NO"
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": dist,
+        "num_processes": topo.world_size,
+        "num_machines": topo.num_machines,
+        "machine_rank": 0,
+        "main_process_ip": topo.main_process_ip,
+        "main_process_port": topo.main_process_port,
+        "rdzv_backend": "static",
+        "same_network": True,
+        # a user's CUDA_VISIBLE_DEVICES already picks this node's GPUs; local ids 0..n-1 otherwise
+        "gpu_ids": "all" if (on_cpu or "CUDA_VISIBLE_DEVICES" in env) else topo.gpu_ids,
+        "use_cpu": on_cpu and not plan.uses_deepspeed and topo.world_size == 1,
+        "debug": plan.options.debug,
+        "main_training_function": "main",
+        "downcast_bf16": "no",
+        "enable_cpu_affinity": False,
+    }
+    if plan.uses_deepspeed:
+        cfg["deepspeed_config"] = {
+            "deepspeed_config_file": str(run_dir / "deepspeed.json"),
+            "zero3_init_flag": False,
+            "deepspeed_multinode_launcher": "standard",   # one launcher per node, like torchrun
+        }
+    else:
+        cfg["mixed_precision"] = c["mixed_precision"]
+    return cfg
+
+
+def environment(plan: Plan, env: Mapping[str, str], cpu_count: int) -> dict[str, EnvVar]:
+    """Variables for the launch. Each is set only when the user or site has not set it."""
+    topo, c = plan.topology, plan.config
+    want: dict[str, tuple[str, str]] = {}
+    procs = max(1, topo.gpus_per_machine)
+    want["OMP_NUM_THREADS"] = (str(max(1, cpu_count // procs)), f"{cpu_count} CPUs / {procs} processes")
+    if plan.profile.device == "cpu":
+        if not plan.uses_deepspeed:
+            want["ACCELERATE_USE_CPU"] = ("1", "the only accelerate invocation that runs real DDP on CPU")
+    else:
+        want["PYTORCH_CUDA_ALLOC_CONF"] = (plan.profile.alloc_conf, f"{plan.profile.name} allocator settings")
+        want["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = (
+            "1", "a failed collective aborts the job instead of hanging (replaces the seeds' BLOCKING_WAIT)")
+        want["NCCL_BUFFSIZE"] = (str(nccl_buffsize_for(topo.num_machines)),
+                                 f"{nccl_buffsize_for(topo.num_machines) >> 20} MiB for {topo.num_machines} node(s)")
+        if topo.num_machines > 1:
+            want["NCCL_IB_DISABLE"] = ("0", "multi-node: use InfiniBand when present")
+            want["NCCL_SOCKET_NTHREADS"] = ("8", "multi-node socket transport (seed value)")
+            want["NCCL_NSOCKS_PERTHREAD"] = ("4", "multi-node socket transport (seed value)")
+            want["NCCL_NET_GDR_LEVEL"] = ("5", "GPUDirect RDMA across the system (seed value)")
+    if plan.options.debug:
+        want["TORCH_DISTRIBUTED_DEBUG"] = ("DETAIL", "--debug")
+        want["TORCH_CPP_LOG_LEVEL"] = ("INFO", "--debug")
+        want["TORCH_SHOW_CPP_STACKTRACES"] = ("1", "--debug")
+        if plan.profile.device == "cuda":
+            want["NCCL_DEBUG"] = ("INFO", "--debug")
+            want["NCCL_DEBUG_SUBSYS"] = ("INIT,NET", "--debug")
+    want["PYTHONUNBUFFERED"] = ("1", "log lines reach launch.log as they happen")
+    out = {}
+    for name, (value, reason) in want.items():
+        if name in env:
+            out[name] = EnvVar(value=env[name], reason=f"already set (we would use {value}: {reason})", kept=True)
+        else:
+            out[name] = EnvVar(value=value, reason=reason)
+    return out
+
+
+def render(plan: Plan, run_dir: Path, env: Mapping[str, str] | None = None,
+           cpu_count: int | None = None, accelerate_bin: str | None = None) -> Rendered:
+    env = dict(os.environ if env is None else env)
+    cpu_count = cpu_count or os.cpu_count() or 1
+    topo = plan.topology
+    acc = accelerate_config(plan, run_dir, env)
+    ds = deepspeed_config(plan)
+    suffix = "" if topo.machine_rank == 0 else f".node{topo.machine_rank}"
+    files = {
+        "config.py": render_config_file(plan.config, header=_config_header(plan)),
+        "accelerate.yaml": _yaml(acc),
+    }
+    if ds is not None:
+        files["deepspeed.json"] = json.dumps(ds, indent=2) + "\n"
+    argv = [accelerate_bin or _accelerate_bin(), "launch", "--config_file", str(run_dir / "accelerate.yaml"),
+            "--machine_rank", str(topo.machine_rank), str(TRAINER_SCRIPT),
+            "--config", str(run_dir / "config.py"), "--run-dir", str(run_dir)]
+    if plan.options.resume:
+        argv += ["--resume", plan.options.resume]
+    if plan.options.debug:
+        argv.append("--debug")
+    if plan.options.profile_run:
+        argv.append("--profile")
+    return Rendered(files=files, accelerate=acc, deepspeed=ds, env=environment(plan, env, cpu_count),
+                    argv=argv, node_suffix=suffix)
+
+
+def _accelerate_bin() -> str:
+    """The accelerate next to this interpreter (a venv's), else the one on PATH."""
+    local = Path(sys.executable).parent / "accelerate"
+    return str(local) if local.exists() else "accelerate"
+
+
+def _config_header(plan: Plan) -> str:
+    return (f"Resolved by taehv-launch for `{plan.gpus} {plan.profile.name}`: {plan.row_source}.\n"
+            f"{plan.batch_arithmetic()}.\n"
+            "Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust.")
+
+
+def _yaml(mapping: dict[str, Any]) -> str:
+    """YAML without importing PyYAML on the CLI path: our values are str/int/bool/dict only."""
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return str(v)
+        return json.dumps(str(v))   # JSON strings are valid YAML scalars
+    lines = []
+    for k, v in mapping.items():
+        if isinstance(v, dict):
+            lines.append(f"{k}:")
+            lines += [f"  {kk}: {scalar(vv)}" for kk, vv in v.items()]
+        else:
+            lines.append(f"{k}: {scalar(v)}")
+    return "\n".join(lines) + "\n"

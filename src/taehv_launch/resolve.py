@@ -1,0 +1,129 @@
+"""(gpus, profile, topology, overrides) -> Plan. Pure: no I/O, no heavy imports.
+
+Precedence, written once: `--set` > `--config` file > profile row > profile > schema defaults.
+Everything derived (global batch, NCCL timeout, frames after trimming) is computed here and
+carried in the Plan, so `--dry-run`, the rendered files and the trainer all see one truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+from .profiles import Profile, Row, get_profile, nccl_timeout_for, row_for
+from .schema import DEFAULTS
+from .topology import Topology
+
+FRAME_MULTIPLE = 12  # TAEHV temporal stride 4 x Seraena groups of 3 (SPEC.md)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """Launch options that are not training-config keys."""
+
+    resume: str | None = None     # None, "auto" or a checkpoint path (passed to the trainer)
+    debug: bool = False
+    profile_run: bool = False     # --profile (torch.profiler); named so it is not the hardware profile
+    run_name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    gpus: int
+    profile: Profile
+    row: Row
+    row_source: str
+    topology: Topology
+    config: dict[str, Any]
+    options: Options
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.config["train_batch_size"] * self.world_size * self.config["gradient_accumulation_steps"]
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        return self.config["zero_stage"] > 0
+
+    def batch_arithmetic(self) -> str:
+        c = self.config
+        return (f"global batch {self.global_batch_size} = micro {c['train_batch_size']} x "
+                f"{self.world_size} {'processes' if self.profile.device == 'cpu' else 'GPUs'} x "
+                f"accumulation {c['gradient_accumulation_steps']}; "
+                f"{self.global_batch_size * c['n_frames']} frames of {c['height']}x{c['width']} per optimizer step")
+
+
+def row_config(row: Row, topology: Topology) -> dict[str, Any]:
+    """The training keys a profile row sets."""
+    return {
+        "train_batch_size": row.micro,
+        "gradient_accumulation_steps": row.accum,
+        "learning_rate": row.learning_rate,
+        "lr_warmup_steps": row.warmup,
+        "zero_stage": row.zero,
+        "checkpointing_steps": row.ckpt_every,
+        "validation_steps": row.val_every,
+        "log_every": row.log_every,
+        "dataloader_num_workers": row.workers,
+        "prefetch_factor": row.prefetch,
+        "nccl_timeout": nccl_timeout_for(topology.num_machines, row.gpus),
+    }
+
+
+def resolve(gpus: int, profile_name: str, topology: Topology, *, file_values: dict[str, Any] | None = None,
+            set_values: dict[str, Any] | None = None, options: Options = Options(),
+            notes: tuple[str, ...] = ()) -> Plan:
+    profile = get_profile(profile_name)
+    row, how = row_for(profile, gpus)
+    config = {**DEFAULTS, **profile.config, **row_config(row, topology),
+              **(file_values or {}), **(set_values or {})}
+    if options.debug:
+        config = {**config, "max_train_steps": min(config["max_train_steps"], 20),
+                  "log_every": 1, "dataloader_num_workers": 0}
+    check_config(config, profile, topology)
+    return Plan(gpus=gpus, profile=profile, row=row, row_source=how, topology=topology,
+                config=config, options=options, notes=tuple(notes))
+
+
+def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> None:
+    """Cross-field checks; each error names the key to change."""
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(msg)
+
+    need(c["n_frames"] >= FRAME_MULTIPLE and c["n_frames"] % FRAME_MULTIPLE == 0,
+         f"n_frames={c['n_frames']} must be a multiple of {FRAME_MULTIPLE} (TAEHV's temporal stride 4 x "
+         f"Seraena's 3-frame groups): use --set n_frames=12 or 24")
+    spatial = 8 * c["patch_size"]
+    for k in ("height", "width"):
+        need(c[k] >= spatial and c[k] % spatial == 0,
+             f"{k}={c[k]} must be a positive multiple of {spatial} (TAEHV downsamples 8x x patch_size)")
+    need(1 <= c["min_frame_delta"] <= c["max_frame_delta"],
+         f"need 1 <= min_frame_delta ({c['min_frame_delta']}) <= max_frame_delta ({c['max_frame_delta']})")
+    for k in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "checkpointing_steps",
+              "validation_steps", "log_every", "checkpoints_total_limit", "validation_batch_size",
+              "ref_vae_chunk_size", "nccl_timeout", "n_seraena_frames", "latent_channels", "patch_size"):
+        need(c[k] >= 1, f"{k}={c[k]} must be at least 1")
+    for k in ("dataloader_num_workers", "lr_warmup_steps", "max_validation_batches", "num_sample_clips"):
+        need(c[k] >= 0, f"{k}={c[k]} must not be negative")
+    need(c["prefetch_factor"] >= 1, f"prefetch_factor={c['prefetch_factor']} must be at least 1")
+    need(0.0 < c["learning_rate"] < 1.0, f"learning_rate={c['learning_rate']} is out of range (0, 1)")
+    need(0.0 <= c["ema_decay"] < 1.0, f"ema_decay={c['ema_decay']} must be in [0, 1)")
+    need(0.0 <= c["validation_fraction"] < 1.0, f"validation_fraction={c['validation_fraction']} must be in [0, 1)")
+    need(c["max_grad_norm"] > 0, f"max_grad_norm={c['max_grad_norm']} must be positive")
+    for k in ("encoder_time_downscale", "decoder_time_upscale", "decoder_space_upscale"):
+        need(len(c[k]) == 3 and all(isinstance(v, bool) for v in c[k]),
+             f"{k}={c[k]!r} must be three booleans, e.g. (True, True, False)")
+    need(len(c["ref_latent_mean"]) == len(c["ref_latent_std"]),
+         "ref_latent_mean and ref_latent_std must have the same length (one value per latent channel)")
+    if profile.device == "cpu":
+        need(c["mixed_precision"] in ("no", "bf16"), "mixed_precision=fp16 is not supported on the cpu profile")
+    if not c["use_ref_vae"] and c["encoder_loss_weight"] > 0:
+        raise ConfigError("use_ref_vae=False leaves the encoder without a target: "
+                          "set --set encoder_loss_weight=0 or keep use_ref_vae=True")

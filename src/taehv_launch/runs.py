@@ -1,0 +1,130 @@
+"""Run directories and checkpoint discovery. Stdlib only: used by the CLI and the trainer.
+
+Layout: <output_dir>/<run id>/checkpoint-<step>/ ... ; <output_dir>/latest -> newest run.
+A checkpoint is complete when its COMPLETE marker exists; it is written last, after every
+file is on disk, and the directory is renamed from a temporary name only after that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from .errors import CheckpointError, ConfigError
+
+COMPLETE = "COMPLETE"                 # marker file inside a finished checkpoint
+REQUEUE = "REQUEUE"                   # marker in the run dir: stopped by a signal after saving
+CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def run_id_for(run_name: str | None, job_id: str | None, now: float | None = None) -> tuple[str, str]:
+    """(run id, where it came from): --run-name, else the scheduler's job id, else a timestamp."""
+    if run_name:
+        if not RUN_ID_RE.match(run_name):
+            raise ConfigError(f"--run-name {run_name!r} must be letters, digits, '.', '_' or '-' "
+                              f"(at most 128, not starting with a symbol)")
+        return run_name, "--run-name"
+    if job_id:
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:120]
+        return f"job-{safe}", "scheduler job id"
+    return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)), "timestamp"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    m = CKPT_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path, str | None]]:
+    """(step, path, why incomplete or None) for every checkpoint-<step> dir, oldest first."""
+    out = []
+    if not run_dir.is_dir():
+        return out
+    for p in run_dir.iterdir():
+        step = checkpoint_step(p)
+        if step is None or not p.is_dir():
+            continue
+        out.append((step, p, incomplete_reason(p)))
+    return sorted(out, key=lambda t: t[0])
+
+
+def incomplete_reason(ckpt: Path) -> str | None:
+    marker = ckpt / COMPLETE
+    if not marker.is_file():
+        return "no COMPLETE marker (interrupted while saving)"
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return "unreadable COMPLETE marker"
+    missing = [f for f in meta.get("files", []) if not (ckpt / f).exists()]
+    if missing:
+        return f"missing {', '.join(missing[:3])}"
+    return None
+
+
+def newest_complete(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest complete checkpoint in run_dir, and a line for each newer one skipped."""
+    skipped = []
+    for step, path, why in reversed(list_checkpoints(run_dir)):
+        if why is None:
+            return path, skipped
+        skipped.append(f"skipping {path.name}: {why}")
+    return None, skipped
+
+
+def latest_run(output_dir: Path) -> Path | None:
+    link = output_dir / "latest"
+    if link.is_symlink() or link.is_dir():
+        target = link.resolve()
+        if target.is_dir():
+            return target
+    runs = [p for p in output_dir.iterdir() if p.is_dir() and p.name != "latest"] if output_dir.is_dir() else []
+    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+
+
+def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple[Path | None, list[str]]:
+    """`auto` -> newest complete checkpoint of this run, else of the latest run (None: start fresh).
+
+    A path -> that checkpoint (or the newest complete one inside a run dir); missing or
+    incomplete is an error.
+    """
+    if resume == "auto":
+        notes: list[str] = []
+        for candidate in [run_dir, latest_run(output_dir)]:
+            if candidate is None:
+                continue
+            found, skipped = newest_complete(candidate)
+            notes += skipped
+            if found is not None:
+                return found, notes
+        return None, notes + ["--resume auto: no complete checkpoint found; starting from scratch"]
+    path = Path(resume).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"resume checkpoint {str(path)!r} does not exist: pass a checkpoint-<step> "
+                              f"folder, a run folder, or --resume auto")
+    if checkpoint_step(path) is None and path.is_dir():   # a run directory
+        found, skipped = newest_complete(path)
+        if found is None:
+            raise CheckpointError(f"run folder {path} has no complete checkpoint"
+                                  + (f" ({'; '.join(skipped)})" if skipped else "")
+                                  + ": pass another folder or start without --resume")
+        return found, skipped
+    why = incomplete_reason(path)
+    if why is not None:
+        raise CheckpointError(f"checkpoint {path} is incomplete ({why}): pass an older checkpoint or "
+                              f"--resume auto to take the newest complete one")
+    return path, []
+
+
+def point_latest(output_dir: Path, run_dir: Path) -> None:
+    """Atomically repoint <output_dir>/latest at run_dir (relative link)."""
+    link = output_dir / "latest"
+    tmp = output_dir / f".latest.{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(os.path.relpath(run_dir, output_dir), tmp)
+    os.replace(tmp, link)

@@ -1,0 +1,95 @@
+"""Every training-config key, its default, its type and what it is for.
+
+One table, read by the launcher (to type-check `--set` and config files and to render
+`config.py`) and by the trainer (to read the rendered file back). Key names follow the
+seed configs (`args.train_batch_size = 8` ...), so seed-style files load unchanged.
+Profiles (profiles.py) override a subset of these per hardware and GPU count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Key:
+    default: Any
+    type: type
+    help: str
+    choices: tuple = ()
+
+
+# (name -> Key). Types: int, float, bool, str, tuple. An int is accepted where a float
+# is expected; nothing else is coerced.
+KEYS: dict[str, Key] = {
+    # --- data -------------------------------------------------------------------------
+    "data_root": Key("", str, "folder of videos; empty on the cpu profile = built-in synthetic demo set"),
+    "annotation_file": Key("", str, 'optional JSON {"list": [{"path": ...}]}, paths relative to data_root'),
+    "height": Key(480, int, "training crop height (pixels, multiple of 8)"),
+    "width": Key(720, int, "training crop width (pixels, multiple of 8)"),
+    "n_frames": Key(12, int, "frames per clip: a multiple of 12 (TAEHV stride 4 x Seraena groups of 3)"),
+    "min_frame_delta": Key(1, int, "smallest frame stride when sampling a clip"),
+    "max_frame_delta": Key(2, int, "largest frame stride when sampling a clip"),
+    "random_flip": Key(True, bool, "random horizontal flip"),
+    "validation_fraction": Key(0.05, float, "share of videos held out for validation"),
+    "max_validation_videos": Key(64, int, "cap on held-out videos"),
+    "validation_batch_size": Key(1, int, "clips per rank per validation batch"),
+    "dataloader_num_workers": Key(4, int, "DataLoader worker processes per rank"),
+    "prefetch_factor": Key(2, int, "batches prefetched per worker"),
+    "index_cache_dir": Key("", str, "where the dataset index is cached (default: <output_dir>/.index)"),
+    # --- reference VAE ----------------------------------------------------------------
+    "use_ref_vae": Key(True, bool, "distil from a reference VAE (False: decoder trains on its own encodings)"),
+    "ref_vae_type": Key("cogvideox", str, "diffusers reference VAE family", ("cogvideox", "hunyuan", "wan")),
+    "ref_vae_path": Key("", str, "local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE"),
+    "ref_vae_dtype": Key("bfloat16", str, "dtype of the frozen reference VAE", ("float32", "bfloat16", "float16")),
+    "ref_vae_chunk_size": Key(1, int, "samples per reference encode call (memory/speed trade-off)"),
+    "ref_latent_mean": Key((), tuple, "optional per-channel mean subtracted from reference latents"),
+    "ref_latent_std": Key((), tuple, "optional per-channel std dividing reference latents"),
+    # --- model ------------------------------------------------------------------------
+    "pretrained_model_path": Key("", str, "TAEHV weights to start from (.pth or .safetensors); empty = from scratch"),
+    "patch_size": Key(1, int, "TAEHV pixel-shuffle patch size"),
+    "latent_channels": Key(16, int, "TAEHV latent channels; must equal the reference VAE's"),
+    "encoder_time_downscale": Key((True, True, False), tuple, "temporal downscale per encoder stage"),
+    "decoder_time_upscale": Key((False, True, True), tuple, "temporal upscale per decoder stage"),
+    "decoder_space_upscale": Key((True, True, True), tuple, "spatial upscale per decoder stage"),
+    "gradient_checkpointing": Key(False, bool, "recompute TAEHV blocks in backward (first memory lever)"),
+    # --- losses -----------------------------------------------------------------------
+    "reconstruction_loss_weight": Key(1.0, float, "MSE(decoded reference latents, frames)"),
+    "encoder_loss_weight": Key(1.0, float, "MSE(encoder(frames), reference latents)"),
+    "seraena_loss_weight": Key(0.3, float, "MSE(decoded, Seraena-corrected target)"),
+    "use_seraena": Key(True, bool, "adversarial corrections for the decoder"),
+    "n_seraena_frames": Key(3, int, "frames grouped into one discriminator image"),
+    "seraena_lr": Key(3e-4, float, "discriminator AdamW learning rate"),
+    "seraena_buffer_mb": Key(1024, int, "replay buffer bound, MiB per rank"),
+    "seraena_checkpoint_buffer_mb": Key(256, int, "save the replay buffer in checkpoints when it is at most this size"),
+    # --- optimisation -----------------------------------------------------------------
+    "train_batch_size": Key(8, int, "micro-batch per GPU (DeepSpeed's train_micro_batch_size_per_gpu)"),
+    "gradient_accumulation_steps": Key(1, int, "micro-batches per optimizer step"),
+    "learning_rate": Key(1e-4, float, "peak AdamW learning rate"),
+    "lr_scheduler": Key("cosine", str, "schedule after warmup", ("cosine", "constant", "linear")),
+    "lr_warmup_steps": Key(2000, int, "linear warmup, in optimizer steps"),
+    "min_lr_ratio": Key(0.0, float, "final LR as a fraction of the peak"),
+    "max_train_steps": Key(100_000, int, "optimizer steps"),
+    "adam_beta1": Key(0.9, float, "AdamW beta1"),
+    "adam_beta2": Key(0.95, float, "AdamW beta2"),
+    "adam_weight_decay": Key(1e-2, float, "AdamW weight decay"),
+    "max_grad_norm": Key(1.0, float, "gradient clipping (DeepSpeed gradient_clipping)"),
+    "ema_decay": Key(0.999, float, "EMA of TAEHV weights (the exported model)"),
+    "mixed_precision": Key("bf16", str, "autocast dtype", ("bf16", "fp16", "no")),
+    "zero_stage": Key(2, int, "DeepSpeed ZeRO stage (0 = plain DDP)", (0, 1, 2, 3)),
+    "seed": Key(42, int, "global seed (each rank offsets it)"),
+    "max_consecutive_bad_steps": Key(20, int, "abort after this many non-finite steps in a row"),
+    # --- logging, validation, checkpoints ---------------------------------------------
+    "output_dir": Key("output", str, "parent of run directories"),
+    "log_every": Key(50, int, "steps between log lines / scalars"),
+    "validation_steps": Key(1000, int, "steps between validations"),
+    "max_validation_batches": Key(8, int, "batches per validation pass"),
+    "checkpointing_steps": Key(2000, int, "steps between checkpoints"),
+    "checkpoints_total_limit": Key(3, int, "checkpoints kept (newest complete and best are never deleted)"),
+    "num_sample_clips": Key(2, int, "reconstructed clips written to TensorBoard at validation"),
+    "nccl_timeout": Key(1800, int, "process-group timeout in seconds (reaches init_process_group)"),
+    "profile_steps": Key(5, int, "steps traced by --profile"),
+}
+
+DEFAULTS: dict[str, Any] = {name: key.default for name, key in KEYS.items()}

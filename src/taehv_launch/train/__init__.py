@@ -1,0 +1,1 @@
+"""The trainer `accelerate launch` runs: data -> refvae -> model -> seraena/losses -> loop -> checkpoint."""

@@ -1,0 +1,142 @@
+"""Set-up for the loop: the Accelerator, the data loaders, the reference VAE, TAEHV and Seraena.
+
+Each function builds one thing from the config; the loop in loop.py only uses them.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from ..errors import DataError, ModelError
+
+
+def make_accelerator(cfg: dict[str, Any]):
+    """Accelerator with the process-group timeout from nccl_timeout (NCCL ignores an env var for it).
+
+    On CPU the backend is gloo, which DeepSpeed on CPU needs explicitly (PLATFORM.md).
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    on_gpu = torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true")
+    use_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if use_ds and not on_gpu:
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False   # skip a 30 s JIT build on CPU
+    pg = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg["nccl_timeout"]),
+                                backend="nccl" if on_gpu else "gloo")
+    kwargs: dict[str, Any] = {"kwargs_handlers": [pg]}
+    if not use_ds:   # under DeepSpeed the accumulation comes from deepspeed.json
+        kwargs["gradient_accumulation_steps"] = cfg["gradient_accumulation_steps"]
+    return Accelerator(**kwargs)
+
+
+def demo_cache_dir() -> Path:
+    root = os.environ.get("TAEHV_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "taehv-launch")
+    return Path(root) / "demo"
+
+
+def resolve_demo_paths(cfg: dict[str, Any], device: torch.device, log) -> dict[str, Any]:
+    """On CPU, an empty data_root / ref_vae_path means the built-in demo assets (made on first run)."""
+    need_data, need_vae = not cfg["data_root"], cfg["use_ref_vae"] and not cfg["ref_vae_path"]
+    if not (need_data or need_vae):
+        return cfg
+    if device.type != "cpu":
+        what = "data_root" if need_data else "ref_vae_path"
+        raise (DataError if need_data else ModelError)(
+            f"{what} is empty: on GPUs set --set {what}=/path (the built-in demo assets are for the cpu profile)")
+    from .synthetic import ensure_demo_assets
+
+    data_root, vae_path = ensure_demo_assets(demo_cache_dir(), latent_channels=cfg["latent_channels"],
+                                             ref_vae_type=cfg["ref_vae_type"])
+    out = dict(cfg)
+    if need_data:
+        out["data_root"] = data_root
+        log(f"demo: data_root is the built-in synthetic set ({data_root}): moving shapes, not real video")
+    if need_vae:
+        out["ref_vae_path"] = vae_path
+        log(f"demo: reference VAE is a tiny randomly initialised {cfg['ref_vae_type']} ({vae_path}); "
+            f"its latents carry no meaning beyond this demo")
+    return out
+
+
+class ShardedInfiniteSampler(Sampler[int]):
+    """Endless, resumable shard of a dataset: epoch e is a seeded permutation, rank r takes every
+    world-th index. `start` skips that many of this rank's draws without reading any video."""
+
+    def __init__(self, n: int, rank: int, world: int, seed: int, start: int = 0):
+        self.n, self.rank, self.world, self.seed, self.start = n, rank, world, seed, start
+
+    def __iter__(self) -> Iterator[int]:
+        per_epoch = max(1, len(range(self.rank, self.n, self.world)))
+        epoch, offset = divmod(self.start, per_epoch)
+        while True:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            perm = torch.randperm(self.n, generator=g).tolist()
+            shard = perm[self.rank::self.world] or perm[: 1]
+            yield from shard[offset:]
+            offset, epoch = 0, epoch + 1
+
+
+def build_datasets(cfg: dict[str, Any], accelerator, log):
+    from .data import VideoClipDataset, build_index, probe_first_usable, split_train_val
+
+    cache = Path(cfg["index_cache_dir"] or Path(cfg["output_dir"]).expanduser() / ".index")
+    if accelerator.is_main_process:     # index once; the other ranks read the cache
+        entries = build_index(cfg["data_root"], cfg["annotation_file"], cache)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        entries = build_index(cfg["data_root"], cfg["annotation_file"], cache)
+    train_e, val_e = split_train_val(entries, cfg["validation_fraction"], cfg["max_validation_videos"], cfg["seed"])
+    probe_first_usable(train_e, cfg["n_frames"], max_tries=min(len(train_e), 32))
+    common = dict(height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
+                  min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
+                  seed=cfg["seed"])
+    train_ds = VideoClipDataset(train_e, random_flip=cfg["random_flip"], train=True, **common)
+    val_ds = VideoClipDataset(val_e or train_e[:1], random_flip=False, train=False, **common)
+    log(f"data: {len(entries)} videos under {cfg['data_root']} ({len(train_e)} train, {len(val_e)} validation)")
+    return train_ds, val_ds
+
+
+def make_loader(dataset, batch_size: int, sampler, cfg: dict[str, Any]) -> DataLoader:
+    from .data import collate, worker_init_fn
+
+    workers = cfg["dataloader_num_workers"]
+    extra = dict(prefetch_factor=cfg["prefetch_factor"], persistent_workers=True) if workers > 0 else {}
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
+                      worker_init_fn=worker_init_fn, pin_memory=torch.cuda.is_available(), drop_last=True, **extra)
+
+
+def load_reference(cfg: dict[str, Any], device: torch.device):
+    if not cfg["use_ref_vae"]:
+        return None
+    from .refvae import load_reference_vae
+
+    dtype = getattr(torch, cfg["ref_vae_dtype"])
+    ref = load_reference_vae(cfg["ref_vae_type"], cfg["ref_vae_path"], dtype=dtype, device=device,
+                             chunk_size=cfg["ref_vae_chunk_size"], latent_mean=cfg["ref_latent_mean"],
+                             latent_std=cfg["ref_latent_std"])
+    if ref.latent_channels != cfg["latent_channels"]:
+        raise ModelError(f"the reference VAE at {cfg['ref_vae_path']} has {ref.latent_channels} latent channels "
+                         f"but latent_channels={cfg['latent_channels']}: set --set "
+                         f"latent_channels={ref.latent_channels}")
+    return ref
+
+
+def build_seraena(cfg: dict[str, Any], device: torch.device, rank: int):
+    if not cfg["use_seraena"]:
+        return None
+    from .seraena import VideoSeraena
+
+    autocast = torch.bfloat16 if (cfg["mixed_precision"] == "bf16" and device.type == "cuda") else None
+    return VideoSeraena(cfg["latent_channels"], frames_per_group=cfg["n_seraena_frames"], lr=cfg["seraena_lr"],
+                        buffer_bytes=cfg["seraena_buffer_mb"] << 20, autocast_dtype=autocast,
+                        seed=cfg["seed"] + rank).to(device)

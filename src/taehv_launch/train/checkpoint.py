@@ -1,0 +1,165 @@
+"""Checkpoints that are complete or absent, and exports of the EMA TAEHV.
+
+A checkpoint is written into `.tmp-checkpoint-<step>/`, then every file is listed in a
+COMPLETE marker, then the folder is renamed to `checkpoint-<step>/`; a crash at any point
+leaves either the previous checkpoints or a temp folder that resume ignores. Assumes the run
+directory is on a filesystem every node sees (as DeepSpeed's own checkpoints do).
+
+Contents: model + optimizer (DeepSpeed's own files under ZeRO, safetensors + a tensors-only
+torch file otherwise), EMA weights (safetensors), Seraena per rank, RNG states per rank,
+and trainer_state.json (step, samples consumed, best PSNR, the config it ran with).
+Everything we load ourselves is safetensors or `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import CheckpointError
+from ..runs import COMPLETE, list_checkpoints
+
+
+@dataclass
+class TrainState:
+    step: int = 0                    # optimizer steps done
+    samples_seen: int = 0            # per rank: clips drawn from this rank's sampler
+    best_psnr: float = -1.0
+    best_step: int = -1
+    bad_steps_total: int = 0
+    skipped_files: list[str] = field(default_factory=list)
+    world_size: int = 1
+    zero_stage: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": torch.tensor(random.getstate()[1], dtype=torch.int64),
+        "python_pos": torch.tensor([random.getstate()[2] or 0], dtype=torch.int64),
+        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": torch.tensor([np_state[2]], dtype=torch.int64),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(int(v) for v in state["python"].tolist()), None))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), int(state["numpy_pos"][0])))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, state: TrainState,
+                    include_buffer: bool) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint path."""
+    final = run_dir / f"checkpoint-{state.step}"
+    tmp = run_dir / f".tmp-checkpoint-{state.step}"
+    rank = accelerator.process_index
+    if accelerator.is_main_process:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    if accelerator.state.deepspeed_plugin is not None:
+        model.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+    elif accelerator.is_main_process:
+        save_file(_contiguous(accelerator.unwrap_model(model).state_dict()), str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+    if seraena is not None:
+        torch.save(seraena.state_dict_for_checkpoint(include_buffer=include_buffer), tmp / f"seraena_rank{rank}.pt")
+    if accelerator.is_main_process:
+        save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
+        (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        (tmp / COMPLETE).write_text(json.dumps({"step": state.step, "files": files}))
+        if final.exists():   # a checkpoint of the same step from an interrupted earlier attempt
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, world_size: int,
+                    zero_stage: int) -> TrainState:
+    """Collective. Restores everything save_checkpoint wrote; says clearly what does not fit."""
+    try:
+        state = TrainState(**json.loads((path / "trainer_state.json").read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path} has no readable trainer_state.json ({exc}): "
+                              f"pass another checkpoint") from None
+    if state.world_size != world_size or state.zero_stage != zero_stage:
+        raise CheckpointError(
+            f"checkpoint {path.name} was written by {state.world_size} process(es) with ZeRO-{state.zero_stage}; "
+            f"this run has {world_size} with ZeRO-{zero_stage}: resume with the same GPU count and zero_stage "
+            f"(resuming across world sizes is not supported yet), or start a new run from its weights with "
+            f"--set pretrained_model_path={path / 'ema.safetensors'}")
+    try:
+        if accelerator.state.deepspeed_plugin is not None:
+            load_path, _ = model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)
+            if load_path is None:
+                raise CheckpointError(f"DeepSpeed found no state in {path / 'deepspeed'}: the checkpoint is damaged")
+        else:
+            accelerator.unwrap_model(model).load_state_dict(load_file(str(path / "model.safetensors")))
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
+        ema.load_state_dict(load_file(str(path / "ema.safetensors"), device=str(accelerator.device)))
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]}): "
+                              f"resume with the config it was written with (see its trainer_state.json)") from None
+    rank = accelerator.process_index
+    rng_file = path / f"rng_rank{rank}.pt"
+    if rng_file.exists():
+        set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
+    ser_file = path / f"seraena_rank{rank}.pt"
+    if seraena is not None and ser_file.exists():
+        seraena.load_checkpoint_state(torch.load(ser_file, map_location=accelerator.device, weights_only=True))
+    return state
+
+
+def rotate(run_dir: Path, keep: int, best_step: int) -> list[str]:
+    """Delete the oldest complete checkpoints beyond `keep`; never the newest or the best one."""
+    complete = [(s, p) for s, p, why in list_checkpoints(run_dir) if why is None]
+    protected = {complete[-1][0] if complete else None, best_step}
+    removable = [(s, p) for s, p in complete if s not in protected]
+    excess = len(complete) - keep
+    removed = []
+    for s, p in removable[:max(0, excess)]:
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name)
+    return removed
+
+
+def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[str, Any]) -> None:
+    """Write EMA TAEHV weights as taehv.safetensors and taehv.pth (loads in public taehv.py)."""
+    tmp = folder.with_name(f".tmp-{folder.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    sd = {k: v.detach().float().cpu().contiguous() for k, v in taehv_state.items()}
+    save_file(sd, str(tmp / "taehv.safetensors"), metadata={k: str(v) for k, v in meta.items()})
+    torch.save(sd, tmp / "taehv.pth")
+    (tmp / "export.json").write_text(json.dumps(meta, indent=2, default=str))
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+
+
+def _contiguous(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().contiguous() for k, v in sd.items()}

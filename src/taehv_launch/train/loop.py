@@ -1,0 +1,374 @@
+"""The training loop: set up -> while -> train_step() -> log -> maybe validate -> maybe checkpoint.
+
+One optimizer step = gradient_accumulation_steps micro-batches on every rank. The learning
+rate is a pure function of the optimizer step (warmup + cosine), set on the optimizer before
+each step, so it advances once per optimizer step whatever the world size, and resumes exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..errors import EXIT_OK, EXIT_RESUMABLE, UserError
+from ..runs import REQUEUE
+from . import build
+from .checkpoint import TrainState, export_model, load_checkpoint, rotate, save_checkpoint
+from .ema import EMA
+from .losses import DistillNet, decoder_targets, psnr, ssim
+from .stop import StopFlag
+
+
+class TooManyBadSteps(UserError):
+    exit_code = 1
+
+
+def lr_at(step: int, cfg: dict[str, Any]) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then the schedule."""
+    peak, warm, total = cfg["learning_rate"], cfg["lr_warmup_steps"], cfg["max_train_steps"]
+    if step < warm:
+        return peak * (step + 1) / warm
+    if cfg["lr_scheduler"] == "constant":
+        return peak
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    floor = peak * cfg["min_lr_ratio"]
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg["lr_scheduler"] == "cosine" else 1 - progress
+    return floor + (peak - floor) * shape
+
+
+class PhaseTimer:
+    """Wall time per phase of a step (synchronising CUDA), for --profile's table."""
+
+    def __init__(self, enabled: bool, device: torch.device):
+        self.enabled, self.device = enabled, device
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        with torch.profiler.record_function(name):
+            yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.totals[name] += time.perf_counter() - t0
+
+    def table(self, steps: int) -> str:
+        total = sum(self.totals.values()) or 1.0
+        lines = [f"where a step's time goes ({steps} steps, ms per optimizer step):"]
+        for name, secs in sorted(self.totals.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {name:<22} {1000 * secs / max(1, steps):9.1f} ms  {100 * secs / total:5.1f}%")
+        return "\n".join(lines)
+
+
+class Trainer:
+    def __init__(self, cfg: dict[str, Any], run_dir: Path, resume: str | None, debug: bool, profile: bool):
+        self.run_dir, self.debug, self.profile = run_dir, debug, profile
+        self.acc = build.make_accelerator(cfg)
+        self.device = self.acc.device
+        self.cfg = cfg = build.resolve_demo_paths(cfg, self.device, self.log)
+        self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        self.zero = cfg["zero_stage"] if self.acc.state.deepspeed_plugin is not None else 0
+        if debug:
+            torch.autograd.set_detect_anomaly(True)
+        from accelerate.utils import set_seed
+
+        set_seed(cfg["seed"] + self.rank)
+        self.stop = StopFlag()
+        self.ref = build.load_reference(cfg, self.device)
+        from .model import build_taehv, count_params
+
+        taehv = build_taehv(cfg)
+        self.log(f"model: TAEHV {count_params(taehv) / 1e6:.2f}M parameters, latent_channels {cfg['latent_channels']}, "
+                 f"frames_to_trim {taehv.frames_to_trim}; processes {self.world}, "
+                 f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, "
+                 f"device {self.device}")
+        net = DistillNet(taehv, cogvideox_skip_trim=cfg["ref_vae_type"] == "cogvideox")
+        self.ema = EMA(taehv, cfg["ema_decay"], zero_stage=0)   # before partitioning: a full copy
+        self.ema.model.to(self.device)
+        optimizer = torch.optim.AdamW(net.parameters(), lr=lr_at(0, cfg), betas=(cfg["adam_beta1"], cfg["adam_beta2"]),
+                                      weight_decay=cfg["adam_weight_decay"])
+        self.model, self.optimizer = self.acc.prepare(net, optimizer)
+        self.ema.zero_stage = self.zero
+        self.seraena = build.build_seraena(cfg, self.device, self.rank)
+        self.state = TrainState(world_size=self.world, zero_stage=self.zero, config=_jsonable(cfg))
+        if resume:
+            self.state = load_checkpoint(Path(resume), self.acc, self.model, self.optimizer, self.ema, self.seraena,
+                                         self.world, self.zero)
+            self.state.config = _jsonable(cfg)
+            self.log(f"resumed from {resume} at step {self.state.step}")
+        train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
+        sampler = build.ShardedInfiniteSampler(len(train_ds), self.rank, self.world, cfg["seed"],
+                                               start=self.state.samples_seen)
+        self.loader = build.make_loader(train_ds, cfg["train_batch_size"], sampler, cfg)
+        self.writer = None
+        if self.acc.is_main_process:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "logs"), purge_step=self.state.step + 1 if resume else None)
+        self.timer = PhaseTimer(profile, self.device)
+        self.bad_in_a_row = 0
+        self.skipped_seen: set[str] = set(self.state.skipped_files)
+
+    # ------------------------------------------------------------------ logging
+    def log(self, msg: str, all_ranks: bool = False) -> None:
+        if all_ranks or self.debug or getattr(self, "acc", None) is None or self.acc.is_main_process:
+            prefix = f"[rank {self.acc.process_index}] " if (self.debug or all_ranks) and hasattr(self, "acc") else ""
+            print(f"{prefix}{msg}", flush=True)
+
+    def scalar(self, name: str, value: float, step: int) -> None:
+        if self.writer is not None:
+            self.writer.add_scalar(name, value, step)
+
+    # ------------------------------------------------------------------ one micro-batch
+    def all_finite(self, *values: torch.Tensor) -> bool:
+        ok = torch.tensor([float(all(torch.isfinite(v).all() for v in values))], device=self.device)
+        if self.world > 1:
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
+    def train_step(self, batch: dict[str, Any]) -> dict[str, float] | None:
+        """Forward, losses and backward of one micro-batch. None when the step was skipped (non-finite)."""
+        cfg, t = self.cfg, self.timer
+        with t("data (to device)"):
+            frames = batch["frames"].to(self.device, non_blocking=True).float().div_(255.0)
+        with t("reference VAE encode"):
+            latents = self.ref.encode(frames) if self.ref is not None else None
+        with self.acc.accumulate(self.model):
+            with t("TAEHV forward"), self.acc.autocast():
+                enc, dec = self.model(frames, latents, encode=cfg["use_ref_vae"] or latents is None)
+            if latents is None:
+                latents = enc.detach()
+            dec = dec.float()
+            target = decoder_targets(frames, dec)
+            rec_loss = F.mse_loss(dec, target)
+            enc_loss = F.mse_loss(enc.float(), latents) if (enc is not None and self.ref is not None) else dec.new_zeros(())
+            if not self.all_finite(rec_loss, enc_loss):
+                self.acc.step -= 1     # this micro-batch does not count towards accumulation
+                return None
+            ser_loss, disc_loss = dec.new_zeros(()), 0.0
+            if self.seraena is not None:
+                with t("Seraena (disc + correction)"):
+                    corrected, stats = self.seraena.step_and_make_targets(target, dec.detach().clamp(0, 1), latents)
+                ser_loss, disc_loss = F.mse_loss(dec, corrected), stats["disc_loss"]
+            loss = (cfg["reconstruction_loss_weight"] * rec_loss + cfg["encoder_loss_weight"] * enc_loss
+                    + cfg["seraena_loss_weight"] * ser_loss)
+            with t("backward + optimizer"):
+                self.acc.backward(loss)
+                if self.acc.sync_gradients and self.acc.state.deepspeed_plugin is None:
+                    self.acc.clip_grad_norm_(self.model.parameters(), cfg["max_grad_norm"])
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss.item(), "reconstruction_loss": rec_loss.item(), "encoder_loss": enc_loss.item(),
+                "seraena_loss": ser_loss.item(), "disc_loss": disc_loss, "psnr": psnr(dec, target)}
+
+    def note_skipped(self, paths: list[str]) -> None:
+        for p in paths:
+            if p not in self.skipped_seen:
+                self.skipped_seen.add(p)
+                self.log(f"data: skipping unreadable or unusable video {p} (logged once)", all_ranks=True)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> int:
+        cfg, st = self.cfg, self.state
+        micro, accum, total = cfg["train_batch_size"], cfg["gradient_accumulation_steps"], cfg["max_train_steps"]
+        global_batch = micro * accum * self.world
+        self.log(f"training: steps {st.step} -> {total}, global batch {global_batch} = micro {micro} x "
+                 f"{self.world} processes x accumulation {accum}")
+        window: dict[str, list[float]] = defaultdict(list)
+        t_window, samples_window = time.perf_counter(), 0
+        prof = self._profiler() if self.profile else contextlib.nullcontext()
+        data_iter = iter(self.loader)
+        bar = self._progress(st.step, total)
+        start_step = st.step
+        with prof as p:
+            while st.step < total:
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr_at(st.step, cfg)
+                done_micro = 0
+                while done_micro < accum:
+                    with self.timer("data (loader wait)"):
+                        batch = next(data_iter)
+                    st.samples_seen += micro
+                    self.note_skipped(batch["skipped"])
+                    out = self.train_step(batch)
+                    if out is None:
+                        self.bad_in_a_row += 1
+                        st.bad_steps_total += 1
+                        self.log(f"step {st.step}: non-finite loss on some rank; micro-batch skipped on all ranks "
+                                 f"({self.bad_in_a_row} in a row)")
+                        if self.bad_in_a_row >= cfg["max_consecutive_bad_steps"]:
+                            raise TooManyBadSteps(
+                                f"{self.bad_in_a_row} non-finite losses in a row at step {st.step}: lower "
+                                f"learning_rate or check the data; the last good checkpoint is intact")
+                        continue
+                    self.bad_in_a_row = 0
+                    done_micro += 1
+                    samples_window += micro * self.world
+                    for k, v in out.items():
+                        window[k].append(v)
+                st.step += 1
+                self.ema.update(self.acc.unwrap_model(self.model).taehv if self.zero != 3 else
+                                self._zero3_taehv(), st.step)
+                if p is not None:
+                    p.step()
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{window['loss'][-1]:.4f}", refresh=False)
+                if st.step % cfg["log_every"] == 0 or st.step == total:
+                    dt = time.perf_counter() - t_window
+                    self._log_window(window, samples_window / max(dt, 1e-9), st.step, total, start_step)
+                    window.clear()
+                    t_window, samples_window = time.perf_counter(), 0
+                if st.step % cfg["validation_steps"] == 0 or st.step == total:
+                    self.validate()
+                stopping = self.stop.agreed(self.device)
+                if stopping or st.step % cfg["checkpointing_steps"] == 0 or st.step == total:
+                    self.checkpoint()
+                if stopping:
+                    return self._preempted(bar)
+        if bar is not None:
+            bar.close()
+        if self.profile:
+            self.log(self.timer.table(st.step - start_step))
+        self.export("final_model")
+        self.log(f"done: {st.step} steps; final EMA model in {self.run_dir / 'final_model'}")
+        return EXIT_OK
+
+    def _zero3_taehv(self):
+        return self.acc.unwrap_model(self.model).taehv
+
+    def _preempted(self, bar) -> int:
+        if bar is not None:
+            bar.close()
+        if self.acc.is_main_process:
+            (self.run_dir / REQUEUE).write_text(json.dumps({"step": self.state.step}))
+        self.log(f"stopped by a signal at step {self.state.step}; checkpoint saved. Resume with --resume auto "
+                 f"(exit code {EXIT_RESUMABLE})")
+        return EXIT_RESUMABLE
+
+    def _progress(self, start: int, total: int):
+        if not self.acc.is_main_process or self.debug:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stdout,
+                    mininterval=2.0)
+
+    def _log_window(self, window, samples_per_s: float, step: int, total: int, start_step: int) -> None:
+        means = {k: sum(v) / len(v) for k, v in window.items() if v}
+        if self.world > 1:   # average across ranks (every rank must take part)
+            keys = sorted(means)
+            t = torch.tensor([means[k] for k in keys], device=self.device, dtype=torch.float64)
+            dist.all_reduce(t)
+            means = dict(zip(keys, (t / self.world).tolist()))
+        lr = self.optimizer.param_groups[0]["lr"]
+        mem = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else 0.0
+        for k, v in means.items():
+            self.scalar(f"train/{k}", v, step)
+        self.scalar("train/learning_rate", lr, step)
+        self.scalar("train/samples_per_second", samples_per_s, step)
+        self.scalar("train/gpu_memory_gb", mem, step)
+        eta = (total - step) * self.cfg["train_batch_size"] * self.cfg["gradient_accumulation_steps"] * self.world \
+            / max(samples_per_s, 1e-9)
+        self.log(f"step {step}/{total} | loss {means.get('loss', float('nan')):.4f} | rec "
+                 f"{means.get('reconstruction_loss', float('nan')):.4f} | enc {means.get('encoder_loss', float('nan')):.4f}"
+                 f" | seraena {means.get('seraena_loss', 0):.4f} | psnr {means.get('psnr', float('nan')):.2f} dB | "
+                 f"lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | ETA {_hms(eta)}")
+
+    # ------------------------------------------------------------------ validation, checkpoints
+    @torch.no_grad()
+    def validate(self) -> float:
+        """EMA model on the held-out clips, sharded over ranks; every rank runs the same count."""
+        cfg, ema = self.cfg, self.ema.model
+        n_batches = max(1, min(cfg["max_validation_batches"], math.ceil(len(self.val_ds) / self.world)))
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        samples = []
+        for b in range(n_batches):
+            idx = (b * self.world + self.rank) % len(self.val_ds)
+            frames = self.val_ds[idx]["frames"][None].to(self.device).float().div_(255.0)
+            latents = self.ref.encode(frames) if self.ref is not None else ema.encode_video(frames)
+            trim = not (cfg["ref_vae_type"] == "cogvideox" and latents.shape[1] % 2 == 0)
+            dec = ema.decode_video(latents.float(), trim=trim, clamp=True)
+            target = decoder_targets(frames, dec)
+            sums += torch.tensor([psnr(dec, target), ssim(dec, target), 1.0], device=self.device, dtype=torch.float64)
+            if len(samples) < cfg["num_sample_clips"]:
+                samples.append((target[0].cpu(), dec[0].cpu()))
+        if self.world > 1:
+            dist.all_reduce(sums)
+        val_psnr, val_ssim = (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+        step = self.state.step
+        self.scalar("val/psnr", val_psnr, step)
+        self.scalar("val/ssim", val_ssim, step)
+        if self.writer is not None:
+            for i, (real, fake) in enumerate(samples):    # rows: input frames, reconstruction
+                grid = torch.cat([torch.cat(list(real), -1), torch.cat(list(fake), -1)], -2)
+                self.writer.add_image(f"val/clip_{i}", grid.clamp(0, 1), step)
+            self.writer.flush()
+        self.log(f"validation at step {step}: psnr {val_psnr:.2f} dB, ssim {val_ssim:.4f} (EMA model)")
+        if val_psnr > self.state.best_psnr:
+            self.state.best_psnr, self.state.best_step = val_psnr, step
+            self.export("best_model")
+        return val_psnr
+
+    def checkpoint(self) -> None:
+        st = self.state
+        st.skipped_files = sorted(self.skipped_seen)[:1000]
+        include = self.seraena is not None and self.seraena.buffer_nbytes() <= self.cfg["seraena_checkpoint_buffer_mb"] << 20
+        path = save_checkpoint(self.run_dir, self.acc, self.model, self.optimizer, self.ema, self.seraena, st,
+                               include_buffer=include)
+        if self.acc.is_main_process:
+            removed = rotate(self.run_dir, self.cfg["checkpoints_total_limit"], st.best_step)
+            self.log(f"checkpoint: {path.name}" + (f" (removed {', '.join(removed)})" if removed else ""))
+
+    def export(self, name: str) -> None:
+        if self.acc.is_main_process:
+            meta = {"step": self.state.step, "val_psnr": self.state.best_psnr if name == "best_model" else None,
+                    "latent_channels": self.cfg["latent_channels"], "patch_size": self.cfg["patch_size"],
+                    "ref_vae_type": self.cfg["ref_vae_type"], "ema_decay": self.cfg["ema_decay"]}
+            export_model(self.ema.state_dict(), self.run_dir / name, meta)
+
+    def _profiler(self):
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        steps = self.cfg["profile_steps"]
+        return profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
+                       on_trace_ready=tensorboard_trace_handler(str(self.run_dir / "logs" / "profile")),
+                       record_shapes=False, profile_memory=True)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _hms(seconds: float) -> str:
+    s = int(max(0, seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _jsonable(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
+
+
+def train(cfg: dict[str, Any], run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:
+    trainer = Trainer(cfg, run_dir, resume, debug, profile)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()

@@ -1,0 +1,74 @@
+"""The distillation objective and the image metrics.
+
+Frame alignment (SPEC.md "Frame alignment"): n input frames -> n/4 reference latents; the
+decoder turns them into n frames and drops the first `frames_to_trim` (3), so its output
+lines up with input frames [0, n-3). CogVideoX decodes an even latent count to all 4T
+frames (upstream's skip_trim quirk), so then nothing is trimmed and the targets are all frames.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class DistillNet(nn.Module):
+    """TAEHV behind one forward(), so DDP and DeepSpeed see every parameter used in one call."""
+
+    def __init__(self, taehv: nn.Module, cogvideox_skip_trim: bool):
+        super().__init__()
+        self.taehv = taehv
+        self.cogvideox_skip_trim = cogvideox_skip_trim
+
+    def trims(self, n_latents: int) -> bool:
+        return not (self.cogvideox_skip_trim and n_latents % 2 == 0)
+
+    def forward(self, frames: torch.Tensor, latents: torch.Tensor, encode: bool = True):
+        """frames NTCHW RGB in [0, 1]; latents NTCHW reference latents (raw).
+
+        Returns (encoded latents or None, decoded frames NTCHW, unclamped: the loss sees
+        gradients outside [0, 1]).
+        """
+        enc = self.taehv.encode_video(frames) if encode else None
+        dec = self.taehv.decode_video(latents, trim=self.trims(latents.shape[1]), clamp=False)
+        return enc, dec
+
+
+def decoder_targets(frames: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
+    """The input frames the decoder output lines up with: the first decoded.shape[1] frames."""
+    t = decoded.shape[1]
+    assert t <= frames.shape[1], f"decoder produced {t} frames from a {frames.shape[1]}-frame clip"
+    return frames[:, :t]
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR in dB of images in [0, 1] (a is clamped)."""
+    mse = F.mse_loss(a.detach().float().clamp(0, 1), b.detach().float()).item()
+    return 10 * math.log10(1.0 / max(mse, 1e-10))
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5) -> float:
+    """Mean SSIM (Gaussian window, per channel) of NTCHW or NCHW images in [0, 1]."""
+    a = a.detach().float().clamp(0, 1).flatten(0, -4)
+    b = b.detach().float().flatten(0, -4)
+    c = a.shape[1]
+    coords = torch.arange(window, dtype=torch.float32, device=a.device) - window // 2
+    g = torch.exp(-(coords ** 2) / (2 * sigma ** 2))
+    g = (g / g.sum())
+    kernel = (g[:, None] * g[None, :]).expand(c, 1, window, window).contiguous()
+    window = min(window, a.shape[-1], a.shape[-2])
+    kernel = kernel[..., :window, :window]
+
+    def blur(x):
+        return F.conv2d(x, kernel, groups=c)
+
+    mu_a, mu_b = blur(a), blur(b)
+    var_a = blur(a * a) - mu_a ** 2
+    var_b = blur(b * b) - mu_b ** 2
+    cov = blur(a * b) - mu_a * mu_b
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
+    return s.mean().item()

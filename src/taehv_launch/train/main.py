@@ -1,0 +1,67 @@
+"""The program `accelerate launch` runs: read the rendered config, train, record the exit code.
+
+    accelerate launch --config_file RUN/accelerate.yaml .../train/main.py --config RUN/config.py --run-dir RUN
+
+A user error becomes one line and its exit code; the node's local rank 0 writes
+RUN/exit_status[.node<k>].json so the launcher can report the trainer's code instead of
+the one accelerate's wrappers make up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="taehv-train", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="config.py rendered by taehv-launch")
+    p.add_argument("--run-dir", required=True, help="the run directory")
+    p.add_argument("--resume", default=None, help="a complete checkpoint-<step> folder")
+    p.add_argument("--debug", action="store_true")
+    p.add_argument("--profile", action="store_true")
+    return p.parse_args(argv)
+
+
+def write_status(run_dir: Path, code: int, message: str) -> None:
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    node = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
+    suffix = "" if node == 0 else f".node{node}"
+    path = run_dir / f"exit_status{suffix}.json"
+    try:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps({"code": code, "message": message}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    run_dir = Path(args.run_dir)
+    rank = os.environ.get("RANK", "0")
+    from taehv_launch.errors import EXIT_FAILED, UserError
+
+    try:
+        from taehv_launch.configfile import read_rendered_config
+        from taehv_launch.train.loop import train
+
+        cfg = read_rendered_config(args.config)
+        code, message = train(cfg, run_dir, args.resume, args.debug, args.profile), "ok"
+    except UserError as err:
+        code, message = err.exit_code, str(err)
+        print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
+    except Exception as exc:  # a bug or a dead peer: full traceback, the job fails
+        traceback.print_exc()
+        code, message = EXIT_FAILED, f"{type(exc).__name__}: {exc}"
+    write_status(run_dir, code, message)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

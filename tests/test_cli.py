@@ -1,0 +1,125 @@
+"""The CLI as users run it: a subprocess, real argv, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import CLI, assert_one_line_error, clean_env, run_cli
+
+
+def dry_json(*args, env=None):
+    proc = run_cli(*args, "--dry-run", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)     # the whole of stdout is one JSON object
+
+
+def test_16_h100_dry_run_json():
+    d = dry_json("16", "h100")
+    t, c = d["topology"], d["config"]
+    assert (t["num_machines"], t["gpus_per_machine"], t["gpu_ids"]) == (2, 8, "0,1,2,3,4,5,6,7")
+    assert (c["train_batch_size"], c["gradient_accumulation_steps"], d["global_batch_size"]) == (8, 1, 128)
+    assert d["deepspeed"]["zero_optimization"]["stage"] == 3 and c["nccl_timeout"] == 7200
+    for key in ("gpus", "profile", "config", "accelerate", "deepspeed", "env", "command"):
+        assert key in d
+    assert d["accelerate"]["distributed_type"] == "DEEPSPEED"
+    assert d["command"][1] == "launch"
+
+
+@pytest.mark.parametrize("gpus,micro,glob,lr,timeout", [("48", 5, 240, 1.8e-4, 10800), ("64", 4, 256, 2e-4, 14400)])
+def test_large_rows_dry_run(gpus, micro, glob, lr, timeout):
+    d = dry_json(gpus, "h100")
+    assert (d["config"]["train_batch_size"], d["global_batch_size"], d["config"]["nccl_timeout"]) == (micro, glob, timeout)
+    assert d["config"]["learning_rate"] == pytest.approx(lr)
+
+
+def test_cloud_platform_node_rank_and_master():
+    d = dry_json("16", "h100", env=clean_env(WORLD_SIZE="2", RANK="1", MASTER_ADDR="10.1.2.3"))
+    assert d["topology"]["machine_rank"] == 1 and d["topology"]["main_process_ip"] == "10.1.2.3"
+    assert "WORLD_SIZE" in d["topology"]["source"]
+
+
+def test_slurm_source():
+    env = clean_env(SLURM_NNODES="2", SLURM_NODEID="1", SLURM_JOB_NODELIST="gpu[07-08]", SLURM_JOB_ID="4242")
+    d = dry_json("16", "h100", env=env)
+    assert (d["topology"]["machine_rank"], d["topology"]["main_process_ip"], d["topology"]["source"]) == (1, "gpu07", "slurm")
+    assert d["run_dir"].endswith("job-4242")
+
+
+def test_human_dry_run_spells_out_the_batch_arithmetic():
+    proc = run_cli("8", "a800", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "global batch 128 = micro 2 x 8 GPUs x accumulation 8" in proc.stdout
+    assert "nothing was written or started" in proc.stdout
+
+
+def test_set_and_config_reach_the_plan(tmp_path):
+    cfg = tmp_path / "mine.py"
+    cfg.write_text("from easydict import EasyDict\nargs = EasyDict()\nargs.n_frames = 24\nargs.learning_rate = 1e-3\n")
+    d = dry_json("8", "h100", "--config", str(cfg), "--set", "learning_rate=2e-4")
+    assert d["config"]["n_frames"] == 24 and d["config"]["learning_rate"] == 2e-4
+
+
+def test_dry_run_is_fast_and_imports_nothing_heavy():
+    code = ("import sys, time; t=time.perf_counter(); from taehv_launch import cli, commands; "
+            "commands.dry_run(commands.Request(gpus='16', profile='h100'), True); "
+            "heavy=[m for m in ('torch','accelerate','deepspeed','diffusers','cv2') if m in sys.modules]; "
+            "print(heavy, time.perf_counter()-t, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    heavy = proc.stderr.strip().splitlines()[-1]
+    assert heavy.startswith("[]"), heavy
+    t0 = time.perf_counter()
+    assert run_cli("16", "h100", "--dry-run", "--json").returncode == 0
+    assert time.perf_counter() - t0 < 3.0   # generous for a loaded CI machine; ~0.5 s here
+
+
+def test_validate_env_is_a_subcommand_beside_the_default():
+    proc = run_cli("validate-env", "--help")
+    assert proc.returncode == 0 and "Preflight" in proc.stdout
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "validate-env" in proc.stdout
+
+
+@pytest.mark.parametrize("args,match", [
+    (["12", "h100"], "12 GPUs"),
+    (["0", "h100"], "at least 1"),
+    (["abc", "h100"], "whole number"),
+    (["8", "h900"], "unknown profile 'h900'"),
+    (["8", "h100", "--set", "learnig_rate=1"], "did you mean learning_rate"),
+    (["8", "h100", "--set", "n_frames=13"], "multiple of 12"),
+    (["8", "h100", "--set", "height='480'"], "height must be int"),
+    (["8", "h100", "--config", "/nonexistent/cfg.py"], "not found"),
+    (["3", "cpu"], "at most 2"),
+    (["16", "h100", "--gpus-per-node", "5"], "16"),
+    (["8", "h100", "--run-name", "../escape"], "run-name"),
+])
+def test_bad_invocations_give_one_clear_line(args, match):
+    assert_one_line_error(run_cli(*args, "--dry-run"), match)
+
+
+def test_8_h100_on_two_nodes_suggests_16():
+    proc = run_cli("8", "h100", "--dry-run", env=clean_env(WORLD_SIZE="2", RANK="0", MASTER_ADDR="m"))
+    assert_one_line_error(proc, r"taehv-launch 16 h100.*--gpus-per-node 4")
+
+
+def test_json_needs_dry_run():
+    assert_one_line_error(run_cli("8", "h100", "--json"), "--json goes with --dry-run")
+
+
+def test_keys_lists_the_schema():
+    proc = run_cli("keys")
+    assert proc.returncode == 0 and "learning_rate" in proc.stdout and "n_frames" in proc.stdout
+
+
+def test_a_bad_config_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("args = {'learning_rate': 1e-4, 'bogus': 1}\n")
+    assert_one_line_error(run_cli("8", "h100", "--config", str(bad), "--dry-run"), "unknown config key 'bogus'")
+    crash = tmp_path / "crash.py"
+    crash.write_text("raise RuntimeError('boom')\n")
+    assert_one_line_error(run_cli("8", "h100", "--config", str(crash), "--dry-run"), "failed to run.*boom")

@@ -1,0 +1,166 @@
+"""Profile resolution: every seed table row, A800, derived counts, precedence, config checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from taehv_launch.configfile import load_config_file, parse_set, render_config_file
+from taehv_launch.errors import ConfigError
+from taehv_launch.profiles import H100_ROWS, PROFILES, row_for
+from taehv_launch.resolve import Options, resolve
+from taehv_launch.schema import DEFAULTS, KEYS
+from taehv_launch.topology import detect_topology
+
+# The seeds' H100 table (SPEC.md), written out again here on purpose: the data in
+# profiles.py must match this independent copy.
+# gpus: nodes, micro, accum, global, lr, warmup, zero, ckpt, val, log, workers, prefetch, timeout
+SEED_H100 = {
+    1: (1, 8, 16, 128, 1e-4, 2000, 2, 2000, 1000, 50, 4, 2, 1800),
+    8: (1, 8, 2, 128, 1e-4, 2000, 2, 2000, 1000, 25, 8, 2, 3600),
+    16: (2, 8, 1, 128, 1e-4, 1500, 3, 1000, 500, 20, 12, 3, 7200),
+    48: (6, 5, 1, 240, 1.8e-4, 1200, 3, 750, 500, 15, 11, 3, 10800),
+    64: (8, 4, 1, 256, 2e-4, 1000, 3, 500, 500, 10, 12, 4, 14400),
+}
+
+
+def plan_for(gpus, profile="h100", env=None, **kw):
+    topo = detect_topology(gpus, env or {})
+    return resolve(gpus, profile, topo, **kw)
+
+
+@pytest.mark.parametrize("gpus", sorted(SEED_H100))
+def test_h100_rows_match_the_seed_table(gpus):
+    nodes, micro, accum, glob, lr, warm, zero, ckpt, val, log, workers, prefetch, timeout = SEED_H100[gpus]
+    plan = plan_for(gpus)
+    c = plan.config
+    assert plan.topology.num_machines == nodes
+    assert (c["train_batch_size"], c["gradient_accumulation_steps"], plan.global_batch_size) == (micro, accum, glob)
+    assert c["learning_rate"] == pytest.approx(lr)
+    assert (c["lr_warmup_steps"], c["zero_stage"], c["checkpointing_steps"], c["validation_steps"],
+            c["log_every"], c["dataloader_num_workers"], c["prefetch_factor"], c["nccl_timeout"]) == \
+        (warm, zero, ckpt, val, log, workers, prefetch, timeout)
+    assert (c["height"], c["width"], c["n_frames"], c["max_train_steps"]) == (480, 720, 12, 100_000)
+    assert (c["adam_beta1"], c["adam_beta2"], c["adam_weight_decay"], c["max_grad_norm"]) == (0.9, 0.95, 1e-2, 1.0)
+    assert plan.row_source == "table row"
+
+
+def test_table_has_exactly_the_seed_rows():
+    assert [r.gpus for r in H100_ROWS] == sorted(SEED_H100)
+
+
+@pytest.mark.parametrize("gpus,accum,glob,lr", [(1, 64, 128, 1e-4), (8, 8, 128, 1e-4), (16, 4, 128, 1e-4),
+                                                (48, 3, 288, 2.16e-4), (64, 2, 256, 2e-4)])
+def test_a800_keeps_the_global_batch_with_micro_2(gpus, accum, glob, lr):
+    plan = plan_for(gpus, "a800")
+    assert plan.config["train_batch_size"] == 2
+    assert plan.config["gradient_accumulation_steps"] == accum
+    assert plan.global_batch_size == glob
+    assert plan.config["learning_rate"] == pytest.approx(lr)
+    if glob != SEED_H100[gpus][3]:
+        assert "LR scaled" in plan.row_source
+
+
+@pytest.mark.parametrize("gpus,micro,accum,glob,zero", [(2, 8, 8, 128, 2), (4, 8, 4, 128, 2), (3, 8, 5, 120, 2),
+                                                        (32, 8, 1, 256, 3), (24, 8, 1, 192, 3)])
+def test_other_counts_follow_the_documented_rule(gpus, micro, accum, glob, zero):
+    plan = plan_for(gpus)
+    assert (plan.config["train_batch_size"], plan.config["gradient_accumulation_steps"]) == (micro, accum)
+    assert plan.global_batch_size == glob
+    assert plan.config["zero_stage"] == zero
+    assert plan.config["learning_rate"] == pytest.approx(1e-4 * glob / 128, rel=1e-3)
+    assert plan.row_source.startswith("derived from the")
+
+
+def test_timeouts_by_node_count():
+    assert plan_for(32).config["nccl_timeout"] == 7200      # 4 nodes
+    assert plan_for(56).config["nccl_timeout"] == 10800     # 7 nodes
+    assert plan_for(2).config["nccl_timeout"] == 3600
+
+
+def test_cpu_profile_is_small_and_ddp():
+    plan = plan_for(1, "cpu")
+    c = plan.config
+    assert (c["height"], c["width"], c["n_frames"], c["zero_stage"], c["latent_channels"]) == (64, 64, 12, 0, 4)
+    with pytest.raises(ConfigError, match="at most 2"):
+        plan_for(3, "cpu")
+
+
+def test_precedence_set_over_file_over_profile(tmp_path):
+    cfg = tmp_path / "my.py"
+    cfg.write_text("from easydict import EasyDict\nargs = EasyDict()\nargs.learning_rate = 3e-4\n"
+                   "args.n_frames = 24\nargs.use_flash_attention = True\n")
+    file_values, notes = load_config_file(cfg)
+    assert any("use_flash_attention" in n for n in notes)
+    plan = plan_for(8, file_values=file_values, set_values=dict([parse_set("learning_rate=2e-4")]))
+    assert plan.config["learning_rate"] == 2e-4            # --set wins
+    assert plan.config["n_frames"] == 24                   # file beats profile
+    assert plan.config["train_batch_size"] == 8            # profile row kept
+
+
+def test_plain_assignment_config_file(tmp_path):
+    cfg = tmp_path / "plain.py"
+    cfg.write_text("learning_rate = 5e-5\nheight = 256\nimport os\n")
+    values, _ = load_config_file(cfg)
+    assert values == {"learning_rate": 5e-5, "height": 256}
+
+
+@pytest.mark.parametrize("item,match", [
+    ("learning_rat=1e-4", "did you mean learning_rate"),
+    ("n_frames=12.5", "n_frames must be int"),
+    ("use_seraena=1", "use_seraena must be bool"),
+    ("zero_stage=5", "not one of"),
+    ("learning_rate", "not KEY=VALUE"),
+    ("=3", "has no key"),
+])
+def test_bad_set_values(item, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_set(item)
+
+
+def test_set_never_evaluates_code():
+    name, value = parse_set("data_root=__import__('os').getcwd()")
+    assert value == "__import__('os').getcwd()"    # a plain string, not executed
+
+
+@pytest.mark.parametrize("sets,match", [
+    ({"n_frames": 20}, "multiple of 12"),
+    ({"height": 100}, "multiple of 8"),
+    ({"min_frame_delta": 3, "max_frame_delta": 2}, "min_frame_delta"),
+    ({"train_batch_size": 0}, "at least 1"),
+    ({"decoder_time_upscale": (True,)}, "three booleans"),
+])
+def test_cross_field_checks(sets, match):
+    with pytest.raises(ConfigError, match=match):
+        plan_for(8, set_values=sets)
+
+
+def test_rendered_config_round_trips(tmp_path):
+    plan = plan_for(16, set_values={"learning_rate": 3e-4})
+    path = tmp_path / "config.py"
+    path.write_text(render_config_file(plan.config, header="test"))
+    values, notes = load_config_file(path)
+    assert values == plan.config and not notes
+
+
+def test_shipped_configs_match_the_table():
+    """configs/*.py are generated from the table (scripts/generate_configs.py); they must not drift."""
+    from pathlib import Path
+
+    from taehv_launch.shipped import expected_files
+
+    root = Path(__file__).resolve().parents[1]
+    for rel, text in expected_files().items():
+        path = root / rel
+        assert path.exists(), f"{rel} missing: run python scripts/generate_configs.py"
+        assert path.read_text() == text, f"{rel} drifted from the table: run python scripts/generate_configs.py"
+
+
+def test_every_profile_key_is_a_schema_key():
+    for profile in PROFILES.values():
+        assert set(profile.config) <= set(KEYS), profile.name
+    assert set(DEFAULTS) == set(KEYS)
+
+
+def test_debug_shortens_the_run():
+    plan = plan_for(1, "cpu", options=Options(debug=True))
+    assert plan.config["max_train_steps"] <= 20 and plan.config["log_every"] == 1
