@@ -11,7 +11,7 @@ from typing import Any
 
 from .configfile import load_config_file, parse_sets
 from .profiles import get_profile
-from .errors import ConfigError, LaunchError
+from .errors import EXIT_RESUMABLE, ConfigError, LaunchError
 from .render import Rendered, render
 from .resolve import Options, Plan, resolve
 from .runs import resolve_resume, run_id_for
@@ -156,8 +156,11 @@ def launch(req: Request) -> int:
         print(f"  note      {note}")
     sys.stdout.flush()
     code = edge.run(plan, rendered, run_dir)
-    print(f"taehv-launch: trainer exited with code {code}; log: {run_dir / ('launch' + rendered.node_suffix + '.log')}",
-          file=sys.stderr if code else sys.stdout)
+    log = run_dir / f"launch{rendered.node_suffix}.log"
+    print(f"taehv-launch: trainer exited with code {code}; run: {run_dir}; log: {log}", flush=True)
+    status = edge.read_status(run_dir, rendered.node_suffix) or {}
+    if code not in (0, EXIT_RESUMABLE):
+        print(f"error: {status.get('message') or 'the trainer failed: see ' + str(log)}", file=sys.stderr)
     return code
 
 

@@ -128,6 +128,8 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
     if status_path.exists():
         status_path.unlink()
     env = {**os.environ, **rendered.exported()}
+    if sys.stdout.isatty():
+        env["TAEHV_TTY"] = "1"      # the trainer shows a progress bar only for a person at a terminal
     with open(log_path, "ab") as log:
         log.write(f"\n=== taehv-launch {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(rendered.argv)}\n".encode())
         log.flush()

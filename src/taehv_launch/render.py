@@ -115,7 +115,7 @@ def environment(plan: Plan, env: Mapping[str, str], cpu_count: int) -> dict[str,
     procs = max(1, topo.gpus_per_machine)
     want["OMP_NUM_THREADS"] = (str(max(1, cpu_count // procs)), f"{cpu_count} CPUs / {procs} processes")
     if plan.profile.device == "cpu":
-        if not plan.uses_deepspeed:
+        if not plan.uses_deepspeed and topo.world_size > 1:
             want["ACCELERATE_USE_CPU"] = ("1", "the only accelerate invocation that runs real DDP on CPU")
     else:
         want["PYTORCH_CUDA_ALLOC_CONF"] = (plan.profile.alloc_conf, f"{plan.profile.name} allocator settings")

@@ -30,8 +30,9 @@ def make_accelerator(cfg: dict[str, Any]):
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False   # skip a 30 s JIT build on CPU
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     pg = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg["nccl_timeout"]),
-                                backend="nccl" if on_gpu else "gloo")
+                                backend=("nccl" if on_gpu else "gloo") if distributed else None)
     kwargs: dict[str, Any] = {"kwargs_handlers": [pg]}
     if not use_ds:   # under DeepSpeed the accumulation comes from deepspeed.json
         kwargs["gradient_accumulation_steps"] = cfg["gradient_accumulation_steps"]
@@ -70,7 +71,10 @@ def resolve_demo_paths(cfg: dict[str, Any], device: torch.device, log) -> dict[s
 
 class ShardedInfiniteSampler(Sampler[int]):
     """Endless, resumable shard of a dataset: epoch e is a seeded permutation, rank r takes every
-    world-th index. `start` skips that many of this rank's draws without reading any video."""
+    world-th index. `start` skips that many of this rank's draws without reading any video.
+
+    Yields e * n + video: the dataset reads video (i % n) and seeds its random clip from i, so
+    every epoch draws fresh clips and a resumed run draws exactly the clips it would have."""
 
     def __init__(self, n: int, rank: int, world: int, seed: int, start: int = 0):
         self.n, self.rank, self.world, self.seed, self.start = n, rank, world, seed, start
@@ -82,7 +86,7 @@ class ShardedInfiniteSampler(Sampler[int]):
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             perm = torch.randperm(self.n, generator=g).tolist()
             shard = perm[self.rank::self.world] or perm[: 1]
-            yield from shard[offset:]
+            yield from (epoch * self.n + i for i in shard[offset:])
             offset, epoch = 0, epoch + 1
 
 

@@ -129,7 +129,11 @@ class Trainer:
     def log(self, msg: str, all_ranks: bool = False) -> None:
         if all_ranks or self.debug or getattr(self, "acc", None) is None or self.acc.is_main_process:
             prefix = f"[rank {self.acc.process_index}] " if (self.debug or all_ranks) and hasattr(self, "acc") else ""
-            print(f"{prefix}{msg}", flush=True)
+            bar = getattr(self, "bar", None)
+            if bar is not None:
+                bar.write(f"{prefix}{msg}", file=sys.stdout)
+            else:
+                print(f"{prefix}{msg}", flush=True)
 
     def scalar(self, name: str, value: float, step: int) -> None:
         if self.writer is not None:
@@ -194,7 +198,7 @@ class Trainer:
         t_window, samples_window = time.perf_counter(), 0
         prof = self._profiler() if self.profile else contextlib.nullcontext()
         data_iter = iter(self.loader)
-        bar = self._progress(st.step, total)
+        self.bar = bar = self._progress(st.step, total)
         start_step = st.step
         with prof as p:
             while st.step < total:
@@ -244,6 +248,7 @@ class Trainer:
                     return self._preempted(bar)
         if bar is not None:
             bar.close()
+            self.bar = None
         if self.profile:
             self.log(self.timer.table(st.step - start_step))
         self.export("final_model")
@@ -256,6 +261,7 @@ class Trainer:
     def _preempted(self, bar) -> int:
         if bar is not None:
             bar.close()
+            self.bar = None
         if self.acc.is_main_process:
             (self.run_dir / REQUEUE).write_text(json.dumps({"step": self.state.step}))
         self.log(f"stopped by a signal at step {self.state.step}; checkpoint saved. Resume with --resume auto "
@@ -263,8 +269,8 @@ class Trainer:
         return EXIT_RESUMABLE
 
     def _progress(self, start: int, total: int):
-        if not self.acc.is_main_process or self.debug:
-            return None
+        if not self.acc.is_main_process or self.debug or os.environ.get("TAEHV_TTY") != "1":
+            return None   # log lines carry loss, samples/s and ETA; the bar is for a person at a terminal
         from tqdm.auto import tqdm
 
         return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stdout,
@@ -329,7 +335,7 @@ class Trainer:
     def checkpoint(self) -> None:
         st = self.state
         st.skipped_files = sorted(self.skipped_seen)[:1000]
-        include = self.seraena is not None and self.seraena.buffer_nbytes() <= self.cfg["seraena_checkpoint_buffer_mb"] << 20
+        include = self.seraena is not None and self.seraena.buffer_nbytes <= self.cfg["seraena_checkpoint_buffer_mb"] << 20
         path = save_checkpoint(self.run_dir, self.acc, self.model, self.optimizer, self.ema, self.seraena, st,
                                include_buffer=include)
         if self.acc.is_main_process:

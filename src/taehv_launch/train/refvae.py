@@ -1,0 +1,258 @@
+"""The frozen reference VAE whose latents TAEHV learns to reproduce.
+
+One adapter over the diffusers video VAEs (CogVideoX, HunyuanVideo, Wan) so that the
+trainer speaks TAEHV's language on both sides: frames NTCHW RGB in [0, 1] in, raw
+latents NTCHW out (no scaling factor; optional per-channel mean/std). Loaded from a
+local folder only; anything missing or mismatched is a `ModelError`, never random
+latents (the seeds silently fell back to `torch.randn`).
+
+Frame alignment (measured, tests/test_refvae.py): all three families are causal
+"1 + 4k" encoders when given 1 + 4k frames: latent 0 sees frame 0, latent k sees
+frames <= 4k. Given 12 frames, Wan and Hunyuan ignore frames 9-11 by construction, but
+CogVideoX (even frame count) regroups every latent onto frames 4k..4k+3 and its
+decode no longer lines up with frames 0-8. `encode` therefore feeds only the first
+1 + 4 * ((T - 1) // 4) frames to every family, so that decode(encode(12 frames)) gives
+9 frames aligned with input frames 0-8 (the trainer's `frames[:, :-3]`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..errors import ConfigError, ModelError
+
+FAMILIES = {
+    "cogvideox": "AutoencoderKLCogVideoX",
+    "hunyuan": "AutoencoderKLHunyuanVideo",
+    "wan": "AutoencoderKLWan",
+}
+_KIND_OF_CLASS = {cls: kind for kind, cls in FAMILIES.items()}
+_WEIGHT_FILES = (
+    "diffusion_pytorch_model.safetensors",
+    "diffusion_pytorch_model.bin",
+    "diffusion_pytorch_model.safetensors.index.json",
+    "diffusion_pytorch_model.bin.index.json",
+)
+TIME_STRIDE = 4   # every supported family: 1 + 4k frames -> 1 + k latents
+SPACE_STRIDE = 8  # every supported family: 8x8 pixels -> one latent
+
+
+def causal_frames(n_frames: int) -> int:
+    """The largest 1 + 4k <= n_frames: the frames a causal reference VAE can encode."""
+    assert n_frames >= 1, f"need at least one frame, got {n_frames}"
+    return 1 + TIME_STRIDE * ((n_frames - 1) // TIME_STRIDE)
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """Accept the config's strings ("bfloat16") as well as torch dtypes."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ConfigError(f"ref_vae_dtype={dtype!r} is not a torch dtype: use float32, bfloat16 or float16")
+    return value
+
+
+def _model_dir(path: str) -> tuple[str, str | None]:
+    """(folder holding config.json, subfolder arg for from_pretrained) or ModelError."""
+    fix = "set ref_vae_path to a local diffusers folder (with vae/config.json or config.json)"
+    if not path:
+        raise ModelError(f"ref_vae_path is empty: {fix}, or set use_ref_vae=False")
+    if not os.path.isdir(path):
+        raise ModelError(f"reference VAE folder not found: {path}: {fix}")
+    if os.path.isfile(os.path.join(path, "vae", "config.json")):
+        return os.path.join(path, "vae"), "vae"
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path, None
+    raise ModelError(f"no config.json in {path} or {path}/vae: {fix}")
+
+
+def _check_folder(folder: str, kind: str) -> None:
+    """Read config.json and look for weights before diffusers does (its errors are long)."""
+    cfg_path = os.path.join(folder, "config.json")
+    try:
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot read {cfg_path} ({err}): re-download the reference VAE") from None
+    found = cfg.get("_class_name") if isinstance(cfg, dict) else None
+    expected = FAMILIES[kind]
+    if found and found != expected:
+        other = _KIND_OF_CLASS.get(found)
+        hint = f"set ref_vae_type={other}" if other else f"use a {expected} folder"
+        raise ModelError(f"{folder} is an {found}, not the {expected} that ref_vae_type={kind} needs: {hint}")
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in _WEIGHT_FILES):
+        raise ModelError(f"no weights (diffusion_pytorch_model.safetensors) in {folder}: re-download the reference VAE")
+
+
+def _from_pretrained(kind: str, path: str, subfolder: str | None, dtype: torch.dtype):
+    """diffusers from_pretrained, local only, with every missing or mismatched weight an error."""
+    import diffusers
+
+    cls = getattr(diffusers, FAMILIES[kind])
+    kwargs = {"torch_dtype": dtype, "local_files_only": True, "output_loading_info": True}
+    if subfolder:
+        kwargs["subfolder"] = subfolder
+    try:
+        model, info = cls.from_pretrained(path, **kwargs)
+    except Exception as err:  # diffusers raises OSError, ValueError, RuntimeError, KeyError ...
+        raise ModelError(f"cannot load the {kind} reference VAE from {path}: {_first_sentence(err)}: "
+                         f"check ref_vae_type, or re-download the VAE") from None
+    bad = list(info.get("missing_keys", [])) + [str(k[0]) for k in info.get("mismatched_keys", [])]
+    if bad:
+        raise ModelError(f"{path}: {len(bad)} weights are missing or of the wrong shape (e.g. {bad[0]}): "
+                         f"check ref_vae_type={kind}, or re-download the VAE")
+    return model
+
+
+def _first_sentence(err: Exception) -> str:
+    """diffusers' errors run on with advice we do not want (random re-initialisation): keep the start."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text.split(". ")[0].rstrip(".")[:300]
+
+
+def _freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """Eval mode, no grads, and none of diffusers' tiling: we chunk over the batch ourselves."""
+    model.eval().requires_grad_(False)
+    if hasattr(model, "disable_tiling"):
+        model.disable_tiling()
+    if hasattr(model, "disable_slicing"):
+        model.disable_slicing()
+    # Hunyuan blends overlapping temporal tiles above 16 frames: an approximation of the
+    # full encode that the real pipelines' 1+4k clips do not need at training lengths.
+    for flag in ("use_framewise_encoding", "use_framewise_decoding"):
+        if hasattr(model, flag):
+            setattr(model, flag, False)
+    return model
+
+
+def _per_channel(values: Sequence[float], channels: int, name: str) -> torch.Tensor | None:
+    """Optional mean/std as a (1, 1, C, 1, 1) float32 tensor, checked against the channel count."""
+    if not values:
+        return None
+    if len(values) != channels:
+        raise ConfigError(f"{name} has {len(values)} values but the reference VAE has {channels} latent "
+                          f"channels: give {channels} values or ()")
+    if name.endswith("std") and min(float(v) for v in values) <= 0:
+        raise ConfigError(f"{name} must be positive, got {tuple(values)}")
+    return torch.tensor([float(v) for v in values], dtype=torch.float32).view(1, 1, channels, 1, 1)
+
+
+@dataclass
+class ReferenceVAE:
+    """A frozen diffusers video VAE with TAEHV's layouts. Build it with `load_reference_vae`."""
+
+    kind: str
+    model: torch.nn.Module = field(repr=False)
+    dtype: torch.dtype
+    device: torch.device
+    chunk_size: int = 1
+    latent_mean: torch.Tensor | None = None
+    latent_std: torch.Tensor | None = None
+
+    @property
+    def latent_channels(self) -> int:
+        cfg = self.model.config
+        return int(cfg["z_dim"] if self.kind == "wan" else cfg["latent_channels"])
+
+    def latent_frames(self, n_frames: int) -> int:
+        """Latent frames for n_frames input frames: 1 + (n - 1) // 4 for every family."""
+        return 1 + (n_frames - 1) // TIME_STRIDE
+
+    def decoded_frames(self, n_latents: int) -> int:
+        """Frames `decode` returns: 1 + 4(L - 1), except CogVideoX with an even L gives 4L."""
+        if self.kind == "cogvideox" and n_latents % 2 == 0:
+            return TIME_STRIDE * n_latents
+        return 1 + TIME_STRIDE * (n_latents - 1)
+
+    @torch.no_grad()
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        """NTCHW RGB frames in [0, 1] (float) or [0, 255] (uint8) -> raw latents NTCHW float32.
+
+        Uses the first 1 + 4k frames only (see the module docstring: alignment), the
+        posterior's mode (its mean, so targets are deterministic), chunk_size samples
+        per VAE call to bound memory, the VAE's own dtype and no autocast.
+        """
+        assert frames.ndim == 5 and frames.shape[2] == 3, f"expected NTCHW RGB, got {tuple(frames.shape)}"
+        n, t, _, h, w = frames.shape
+        assert h % SPACE_STRIDE == 0 and w % SPACE_STRIDE == 0, f"H, W must be multiples of 8, got {h}x{w}"
+        frames = frames[:, : causal_frames(t)]
+        chunks = [self._encode_chunk(c) for c in frames.split(self._chunk(n))]
+        latents = torch.cat(chunks)
+        assert latents.shape == (n, self.latent_frames(t), self.latent_channels, h // 8, w // 8), latents.shape
+        return self._normalise(latents)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Raw (or normalised, if mean/std were given) latents NTCHW -> frames NTCHW RGB in [0, 1] float32."""
+        assert latents.ndim == 5 and latents.shape[2] == self.latent_channels, f"bad latents {tuple(latents.shape)}"
+        latents = self._denormalise(latents.float())
+        frames = torch.cat([self._decode_chunk(c) for c in latents.split(self._chunk(len(latents)))])
+        assert frames.shape[1] == self.decoded_frames(latents.shape[1]), frames.shape
+        return frames
+
+    def _chunk(self, n: int) -> int:
+        return self.chunk_size if self.chunk_size > 0 else max(n, 1)
+
+    def _encode_chunk(self, frames: torch.Tensor) -> torch.Tensor:
+        """NTCHW [0, 1] or uint8 -> NTCHW float32 latents, one VAE call."""
+        work = torch.promote_types(self.dtype, torch.float32)  # scale in >= fp32, then cast
+        x = frames.to(self.device)
+        x = x.to(work) / 255.0 if x.dtype == torch.uint8 else x.to(work)
+        x = (x * 2 - 1).to(self.dtype).permute(0, 2, 1, 3, 4)  # NCTHW in [-1, 1]
+        with torch.autocast(self.device.type, enabled=False):
+            z = self.model.encode(x).latent_dist.mode()
+        return z.permute(0, 2, 1, 3, 4).float()
+
+    def _decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
+        """NTCHW float32 latents -> NTCHW float32 frames in [0, 1], one VAE call."""
+        z = latents.to(self.device, self.dtype).permute(0, 2, 1, 3, 4)
+        with torch.autocast(self.device.type, enabled=False):
+            x = self.model.decode(z).sample
+        return ((x.float().permute(0, 2, 1, 3, 4) + 1) / 2).clamp(0, 1)
+
+    def _normalise(self, z: torch.Tensor) -> torch.Tensor:
+        if self.latent_mean is not None:
+            z = z - self.latent_mean.to(z.device)
+        if self.latent_std is not None:
+            z = z / self.latent_std.to(z.device)
+        return z
+
+    def _denormalise(self, z: torch.Tensor) -> torch.Tensor:
+        if self.latent_std is not None:
+            z = z * self.latent_std.to(z.device)
+        if self.latent_mean is not None:
+            z = z + self.latent_mean.to(z.device)
+        return z
+
+
+def load_reference_vae(
+    kind: str,
+    path: str,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str = "cpu",
+    chunk_size: int = 1,
+    latent_mean: Sequence[float] = (),
+    latent_std: Sequence[float] = (),
+) -> ReferenceVAE:
+    """Load a frozen reference VAE from a local diffusers folder (path/vae or path itself).
+
+    Raises ModelError for a missing folder or config, another family's folder, missing
+    weights or weights that do not fit; never returns a randomly initialised model.
+    """
+    if kind not in FAMILIES:
+        raise ConfigError(f"ref_vae_type={kind!r} is not supported: use one of {', '.join(FAMILIES)}")
+    folder, subfolder = _model_dir(path)
+    _check_folder(folder, kind)
+    torch_dtype = _as_dtype(dtype)
+    device = torch.device(device)
+    model = _freeze(_from_pretrained(kind, path, subfolder, torch_dtype).to(device))
+    vae = ReferenceVAE(kind=kind, model=model, dtype=torch_dtype, device=device, chunk_size=int(chunk_size))
+    vae.latent_mean = _per_channel(latent_mean, vae.latent_channels, "ref_latent_mean")
+    vae.latent_std = _per_channel(latent_std, vae.latent_channels, "ref_latent_std")
+    return vae

@@ -1,0 +1,224 @@
+"""TAEHV model: shape contracts, public checkpoint layout, weight loading, training path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from taehv_launch.errors import ModelError
+from taehv_launch.train.model import MemBlock, TAEHV, build_taehv, count_params, load_taehv_state_dict
+
+
+def memblock(prefix: str, c: int) -> list[tuple[str, tuple]]:
+    """Keys of a public MemBlock(c, c): conv = Sequential(conv(2c,c), ReLU, conv, ReLU, conv), no skip."""
+    return [
+        (f"{prefix}.conv.0.weight", (c, 2 * c, 3, 3)), (f"{prefix}.conv.0.bias", (c,)),
+        (f"{prefix}.conv.2.weight", (c, c, 3, 3)), (f"{prefix}.conv.2.bias", (c,)),
+        (f"{prefix}.conv.4.weight", (c, c, 3, 3)), (f"{prefix}.conv.4.bias", (c,)),
+    ]
+
+
+# Written by hand from public madebyollin/taehv taehv.py (TAEHV.__init__), default config:
+# latent_channels=16, patch_size=1, encoder_time_downscale=(T, T, F), decoder_time_upscale=(F, T, T).
+PUBLIC_LAYOUT = [
+    # encoder: conv(3, 64), ReLU, then 3 x [TPool(64, s), conv(64, 64, stride 2, no bias), 3 x MemBlock(64)], conv(64, 16)
+    ("encoder.0.weight", (64, 3, 3, 3)), ("encoder.0.bias", (64,)),
+    ("encoder.2.conv.weight", (64, 128, 1, 1)),
+    ("encoder.3.weight", (64, 64, 3, 3)),
+    *memblock("encoder.4", 64), *memblock("encoder.5", 64), *memblock("encoder.6", 64),
+    ("encoder.7.conv.weight", (64, 128, 1, 1)),
+    ("encoder.8.weight", (64, 64, 3, 3)),
+    *memblock("encoder.9", 64), *memblock("encoder.10", 64), *memblock("encoder.11", 64),
+    ("encoder.12.conv.weight", (64, 64, 1, 1)),
+    ("encoder.13.weight", (64, 64, 3, 3)),
+    *memblock("encoder.14", 64), *memblock("encoder.15", 64), *memblock("encoder.16", 64),
+    ("encoder.17.weight", (16, 64, 3, 3)), ("encoder.17.bias", (16,)),
+    # decoder: Clamp, conv(16, 256), ReLU, then per stage 3 x MemBlock, Upsample, TGrow, conv(no bias); ReLU, conv(64, 3)
+    ("decoder.1.weight", (256, 16, 3, 3)), ("decoder.1.bias", (256,)),
+    *memblock("decoder.3", 256), *memblock("decoder.4", 256), *memblock("decoder.5", 256),
+    ("decoder.7.conv.weight", (256, 256, 1, 1)),
+    ("decoder.8.weight", (128, 256, 3, 3)),
+    *memblock("decoder.9", 128), *memblock("decoder.10", 128), *memblock("decoder.11", 128),
+    ("decoder.13.conv.weight", (256, 128, 1, 1)),
+    ("decoder.14.weight", (64, 128, 3, 3)),
+    *memblock("decoder.15", 64), *memblock("decoder.16", 64), *memblock("decoder.17", 64),
+    ("decoder.19.conv.weight", (128, 64, 1, 1)),
+    ("decoder.20.weight", (64, 64, 3, 3)),
+    ("decoder.22.weight", (3, 64, 3, 3)), ("decoder.22.bias", (3,)),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: on small CI machines shared with other jobs, OpenMP spin-waiting
+    makes multi-threaded CPU kernels several times slower, not faster, at these sizes."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def test_state_dict_matches_public_layout():
+    sd = TAEHV().state_dict()
+    assert [(k, tuple(v.shape)) for k, v in sd.items()] == PUBLIC_LAYOUT
+    assert count_params(TAEHV()) == sum(torch.Size(s).numel() for _, s in PUBLIC_LAYOUT)
+
+
+def test_default_shapes_and_trim():
+    m = TAEHV().eval()
+    assert (m.t_downscale, m.t_upscale, m.frames_to_trim) == (4, 4, 3)
+    with torch.no_grad():
+        z = m.encode_video(torch.rand(2, 12, 3, 64, 64))
+        assert z.shape == (2, 3, 16, 8, 8)
+        assert m.decode_video(z).shape == (2, 9, 3, 64, 64)
+        assert m.decode_video(z, trim=False).shape == (2, 12, 3, 64, 64)
+        out = m.decode_video(z)
+        assert out.min() >= 0 and out.max() <= 1
+        # T not a multiple of 4: padded by repeating the last frame
+        x = torch.rand(1, 10, 3, 32, 32)
+        padded = torch.cat([x, x[:, -1:], x[:, -1:]], 1)
+        torch.testing.assert_close(m.encode_video(x), m.encode_video(padded))
+
+
+def test_patch_size_2_latent_32_variant():
+    m = TAEHV(latent_channels=32, patch_size=2).eval()
+    sd = m.state_dict()
+    assert sd["encoder.0.weight"].shape == (64, 12, 3, 3)
+    assert sd["encoder.17.weight"].shape == (32, 64, 3, 3)
+    assert sd["decoder.1.weight"].shape == (256, 32, 3, 3)
+    assert sd["decoder.22.weight"].shape == (12, 64, 3, 3)
+    with torch.no_grad():
+        z = m.encode_video(torch.rand(1, 12, 3, 64, 64))
+        assert z.shape == (1, 3, 32, 4, 4)
+        assert m.decode_video(z).shape == (1, 9, 3, 64, 64)
+    with pytest.raises(AssertionError, match="multiple of 16"):
+        m.encode_video(torch.rand(1, 4, 3, 40, 40))
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_save_and_load_round_trip(tmp_path, suffix):
+    src = TAEHV()
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".pth":
+        torch.save(src.state_dict(), path)
+    else:
+        from safetensors.torch import save_file
+        save_file(src.state_dict(), str(path))
+    cfg = {"latent_channels": 16, "patch_size": 1, "encoder_time_downscale": (True, True, False),
+           "decoder_time_upscale": (False, True, True), "decoder_space_upscale": (True, True, True),
+           "gradient_checkpointing": True, "pretrained_model_path": str(path)}
+    dst = build_taehv(cfg)
+    assert dst.gradient_checkpointing
+    for (k, a), b in zip(src.state_dict().items(), dst.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_build_without_weights_uses_defaults():
+    m = build_taehv({"pretrained_model_path": ""})
+    assert (m.latent_channels, m.patch_size, m.gradient_checkpointing) == (16, 1, False)
+
+
+def test_wide_tgrow_weights_are_patched(tmp_path):
+    """A full-upscale checkpoint loads into a decoder that skips a time upscale (public behaviour)."""
+    full = TAEHV().state_dict()
+    path = tmp_path / "full.pth"
+    torch.save(full, path)
+    preview = TAEHV(decoder_time_upscale=(False, False, True))
+    assert preview.state_dict()["decoder.13.conv.weight"].shape == (128, 128, 1, 1)
+    load_taehv_state_dict(preview, str(path))
+    assert torch.equal(preview.state_dict()["decoder.13.conv.weight"], full["decoder.13.conv.weight"][-128:])
+    assert preview.t_upscale == 2 and preview.frames_to_trim == 1
+
+
+def test_wrong_latent_channels_is_a_clear_error(tmp_path):
+    path = tmp_path / "w16.pth"
+    torch.save(TAEHV(latent_channels=16).state_dict(), path)
+    with pytest.raises(ModelError, match=r"encoder\.17\.weight.*\(16, 64, 3, 3\).*\(32, 64, 3, 3\).*latent_channels=16") as e:
+        load_taehv_state_dict(TAEHV(latent_channels=32), str(path))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelError, match=r"patch_size=1"):
+        load_taehv_state_dict(TAEHV(patch_size=2), str(path))
+
+
+def test_missing_unexpected_and_unreadable_files(tmp_path):
+    with pytest.raises(ModelError, match="not found: .*nope.pth"):
+        build_taehv({"pretrained_model_path": str(tmp_path / "nope.pth")})
+    sd = TAEHV().state_dict()
+    del sd["decoder.22.bias"]
+    torch.save(sd, tmp_path / "short.pth")
+    with pytest.raises(ModelError, match=r"lack decoder\.22\.bias"):
+        load_taehv_state_dict(TAEHV(), str(tmp_path / "short.pth"))
+    sd = TAEHV().state_dict()
+    sd["extra.weight"] = torch.zeros(1)
+    torch.save(sd, tmp_path / "long.pth")
+    with pytest.raises(ModelError, match=r"extra\.weight"):
+        load_taehv_state_dict(TAEHV(), str(tmp_path / "long.pth"))
+    (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelError, match="cannot read") as e:
+        load_taehv_state_dict(TAEHV(), str(tmp_path / "junk.pth"))
+    assert "\n" not in str(e.value)
+    torch.save({"model": TAEHV()}, tmp_path / "pickled.pth")  # a whole module: refused by weights_only
+    with pytest.raises(ModelError, match="cannot read") as e:
+        load_taehv_state_dict(TAEHV(), str(tmp_path / "pickled.pth"))
+    assert "\n" not in str(e.value)
+
+
+def test_gradients_flow_outside_unit_range():
+    """Training decodes with clamp=False: pixels above 1 still get gradients."""
+    m = TAEHV().train()
+    with torch.no_grad():
+        m.decoder[22].bias.fill_(5.0)  # every output pixel far above 1
+    z = torch.randn(1, 2, 16, 4, 4, requires_grad=True)
+    out = m.decode_video(z, clamp=False)
+    assert out.min() > 1
+    out.mean().backward()
+    assert m.decoder[22].bias.grad.abs().min() > 0
+    assert z.grad.abs().sum() > 0
+    # the clamped (inference) path really would have killed them
+    z.grad = None
+    m.decode_video(z, clamp=True).mean().backward()
+    assert z.grad.abs().sum() == 0
+
+
+def _grads_and_calls(checkpointing: bool):
+    torch.manual_seed(0)
+    m = TAEHV(gradient_checkpointing=checkpointing).train()
+    calls = []
+    for b in [*m.encoder, *m.decoder]:
+        if isinstance(b, MemBlock):
+            # a pre-hook: recomputation stops as soon as the saved tensors are rebuilt
+            # (checkpoint early stop), so a MemBlock's post-forward hook may never fire
+            b.register_forward_pre_hook(lambda mod, inp: calls.append(mod))
+    torch.manual_seed(1)
+    x = torch.rand(1, 8, 3, 32, 32)
+    out = m(x)
+    loss = (out - x[:, : out.shape[1]]).square().mean() + m.encode_video(x).square().mean()
+    n_forward = len(calls)
+    loss.backward()
+    return {k: p.grad.clone() for k, p in m.named_parameters()}, n_forward, len(calls)
+
+
+def test_gradient_checkpointing_recomputes_with_equal_gradients():
+    ref, fwd_plain, total_plain = _grads_and_calls(False)
+    got, fwd_ckpt, total_ckpt = _grads_and_calls(True)
+    # 9 MemBlocks each in encoder and decoder: forward() = 18 calls, the extra encode 9 more
+    assert fwd_plain == total_plain == fwd_ckpt == 27
+    assert total_ckpt == 2 * fwd_ckpt  # every MemBlock ran again during backward
+    for k in ref:  # the recomputation replays the same ops: bitwise-equal gradients
+        assert torch.equal(got[k], ref[k]), k
+
+
+def test_no_recompute_in_eval_or_no_grad():
+    m = TAEHV(gradient_checkpointing=True)
+    calls = []
+    m.decoder[3].register_forward_hook(lambda *a: calls.append(1))
+    z = torch.randn(1, 2, 16, 4, 4)
+    with torch.no_grad():
+        m.train().decode_video(z)
+    m.eval().decode_video(z)
+    assert len(calls) == 2

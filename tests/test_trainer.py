@@ -1,0 +1,95 @@
+"""The trainer end to end, through the launcher: real accelerate launch, real files, CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import assert_one_line_error
+from trainrun import launch, ok, scalars, trainer_state
+
+TB_KEYS = ["train/loss", "train/reconstruction_loss", "train/encoder_loss", "train/seraena_loss", "train/disc_loss",
+           "train/psnr", "train/learning_rate", "train/samples_per_second", "train/gpu_memory_gb",
+           "val/psnr", "val/ssim"]
+
+
+def test_demo_trains_checkpoints_exports_and_resumes(tmp_path):
+    proc, run = launch(tmp_path, 1, "--set", "max_train_steps=4")
+    ok(proc)
+    assert "processes 1" in proc.stdout and "demo: data_root is the built-in synthetic set" in proc.stdout
+    tb = scalars(run)
+    for key in TB_KEYS:
+        assert key in tb, f"{key} missing from TensorBoard: {sorted(tb)}"
+    assert [s for s, _ in tb["train/loss"]] == [1, 2, 3, 4]
+    assert all(math.isfinite(v) for _, v in tb["train/loss"])
+    for name in ("checkpoint-2", "checkpoint-4"):
+        assert (run / name / "COMPLETE").is_file()
+    assert trainer_state(run / "checkpoint-4")["step"] == 4
+    for folder in ("final_model", "best_model"):
+        sd = load_file(str(run / folder / "taehv.safetensors"))
+        assert sd["encoder.0.weight"].shape == (64, 3, 3, 3)
+        assert torch.load(run / folder / "taehv.pth", weights_only=True).keys() == sd.keys()
+    assert (run.parent / "latest").resolve() == run.resolve()
+    for f in ("config.py", "accelerate.yaml", "env.json", "launch.log"):
+        assert (run / f).is_file()
+
+    # --resume auto continues at the saved step: TensorBoard steps continue, they do not restart
+    proc, _ = launch(tmp_path, 1, "--resume", "auto", "--set", "max_train_steps=6")
+    ok(proc)
+    assert "resumed from" in proc.stdout and "at step 4" in proc.stdout
+    steps = [s for s, _ in scalars(run)["train/loss"]]
+    assert steps == [1, 2, 3, 4, 5, 6], steps
+    assert trainer_state(run / "checkpoint-6")["step"] == 6
+
+
+def test_resume_of_a_missing_checkpoint_is_one_line(tmp_path):
+    proc, run = launch(tmp_path, 1, "--resume", str(tmp_path / "nope"))
+    assert_one_line_error(proc, "does not exist")
+    assert not run.exists()      # nothing was created
+
+
+def test_empty_dataset_is_one_line(tmp_path):
+    empty = tmp_path / "videos"
+    empty.mkdir()
+    proc, _ = launch(tmp_path, 1, "--set", f"data_root='{empty}'")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "error:" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_real_videos_reconstruction_loss_goes_down(tmp_path, videos):
+    proc, run = launch(tmp_path, 1, "--set", f"data_root='{videos}'", "--set", "max_train_steps=30",
+                       "--set", "use_seraena=False", "--set", "validation_steps=30", "--set", "checkpointing_steps=30",
+                       "--set", "learning_rate=1e-3", "--set", "lr_warmup_steps=3")
+    ok(proc)
+    assert "skipping unreadable or unusable video" in proc.stdout   # empty.webm and friends, logged once
+    rec = [v for _, v in scalars(run)["train/reconstruction_loss"]]
+    first, last = sum(rec[:5]) / 5, sum(rec[-5:]) / 5
+    assert last < 0.7 * first, (first, last)
+
+
+def _check_two_ranks(run, proc):
+    ok(proc)
+    assert "processes 2" in proc.stdout                # accelerator.num_processes inside the run
+    state = trainer_state(run / "checkpoint-4")
+    assert state["world_size"] == 2
+    a = torch.load(run / "checkpoint-4" / "seraena_rank0.pt", weights_only=True)["disc"]
+    b = torch.load(run / "checkpoint-4" / "seraena_rank1.pt", weights_only=True)["disc"]
+    assert a.keys() == b.keys()
+    for k in a:                                         # parameters and BatchNorm buffers alike
+        assert torch.equal(a[k], b[k]), k
+    assert all(math.isfinite(v) for _, v in scalars(run)["train/loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [0, 2])
+def test_two_ranks_ddp_and_zero2_then_resume(tmp_path, zero):
+    proc, run = launch(tmp_path, 2, "--set", "max_train_steps=4", "--set", f"zero_stage={zero}")
+    _check_two_ranks(run, proc)
+    proc, _ = launch(tmp_path, 2, "--resume", "auto", "--set", "max_train_steps=6", "--set", f"zero_stage={zero}")
+    ok(proc)
+    assert "at step 4" in proc.stdout
+    assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4, 5, 6]
