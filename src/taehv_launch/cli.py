@@ -111,6 +111,22 @@ def validate_env_cmd(
     _exit(lambda: preflight.validate_env(req, as_json=as_json, quick=quick))
 
 
+@app.command("bench", help="Time one training step and the reference encode for several micro-batches, side by side.")
+def bench_cmd(
+    micro: Annotated[Optional[list[int]], typer.Option("--micro", help="micro-batch sizes (repeatable)")] = None,
+    height: Annotated[int, typer.Option(help="clip height")] = 480,
+    width: Annotated[int, typer.Option(help="clip width")] = 720,
+    n_frames: Annotated[int, typer.Option("--n-frames", help="frames per clip")] = 12,
+    ref_vae_type: Annotated[Optional[str], typer.Option("--ref-vae-type", help="also time this reference VAE "
+                                                        "(real architecture, random weights)")] = None,
+    chunk: Annotated[Optional[list[int]], typer.Option("--chunk", help="reference encode chunk sizes")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    from . import bench
+
+    _exit(lambda: bench.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json))
+
+
 @app.command("keys", help="List every training-config key with its type, default and meaning.")
 def keys_cmd() -> None:
     from . import commands

@@ -155,9 +155,9 @@ class Trainer:
             latents = self.ref.encode(frames) if self.ref is not None else None
         with self.acc.accumulate(self.model):
             with t("TAEHV forward"), self.acc.autocast():
-                enc, dec = self.model(frames, latents, encode=cfg["use_ref_vae"] or latents is None)
+                enc, dec = self.model(frames, latents)
             if latents is None:
-                latents = enc.detach()
+                latents = enc.detach().float()
             dec = dec.float()
             target = decoder_targets(frames, dec)
             rec_loss = F.mse_loss(dec, target)

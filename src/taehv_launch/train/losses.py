@@ -26,14 +26,18 @@ class DistillNet(nn.Module):
     def trims(self, n_latents: int) -> bool:
         return not (self.cogvideox_skip_trim and n_latents % 2 == 0)
 
-    def forward(self, frames: torch.Tensor, latents: torch.Tensor, encode: bool = True):
-        """frames NTCHW RGB in [0, 1]; latents NTCHW reference latents (raw).
+    def forward(self, frames: torch.Tensor, latents: torch.Tensor | None):
+        """frames NTCHW RGB in [0, 1]; latents NTCHW reference latents (raw), or None to decode
+        TAEHV's own (detached) encodings.
 
-        Returns (encoded latents or None, decoded frames NTCHW, unclamped: the loss sees
-        gradients outside [0, 1]).
+        Returns (encoded latents, decoded frames NTCHW, unclamped: the loss sees gradients
+        outside [0, 1]).
         """
-        enc = self.taehv.encode_video(frames) if encode else None
-        dec = self.taehv.decode_video(latents, trim=self.trims(latents.shape[1]), clamp=False)
+        dtype = self.taehv.encoder[0].weight.dtype    # bf16 when DeepSpeed holds the weights in bf16
+        enc = self.taehv.encode_video(frames.to(dtype))
+        if latents is None:                             # use_ref_vae=False: decode our own encodings
+            latents = enc.detach()
+        dec = self.taehv.decode_video(latents.to(dtype), trim=self.trims(latents.shape[1]), clamp=False)
         return enc, dec
 
 
