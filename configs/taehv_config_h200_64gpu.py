@@ -23,7 +23,7 @@ args.use_ref_vae = True  # distil from a reference VAE (False: decoder trains on
 args.ref_vae_type = 'cogvideox'  # diffusers reference VAE family
 args.ref_vae_path = ''  # local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE
 args.ref_vae_dtype = 'bfloat16'  # dtype of the frozen reference VAE
-args.ref_vae_chunk_size = 1  # samples per reference encode call (memory/speed trade-off)
+args.ref_vae_chunk_size = 4  # samples per reference encode call (memory/speed trade-off)
 args.ref_latent_mean = ()  # optional per-channel mean subtracted from reference latents
 args.ref_latent_std = ()  # optional per-channel std dividing reference latents
 args.pretrained_model_path = ''  # TAEHV weights to start from (.pth or .safetensors); empty = from scratch

@@ -1,5 +1,5 @@
-"""Resolved by taehv-launch for `8 h200`: table row.
-global batch 128 = micro 8 x 8 GPUs x accumulation 2; 1536 frames of 480x720 per optimizer step.
+"""Resolved by taehv-launch for `8 h200`: table row; h200: micro 16, accumulation 1 keeps the global batch 128.
+global batch 128 = micro 16 x 8 GPUs x accumulation 1; 1536 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 
 from easydict import EasyDict
@@ -23,7 +23,7 @@ args.use_ref_vae = True  # distil from a reference VAE (False: decoder trains on
 args.ref_vae_type = 'cogvideox'  # diffusers reference VAE family
 args.ref_vae_path = ''  # local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE
 args.ref_vae_dtype = 'bfloat16'  # dtype of the frozen reference VAE
-args.ref_vae_chunk_size = 1  # samples per reference encode call (memory/speed trade-off)
+args.ref_vae_chunk_size = 4  # samples per reference encode call (memory/speed trade-off)
 args.ref_latent_mean = ()  # optional per-channel mean subtracted from reference latents
 args.ref_latent_std = ()  # optional per-channel std dividing reference latents
 args.pretrained_model_path = ''  # TAEHV weights to start from (.pth or .safetensors); empty = from scratch
@@ -41,8 +41,8 @@ args.n_seraena_frames = 3  # frames grouped into one discriminator image
 args.seraena_lr = 0.0003  # discriminator AdamW learning rate
 args.seraena_buffer_mb = 1024  # replay buffer bound, MiB per rank
 args.seraena_checkpoint_buffer_mb = 256  # save the replay buffer in checkpoints when it is at most this size
-args.train_batch_size = 8  # micro-batch per GPU (DeepSpeed's train_micro_batch_size_per_gpu)
-args.gradient_accumulation_steps = 2  # micro-batches per optimizer step
+args.train_batch_size = 16  # micro-batch per GPU (DeepSpeed's train_micro_batch_size_per_gpu)
+args.gradient_accumulation_steps = 1  # micro-batches per optimizer step
 args.learning_rate = 0.0001  # peak AdamW learning rate
 args.lr_scheduler = 'cosine'  # schedule after warmup
 args.lr_warmup_steps = 2000  # linear warmup, in optimizer steps

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .configfile import load_config_file, parse_sets
+from .memory import plan_memory
 from .profiles import get_profile
 from .errors import EXIT_RESUMABLE, ConfigError, LaunchError
 from .render import Rendered, render
@@ -79,6 +80,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "env": rendered.exported(),
         "env_kept": {k: v.value for k, v in rendered.env.items() if v.kept},
         "command": rendered.argv,
+        "memory": asdict(plan_memory(plan.profile.name, plan.config, plan.world_size)),
         "notes": list(plan.notes),
     }
 
@@ -119,6 +121,9 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
                                     for k, v in rendered.env.items()) or "-"),
         "  command   " + " ".join(rendered.argv),
     ]
+    mem = plan_memory(plan.profile.name, plan.config, plan.world_size)
+    if mem.gpu_gib is not None:
+        out.append(f"  memory    {'' if mem.fits else 'DOES NOT FIT: '}{mem.detail}")
     out += [f"  note      {n}" for n in plan.notes]
     print("\n".join(out))
 
@@ -128,6 +133,9 @@ def launch(req: Request) -> int:
     from .toolcheck import check_accelerate_yaml, check_deepspeed_config
 
     plan = build_plan(req)
+    mem = plan_memory(plan.profile.name, plan.config, plan.world_size)
+    if mem.fits is False:
+        raise ConfigError(f"this plan will not fit in GPU memory: {mem.detail}")
     run_dir, source = run_dir_for(plan)
     notes = list(plan.notes)
     if plan.options.resume:

@@ -1,10 +1,14 @@
 """Predicted peak GPU memory of one training process, from a model fitted to measurements.
 
-Peak = fixed + per_clip * micro * (n_frames * height * width) / (12 * 480 * 720), for the
-TAEHV + Seraena step, plus the reference VAE's encode peak for one chunk. The coefficients
-come from `taehv-launch bench` on one H200 (see docs/benchmarks.md for the run and date);
-they are allocator peaks (torch.cuda.max_memory_allocated), so the check adds the CUDA
-context and NCCL buffers on top (CONTEXT_GIB). Pure: no torch import.
+All coefficients were measured on one NVIDIA H200 (bf16, torch 2.11 + CUDA 13, 2026-11-21;
+docs/benchmarks.md has the runs): `taehv-launch bench` for the TAEHV + Seraena step and the
+reference encodes, and a real `taehv-launch 1 h200` run for the trainer's own overhead.
+
+    peak = TRAINER_OVERHEAD + max(step(micro), reference_encode(chunk)) + CUDA_CONTEXT
+
+The step and the reference encode do not overlap (latents are computed before TAEHV's
+activations exist), hence the max. Sizes scale with n_frames x height x width relative to
+12 x 480 x 720. Pure: no torch import.
 """
 
 from __future__ import annotations
@@ -12,15 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REF_PIXELS = 12 * 480 * 720
-CONTEXT_GIB = 3.0            # CUDA context + NCCL + cuDNN workspace, not in the allocator's peak
 
-# Filled from docs/benchmarks.md (H200, bf16, 12 x 480 x 720).
-# (fixed GiB, GiB per reference clip) for the TAEHV + Seraena step, without / with checkpointing.
-STEP_FIT = {False: (None, None), True: (None, None)}
-# Reference encode peak GiB for a chunk of 1 clip of 12 x 480 x 720, per family.
-REF_ENCODE_GIB: dict[str, float | None] = {"cogvideox": None, "hunyuan": None, "wan": None}
+# TAEHV + Seraena train step, allocator peak = fixed + per_clip * micro (max fit error 0.005 GiB
+# over micro 1, 2, 4, 8).
+STEP_FIT = {False: (0.281, 6.312), True: (0.249, 4.452)}   # gradient_checkpointing -> (fixed, per clip)
+# Reference encode peak (GiB) for one clip per encode call, and per extra clip in the call.
+REF_ENCODE_GIB = {"cogvideox": 7.32, "hunyuan": 6.09, "wan": 3.07}
+REF_EXTRA_CLIP_GIB = (26.58 - 7.32) / 3       # measured for CogVideoX, chunk 4 vs 1; others scaled alike
+# Real run at micro 8 peaked at 54.1 GiB vs 50.78 GiB for the bare step: DeepSpeed buckets, fp32
+# master weights and AdamW moments, EMA, the Seraena replay buffer, the reference VAE's weights.
+TRAINER_OVERHEAD_GIB = 54.1 - 50.78
+CUDA_CONTEXT_GIB = 1.1                        # total - free after CUDA init, single process
+HEADROOM = 0.95                               # plan to use at most this share of the GPU (a choice)
 
-GPU_GIB = {"h100": 80.0, "a800": 80.0, "h200": 141.0}
+GPU_GIB = {"h100": 80.0, "a800": 80.0, "h200": 140.4}
 
 
 @dataclass(frozen=True)
@@ -34,33 +43,43 @@ class MemoryPlan:
 
 
 def predict_gib(micro: int, n_frames: int, height: int, width: int, checkpointing: bool,
-                ref_vae_type: str, ref_chunk: int) -> float | None:
-    fixed, per_clip = STEP_FIT[checkpointing]
-    ref = REF_ENCODE_GIB.get(ref_vae_type)
-    if fixed is None or per_clip is None or ref is None:
-        return None
+                ref_vae_type: str, ref_chunk: int, use_ref_vae: bool = True) -> float:
     scale = n_frames * height * width / REF_PIXELS
-    return fixed + per_clip * micro * scale + ref * min(ref_chunk, micro) * scale + CONTEXT_GIB
+    fixed, per_clip = STEP_FIT[checkpointing]
+    step = fixed + per_clip * micro * scale
+    ref = 0.0
+    if use_ref_vae:
+        one = REF_ENCODE_GIB[ref_vae_type]
+        extra = REF_EXTRA_CLIP_GIB * one / REF_ENCODE_GIB["cogvideox"]
+        ref = (one + extra * (min(ref_chunk, micro) - 1)) * scale
+    return TRAINER_OVERHEAD_GIB + max(step, ref) + CUDA_CONTEXT_GIB
 
 
 def plan_memory(profile: str, cfg: dict, world_size: int) -> MemoryPlan:
     gpu = GPU_GIB.get(profile)
-    args = (cfg["n_frames"], cfg["height"], cfg["width"], cfg["gradient_checkpointing"], cfg["ref_vae_type"],
-            cfg["ref_vae_chunk_size"])
-    need = predict_gib(cfg["train_batch_size"], *args)
     if gpu is None:
-        return MemoryPlan(None, None, None, None, None, "no GPU memory model for this profile")
-    if need is None:
-        return MemoryPlan(None, gpu, None, None, None, "no measured memory model yet (run taehv-launch bench)")
-    if need <= gpu:
-        return MemoryPlan(need, gpu, True, cfg["train_batch_size"], cfg["gradient_accumulation_steps"],
-                          f"predicted peak {need:.1f} GiB of {gpu:.0f} GiB per GPU")
-    best = max((m for m in range(1, cfg["train_batch_size"]) if (predict_gib(m, *args) or 1e9) <= gpu), default=None)
-    target = cfg["train_batch_size"] * world_size * cfg["gradient_accumulation_steps"]
-    accum = max(1, round(target / (best * world_size))) if best else None
-    detail = (f"predicted peak {need:.1f} GiB exceeds {gpu:.0f} GiB per GPU: "
-              + (f"use --set train_batch_size={best} --set gradient_accumulation_steps={accum} "
-                 f"(global batch {best * world_size * accum})" if best else
-                 "no micro-batch fits: lower n_frames/height/width or set gradient_checkpointing=True"))
-    return MemoryPlan(need, gpu, False, best, accum, detail)
+        return MemoryPlan(None, None, None, None, None, "GPU memory does not apply to this profile")
 
+    def need(micro: int) -> float:
+        return predict_gib(micro, cfg["n_frames"], cfg["height"], cfg["width"], cfg["gradient_checkpointing"],
+                           cfg["ref_vae_type"], cfg["ref_vae_chunk_size"], cfg["use_ref_vae"])
+
+    micro, budget = cfg["train_batch_size"], gpu * HEADROOM
+    if need(micro) <= budget:
+        return MemoryPlan(need(micro), gpu, True, micro, cfg["gradient_accumulation_steps"],
+                          f"predicted peak {need(micro):.1f} GiB of {gpu:.0f} GiB per GPU (micro {micro})")
+    target = micro * world_size * cfg["gradient_accumulation_steps"]
+    fitting = [m for m in range(1, micro) if need(m) <= budget]
+    exact = [m for m in fitting if target % (m * world_size) == 0]     # keeps the global batch exactly
+    best = max(exact or fitting, default=None)
+    accum = max(1, round(target / (best * world_size))) if best else None
+    if best:
+        fix = (f"use --set train_batch_size={best} --set gradient_accumulation_steps={accum} "
+               f"(global batch {best * world_size * accum})")
+    elif not cfg["gradient_checkpointing"]:
+        fix = "set --set gradient_checkpointing=True, or lower n_frames / height / width"
+    else:
+        fix = "lower n_frames / height / width"
+    return MemoryPlan(need(micro), gpu, False, best, accum,
+                      f"predicted peak {need(micro):.1f} GiB exceeds {budget:.0f} of {gpu:.0f} GiB per GPU "
+                      f"(micro {micro}, {cfg['n_frames']}x{cfg['height']}x{cfg['width']}): {fix}")

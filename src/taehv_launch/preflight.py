@@ -102,8 +102,13 @@ def check_software(plan: Plan, quick: bool) -> list[Check]:
     from packaging.requirements import Requirement
 
     out = []
-    reqs = {Requirement(r).name.lower(): Requirement(r) for r in metadata.requires("taehv-launch") or []
-            if "extra ==" not in r}
+    try:
+        reqs = {Requirement(r).name.lower(): Requirement(r) for r in metadata.requires("taehv-launch") or []
+                if "extra ==" not in r}
+    except metadata.PackageNotFoundError:   # running from a source tree on PYTHONPATH
+        reqs = {}
+        out.append(Check("taehv-launch", WARN, "not installed as a package: supported version ranges unknown",
+                         "pip install -e . from the checkout"))
     for name in ("torch", "accelerate", "deepspeed", "diffusers", "transformers", "opencv-python-headless"):
         req = reqs.get(name)
         try:

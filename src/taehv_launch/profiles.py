@@ -78,6 +78,7 @@ class Profile:
     alloc_conf: str | None       # PYTORCH_CUDA_ALLOC_CONF, None on CPU
     device: str                  # "cuda" or "cpu"
     micro_override: int | None = None   # A800: fixed micro-batch, accumulation raised to compensate
+    micro_max: int | None = None        # H200: raise the micro-batch up to this, keeping the global batch
     max_gpus: int = 64
 
 
@@ -88,13 +89,18 @@ def _cpu_rows() -> tuple[Row, ...]:
 
 
 PROFILES: dict[str, Profile] = {
+    # ref_vae_chunk_size 4: CogVideoX encode measured 1.11 s / 8 clips at chunk 4 vs 1.44 s at chunk 1,
+    # peak 26.6 GiB, below the step's own 54 GiB at micro 8 (docs/benchmarks.md).
     "h100": Profile(name="h100", description="NVIDIA H100 80GB (the seeds' table)", rows=H100_ROWS,
-                    config=GPU_SHARED, alloc_conf=H100_ALLOC_CONF, device="cuda"),
+                    config=GPU_SHARED | {"ref_vae_chunk_size": 4}, alloc_conf=H100_ALLOC_CONF, device="cuda"),
     "a800": Profile(name="a800", description="NVIDIA A800 80GB: micro-batch 2, accumulation keeps the global batch",
                     rows=H100_ROWS, config=GPU_SHARED, alloc_conf=A800_ALLOC_CONF, device="cuda",
                     micro_override=2),
-    "h200": Profile(name="h200", description="NVIDIA H200 141GB: the H100 table until measurement raises the micro-batch",
-                    rows=H100_ROWS, config=GPU_SHARED, alloc_conf=H100_ALLOC_CONF, device="cuda"),
+    # H200: micro-batch raised to 16 where the global batch allows: measured peak at 12x480x720 is
+    # 0.28 + 6.31 GiB per clip (+3.3 GiB trainer overhead), ~105 GiB at 16 (memory.py).
+    "h200": Profile(name="h200", description="NVIDIA H200 141GB: the H100 table, micro-batch up to 16 (measured to fit)",
+                    rows=H100_ROWS, config=GPU_SHARED | {"ref_vae_chunk_size": 4}, alloc_conf=H100_ALLOC_CONF,
+                    device="cuda", micro_max=16),
     "cpu": Profile(
         name="cpu", description="built-in CPU demo: synthetic videos, tiny reference VAE, a few dozen steps",
         rows=_cpu_rows(), alloc_conf=None, device="cpu", max_gpus=2,
@@ -160,6 +166,13 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
                       learning_rate=_round_lr(BASE_LEARNING_RATE * global_batch / BASE_GLOBAL_BATCH))
         how = (f"derived from the {base.gpus}-GPU row: micro {base.micro}, accumulation {accum} "
                f"for a global batch near {BASE_GLOBAL_BATCH}, LR scaled linearly to {global_batch}")
+    if profile.micro_max is not None:
+        per_gpu = row.global_batch // gpus
+        micro = max((m for m in range(row.micro, profile.micro_max + 1) if per_gpu % m == 0), default=row.micro)
+        if micro != row.micro:
+            accum = row.global_batch // (micro * gpus)
+            how += f"; {profile.name}: micro {micro}, accumulation {accum} keeps the global batch {row.global_batch}"
+            row = replace(row, micro=micro, accum=accum)
     if profile.micro_override is not None and row.micro != profile.micro_override:
         target = row.global_batch
         micro = profile.micro_override

@@ -110,7 +110,7 @@ class VideoSeraena(nn.Module):
         autocast_dtype: torch.dtype | None = None,
         seed: int = 0,
         buffer_dtype: torch.dtype | None = torch.bfloat16,
-        correction_eps: float = 1e-5,
+        correction_eps: float = 1e-12,
     ):
         """Discriminator, its AdamW, and the replay buffer of past fakes.
 
@@ -129,7 +129,10 @@ class VideoSeraena(nn.Module):
                 real/fake choices). Ranks may pass different seeds: weights are broadcast
                 from rank 0 at the first distributed step anyway.
             buffer_dtype: dtype of stored fakes (None: the input dtype).
-            correction_eps: added to the correction's std before dividing (upstream: 1e-5).
+            correction_eps: added to the correction's std before dividing. Upstream uses 1e-5,
+              which is larger than the gradient's std on full-size frames (on an H200 at
+              480x720 the Seraena loss stayed at 1e-4..5e-2 instead of ~1), silently turning
+              the corrections off; 1e-12 only guards against a zero gradient.
         """
         super().__init__()
         self.latent_channels = latent_channels
@@ -270,8 +273,8 @@ class VideoSeraena(nn.Module):
     def _make_correction(self, real: torch.Tensor, fake: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         """Feature-matching gradient pushing each fake toward its real, divided by its std.
 
-        The eval-mode discriminator is a fixed featurizer here. As upstream, the divisor is
-        std + correction_eps, so a gradient far smaller than eps stays small (std < 1).
+        The eval-mode discriminator is a fixed featurizer here. The divisor is
+        std + correction_eps, so the correction has unit std at any resolution.
         """
         self.disc.eval()
         with torch.no_grad(), self._autocast(real.device):
