@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate configs/ and accelerate_configs/ from the profile table (tests check they match)."""
+"""Regenerate configs/, accelerate_configs/ and docs/config.md from the tables (tests check they match)."""
 
 from pathlib import Path
 

@@ -152,13 +152,13 @@ def launch(req: Request) -> int:
     if plan.profile.device == "cuda":
         check_local_gpus(plan.topology, _visible_gpus())
     rendered = render(plan, run_dir)
+    edge.check_port_free(plan)     # before writing: a launch that cannot start must not repoint `latest`
     edge.prepare_run_dir(plan, run_dir)
     notes += edge.write_files(run_dir, rendered.files)   # identical on every node: safe on a shared filesystem
     notes += edge.write_files(run_dir, {f"env{rendered.node_suffix}.json": edge.env_record(plan, rendered)})
     check_accelerate_yaml(run_dir / "accelerate.yaml")
     if rendered.deepspeed is not None:
         check_deepspeed_config(rendered.deepspeed, plan.world_size)
-    edge.check_port_free(plan)
     print_plan(plan, rendered, run_dir)
     for note in notes:
         print(f"  note      {note}")

@@ -83,8 +83,10 @@ def load_config_file(path: str | Path) -> tuple[dict[str, Any], list[str]]:
         raise ConfigError(f"config file {str(path)!r} not found: pass an existing .py file to --config")
     try:
         namespace = runpy.run_path(str(path))
-    except Exception as exc:  # the user's own code failed: report it in one line
-        raise ConfigError(f"config file {path} failed to run: {type(exc).__name__}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # the user's own code failed (or called exit()): report it in one line
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"config file {path} failed to run: {type(exc).__name__}"
+                          + (f": {detail}" if detail else "")) from None
     args = namespace.get("args")
     if isinstance(args, dict):  # EasyDict is a dict
         raw = dict(args)

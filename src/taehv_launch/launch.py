@@ -114,7 +114,8 @@ def trainer_pids(root_pid: int) -> list[int]:
     pids = []
     for child in children:
         try:
-            if script in child.cmdline():
+            cmd = child.cmdline()
+            if script in cmd and "launch" not in cmd:     # the trainer, not `accelerate launch ... main.py`
                 pids.append(child.pid)
         except psutil.Error:
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .profiles import PROFILES
+from .schema import KEYS
 from .render import render
 from .resolve import resolve
 from .topology import detect_topology
@@ -29,4 +30,19 @@ def expected_files() -> dict[str, str]:
                 yaml = yaml.replace(str(PLACEHOLDER / "deepspeed.json"), f"accelerate_configs/deepspeed_{stem}.json")
                 files[f"accelerate_configs/deepspeed_{stem}.json"] = rendered.files["deepspeed.json"]
             files[f"accelerate_configs/accelerate_{stem}.yaml"] = yaml
+    files["docs/config.md"] = config_reference()
     return files
+
+
+def config_reference() -> str:
+    """docs/config.md: every key of schema.KEYS with its type, default and meaning."""
+    lines = ["# Config reference", "",
+             "Generated from `src/taehv_launch/schema.py` by `python scripts/generate_configs.py` (a test",
+             "checks it is current). Set keys with `--set KEY=VALUE` (a Python literal) or in a config file",
+             "(`--config my.py`, seed style `args = EasyDict(); args.KEY = VALUE`).",
+             "Precedence: `--set` > `--config` > profile row > profile > these defaults.", "",
+             "| key | type | default | meaning |", "|---|---|---|---|"]
+    for name, key in KEYS.items():
+        choices = f" One of: {', '.join(map(str, key.choices))}." if key.choices else ""
+        lines.append(f"| `{name}` | {key.type.__name__} | `{key.default!r}` | {key.help}.{choices} |")
+    return "\n".join(lines) + "\n"

@@ -91,7 +91,7 @@ class ShardedInfiniteSampler(Sampler[int]):
 
 
 def build_datasets(cfg: dict[str, Any], accelerator, log):
-    from .data import VideoClipDataset, build_index, probe_first_usable, split_train_val
+    from .data import VideoClipDataset, build_index, probe_first_usable, split_train_val, usable_entries
 
     cache = Path(cfg["index_cache_dir"] or Path(cfg["output_dir"]).expanduser() / ".index")
     if accelerator.is_main_process:     # index once; the other ranks read the cache
@@ -100,12 +100,19 @@ def build_datasets(cfg: dict[str, Any], accelerator, log):
     if not accelerator.is_main_process:
         entries = build_index(cfg["data_root"], cfg["annotation_file"], cache)
     train_e, val_e = split_train_val(entries, cfg["validation_fraction"], cfg["max_validation_videos"], cfg["seed"])
-    probe_first_usable(train_e, cfg["n_frames"], max_tries=min(len(train_e), 32))
+    first, _ = probe_first_usable(train_e, cfg["n_frames"], max_tries=min(len(train_e), 32))
+    # The validation set has no other videos to fall back on: leave its broken files out up front
+    # (else the first validation stops the run), and validate on a usable training video if none is left.
+    val_ok = usable_entries(val_e, cfg["n_frames"])
+    if len(val_ok) < len(val_e):
+        bad = next(e.path for e in val_e if e not in val_ok)
+        log(f"data: leaving out {len(val_e) - len(val_ok)} of {len(val_e)} validation videos, unreadable or unusable "
+            f"(e.g. {bad})" + ("" if val_ok else f"; validating on training video {train_e[first].path}"))
     common = dict(height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
                   min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
                   seed=cfg["seed"])
     train_ds = VideoClipDataset(train_e, random_flip=cfg["random_flip"], train=True, **common)
-    val_ds = VideoClipDataset(val_e or train_e[:1], random_flip=False, train=False, **common)
+    val_ds = VideoClipDataset(val_ok or [train_e[first]], random_flip=False, train=False, **common)
     log(f"data: {len(entries)} videos under {cfg['data_root']} ({len(train_e)} train, {len(val_e)} validation)")
     return train_ds, val_ds
 

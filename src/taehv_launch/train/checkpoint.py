@@ -119,7 +119,7 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
         else:
             accelerator.unwrap_model(model).load_state_dict(load_file(str(path / "model.safetensors")))
             optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-        ema.load_state_dict(load_file(str(path / "ema.safetensors"), device=str(accelerator.device)))
+        ema.load_state_dict(load_file(str(path / "ema.safetensors")))   # copied onto the EMA model's device
     except RuntimeError as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]}): "
                               f"resume with the config it was written with (see its trainer_state.json)") from None
@@ -129,7 +129,9 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
         set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
     ser_file = path / f"seraena_rank{rank}.pt"
     if seraena is not None and ser_file.exists():
-        seraena.load_checkpoint_state(torch.load(ser_file, map_location=accelerator.device, weights_only=True))
+        # "cpu", not accelerate's torch.device("cpu", 0), which torch.load cannot map to
+        where = "cpu" if accelerator.device.type == "cpu" else accelerator.device
+        seraena.load_checkpoint_state(torch.load(ser_file, map_location=where, weights_only=True))
     return state
 
 

@@ -608,14 +608,24 @@ def probe_first_usable(entries: Sequence[VideoEntry], n_frames: int, max_tries: 
     """
     broken: list[str] = []
     for k, entry in enumerate(entries[: max(1, max_tries)]):
-        frames = _read_prefix(entry.path, max(1, n_frames))
-        if frames and min(frames[0].shape[:2]) >= MIN_SIDE:
+        if _gives_usable_frame(entry.path, n_frames):
             return k, broken
         broken.append(entry.path)
     if not broken:
         raise DataError("the dataset has no videos: check data_root / annotation_file")
     raise DataError(f"none of the first {len(broken)} videos gives a usable frame (e.g. {broken[0]}): check "
                     f"data_root / annotation_file and that the files are videos OpenCV can read")
+
+
+def usable_entries(entries: Sequence[VideoEntry], n_frames: int) -> list[VideoEntry]:
+    """The entries that pass probe_first_usable's check (for the few held-out validation videos:
+    validation reads only those, so one broken file there would otherwise stop the run)."""
+    return [entry for entry in entries if _gives_usable_frame(entry.path, n_frames)]
+
+
+def _gives_usable_frame(path: str, n_frames: int) -> bool:
+    frames = _read_prefix(path, max(1, n_frames))
+    return bool(frames) and min(frames[0].shape[:2]) >= MIN_SIDE
 
 
 def _read_prefix(path: str, n: int) -> list[np.ndarray]:

@@ -28,9 +28,16 @@ from .checkpoint import TrainState, export_model, load_checkpoint, rotate, save_
 from .ema import EMA
 from .losses import DistillNet, decoder_targets, psnr, ssim
 from .stop import StopFlag
+from .watchdog import Watchdog, abort_job
 
 
 class TooManyBadSteps(UserError):
+    exit_code = 1
+
+
+class PeerFailure(UserError):
+    """Another rank died; this one stops with a message naming it (not a transport traceback)."""
+
     exit_code = 1
 
 
@@ -373,8 +380,25 @@ def _jsonable(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def train(cfg: dict[str, Any], run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:
+    from .main import write_status
+
     trainer = Trainer(cfg, run_dir, resume, debug, profile)
+    node = int(os.environ.get("GROUP_RANK", "0") or 0)
+    dog = Watchdog(run_dir, trainer.rank, trainer.world, node,
+                   on_dead=abort_job(lambda code, msg: write_status(run_dir, code, msg), trainer.rank)).start()
+    clean = False
     try:
-        return trainer.fit()
+        code = trainer.fit()
+        clean = True
+        return code
+    except BaseException as exc:
+        why = None
+        if trainer.world > 1 and not isinstance(exc, (UserError, KeyboardInterrupt)):
+            why = dog.find_dead_peer(timeout_s=dog.stale_s + 2 * dog.period_s)   # a transport error from a dead peer?
+        dog.mark_dead(why or f"{type(exc).__name__}: {exc}")
+        if why:
+            raise PeerFailure(f"stopping the job: {why}; resume with --resume auto once the cause is fixed") from None
+        raise
     finally:
+        dog.stop(clean)
         trainer.close()
