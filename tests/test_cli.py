@@ -97,6 +97,9 @@ def test_validate_env_is_a_subcommand_beside_the_default():
     (["3", "cpu"], "at most 2"),
     (["16", "h100", "--gpus-per-node", "5"], "16"),
     (["8", "h100", "--run-name", "../escape"], "run-name"),
+    (["8", "h100", "--master-port", "abc"], "--master-port"),
+    (["8", "h100", "--bogus"], "No such option: --bogus"),
+    (["8"], "Missing argument"),
 ])
 def test_bad_invocations_give_one_clear_line(args, match):
     assert_one_line_error(run_cli(*args, "--dry-run"), match)

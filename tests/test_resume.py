@@ -83,3 +83,54 @@ def test_same_seed_same_curve_other_seed_differs(tmp_path):
         runs[name] = [v for _, v in scalars(run)["train/loss"]]
     assert runs["a"] == pytest.approx(runs["b"], rel=1e-5)
     assert runs["a"] != pytest.approx(runs["c"], rel=1e-3)
+
+
+def test_resume_auto_passes_over_a_newer_run_that_failed_early(tmp_path):
+    import os
+    import time
+
+    out = tmp_path / "output"
+    good = out / "2026-01-01_00-00-00"
+    fake_checkpoint(good, 7)
+    failed = out / "2026-01-02_00-00-00"
+    failed.mkdir(parents=True)
+    later = time.time() + 10
+    os.utime(failed, (later, later))
+    (out / "latest").symlink_to(failed.name)
+    found, _ = resolve_resume("auto", out, None)
+    assert found == good / "checkpoint-7"
+
+
+def test_deepspeed_checkpoint_on_another_layout_is_refused_before_anything_starts(tmp_path):
+    from conftest import assert_one_line_error
+
+    run = tmp_path / "output" / "ds"
+    ck = fake_checkpoint(run, 4)
+    (ck / "trainer_state.json").write_text(json.dumps({"step": 4, "world_size": 2, "zero_stage": 2}))
+    (ck / COMPLETE).write_text(json.dumps({"step": 4, "files": ["trainer_state.json"]}))
+    before = sorted(p.name for p in run.iterdir())
+    proc, _ = launch(tmp_path, 1, "--resume", "auto", run_name="ds")
+    assert_one_line_error(proc, r"2 process\(es\) with ZeRO-2.*zero_stage=2.*pretrained_model_path")
+    assert sorted(p.name for p in run.iterdir()) == before      # nothing written into the run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first,second", [(2, 1), (1, 2)])
+def test_resume_on_another_world_size(tmp_path, first, second):
+    """A DDP checkpoint written by N ranks resumes on M: steps continue, state carries over."""
+    from safetensors.torch import load_file
+
+    proc, run = launch(tmp_path, first, "--set", "max_train_steps=2", "--set", "validation_steps=100")
+    ok(proc)
+    proc, _ = launch(tmp_path, second, "--resume", "auto", "--set", "max_train_steps=4",
+                     "--set", "validation_steps=100", "--set", "learning_rate=1e-9")
+    ok(proc)
+    assert f"was written by {first} process(es), this run has {second}" in proc.stdout
+    assert "at step 2" in proc.stdout and f"processes {second}" in proc.stdout
+    assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4]
+    state = trainer_state(run / "checkpoint-4")
+    assert state["world_size"] == second and state["samples_seen"] == 2 * first // second + 2
+    a = load_file(str(run / "checkpoint-2" / "model.safetensors"))
+    b = load_file(str(run / "checkpoint-4" / "model.safetensors"))
+    for k in a:      # a tiny LR after the resume: the weights are the resumed ones, not a fresh init
+        assert (a[k] - b[k]).abs().max() < 1e-3, k

@@ -93,3 +93,39 @@ def test_two_ranks_ddp_and_zero2_then_resume(tmp_path, zero):
     ok(proc)
     assert "at step 4" in proc.stdout
     assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4, 5, 6]
+
+
+def test_profile_and_debug_and_accumulation(tmp_path):
+    proc, run = launch(tmp_path, 1, "--profile", "--set", "max_train_steps=4", "--set", "profile_steps=2",
+                       "--set", "gradient_accumulation_steps=2", run_name="prof")
+    ok(proc)
+    assert "where a step's time goes" in proc.stdout
+    for phase in ("reference VAE encode", "TAEHV forward", "Seraena", "backward + optimizer", "data"):
+        assert phase in proc.stdout, phase
+    assert list((run / "logs" / "profile").glob("*.pt.trace.json*")), "no torch.profiler trace written"
+    assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4]     # optimizer steps, not micro-batches
+    lrs = [v for _, v in scalars(run)["train/learning_rate"]]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[1] == pytest.approx(2e-4)  # warmup 5 at 5e-4, per optimizer step
+
+    proc, run = launch(tmp_path, 1, "--debug", "--set", "max_train_steps=2", run_name="dbg")
+    ok(proc)
+    assert "[rank 0] step 1/2" in proc.stdout                              # per-rank verbose logs
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in proc.stdout
+
+
+def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path):
+    """Weights with NaNs: every step is non-finite, skipped on all ranks, and the run stops clearly."""
+    from safetensors.torch import save_file
+
+    from taehv_launch.train.model import TAEHV
+
+    sd = TAEHV(latent_channels=4).state_dict()
+    sd["decoder.1.weight"] = torch.full_like(sd["decoder.1.weight"], float("nan"))
+    bad = tmp_path / "nan.safetensors"
+    save_file(sd, str(bad))
+    proc, run = launch(tmp_path, 1, "--set", f"pretrained_model_path='{bad}'", "--set", "max_consecutive_bad_steps=3",
+                       "--set", "max_train_steps=10", run_name="nan")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("non-finite loss on some rank; micro-batch skipped") == 3
+    assert_one_line_error(proc, "3 non-finite losses in a row", code=1)
+    assert not list(run.glob("checkpoint-*"))

@@ -8,12 +8,17 @@ group inserts `run` when the first word is not a known command.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Annotated, Optional
 
-import click
 import typer
 from typer.core import TyperGroup
+
+try:                       # typer >= 0.2x carries its own copy of click
+    from typer import _click as click
+except ImportError:        # older typer uses click itself
+    import click
 
 from .errors import EXIT_USAGE, UserError
 from .resolve import Options
@@ -23,6 +28,8 @@ class DefaultCommandGroup(TyperGroup):
     default_command = "run"
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and re.fullmatch(r"-\d+", args[0]):      # click would read `-1` as an option
+            raise click.exceptions.UsageError(f"GPU count must be at least 1, got {args[0]}")
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
@@ -152,7 +159,27 @@ def _exit(fn) -> None:
 
 
 def main() -> None:
-    app()
+    """Run the app; click's own usage errors become one `error:` line like ours."""
+    no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())
+    try:
+        code = app(standalone_mode=False)
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except typer.Abort:
+        print("error: interrupted", file=sys.stderr)
+        code = 130
+    except no_args as exc:
+        exc.show()
+        code = 0
+    except click.exceptions.ClickException as exc:
+        print(f"error: {' '.join(exc.format_message().split())} (see taehv-launch --help)", file=sys.stderr)
+        code = EXIT_USAGE
+    except BrokenPipeError:                    # `taehv-launch keys | head`
+        sys.stdout = open(os.devnull, "w")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

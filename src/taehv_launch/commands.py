@@ -15,7 +15,7 @@ from .profiles import get_profile
 from .errors import EXIT_RESUMABLE, ConfigError, LaunchError
 from .render import Rendered, render
 from .resolve import Options, Plan, resolve
-from .runs import resolve_resume, run_id_for
+from .runs import layout_change_note, resolve_resume, run_id_for
 from .schema import KEYS
 from .topology import check_local_gpus, detect_topology
 
@@ -143,6 +143,9 @@ def launch(req: Request) -> int:
         ckpt, resume_notes = resolve_resume(plan.options.resume, run_dir.parent,
                                             run_dir if explicit_run else None)
         notes += resume_notes
+        if ckpt is not None:
+            note = layout_change_note(ckpt, plan.world_size, plan.config["zero_stage"] if plan.uses_deepspeed else 0)
+            notes += [note] if note else []
         if ckpt is not None and not explicit_run:
             run_dir = ckpt.parent          # continue the run the checkpoint belongs to
         plan = replace(plan, options=replace(plan.options, resume=str(ckpt) if ckpt else None))

@@ -86,17 +86,27 @@ def latest_run(output_dir: Path) -> Path | None:
     return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
 
 
+def runs_newest_first(output_dir: Path) -> list[Path]:
+    if not output_dir.is_dir():
+        return []
+    runs = [p for p in output_dir.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
+    return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
 def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple[Path | None, list[str]]:
-    """`auto` -> newest complete checkpoint of this run, else of the latest run (None: start fresh).
+    """`auto` -> newest complete checkpoint of this run, else of the newest run that has one
+    (a run that failed before its first checkpoint is passed over). None: start fresh.
 
     A path -> that checkpoint (or the newest complete one inside a run dir); missing or
     incomplete is an error.
     """
     if resume == "auto":
         notes: list[str] = []
-        for candidate in [run_dir, latest_run(output_dir)]:
-            if candidate is None:
+        seen: set[Path] = set()
+        for candidate in [run_dir, latest_run(output_dir), *runs_newest_first(output_dir)]:
+            if candidate is None or candidate.resolve() in seen:
                 continue
+            seen.add(candidate.resolve())
             found, skipped = newest_complete(candidate)
             notes += skipped
             if found is not None:
@@ -128,3 +138,37 @@ def point_latest(output_dir: Path, run_dir: Path) -> None:
         tmp.unlink()
     os.symlink(os.path.relpath(run_dir, output_dir), tmp)
     os.replace(tmp, link)
+
+
+def layout_change_problem(old_world: int, old_zero: int, new_world: int, new_zero: int,
+                          path: Path) -> str | None:
+    """None when a checkpoint can resume on the new layout; else what to do instead.
+
+    Plain DDP checkpoints hold the full model and optimizer, so any world size can resume
+    them. DeepSpeed's optimizer state is partitioned by world size and stage.
+    """
+    if old_world == new_world and old_zero == new_zero:
+        return None
+    if old_zero == 0 and new_zero == 0:
+        return None
+    return (f"checkpoint {path.name} was written by {old_world} process(es) with ZeRO-{old_zero}; this run has "
+            f"{new_world} with ZeRO-{new_zero}: DeepSpeed checkpoints resume only on the same layout, so use "
+            f"the same GPU count and --set zero_stage={old_zero}, or start a new run from its weights with "
+            f"--set pretrained_model_path={path / 'ema.safetensors'}")
+
+
+def layout_change_note(ckpt: Path, new_world: int, new_zero: int) -> str | None:
+    """What resuming `ckpt` on this layout does (None: same layout). Raises CheckpointError if it cannot."""
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        old_world, old_zero = int(state["world_size"]), int(state["zero_stage"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckpointError(f"checkpoint {ckpt} has no readable trainer_state.json: pass another checkpoint") \
+            from None
+    problem = layout_change_problem(old_world, old_zero, new_world, new_zero, ckpt)
+    if problem:
+        raise CheckpointError(problem)
+    if old_world == new_world:
+        return None
+    return (f"{ckpt.name} was written by {old_world} process(es), this run has {new_world}: model, optimizer, "
+            f"schedule, EMA and Seraena carry over; the data order is reshuffled for the new world size")

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
-from ..runs import COMPLETE, list_checkpoints
+from ..runs import COMPLETE, layout_change_problem, list_checkpoints
 
 
 @dataclass
@@ -105,12 +105,9 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
     except (OSError, ValueError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path} has no readable trainer_state.json ({exc}): "
                               f"pass another checkpoint") from None
-    if state.world_size != world_size or state.zero_stage != zero_stage:
-        raise CheckpointError(
-            f"checkpoint {path.name} was written by {state.world_size} process(es) with ZeRO-{state.zero_stage}; "
-            f"this run has {world_size} with ZeRO-{zero_stage}: resume with the same GPU count and zero_stage "
-            f"(resuming across world sizes is not supported yet), or start a new run from its weights with "
-            f"--set pretrained_model_path={path / 'ema.safetensors'}")
+    problem = layout_change_problem(state.world_size, state.zero_stage, world_size, zero_stage, path)
+    if problem:
+        raise CheckpointError(problem)
     try:
         if accelerator.state.deepspeed_plugin is not None:
             load_path, _ = model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)
@@ -125,13 +122,17 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
                               f"resume with the config it was written with (see its trainer_state.json)") from None
     rank = accelerator.process_index
     rng_file = path / f"rng_rank{rank}.pt"
-    if rng_file.exists():
+    if rng_file.exists() and state.world_size == world_size:
         set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
-    ser_file = path / f"seraena_rank{rank}.pt"
+    # Seraena's discriminator is the same on every rank; a rank beyond the old world takes the last one's buffer
+    ser_file = path / f"seraena_rank{min(rank, state.world_size - 1)}.pt"
     if seraena is not None and ser_file.exists():
         # "cpu", not accelerate's torch.device("cpu", 0), which torch.load cannot map to
         where = "cpu" if accelerator.device.type == "cpu" else accelerator.device
         seraena.load_checkpoint_state(torch.load(ser_file, map_location=where, weights_only=True))
+    if state.world_size != world_size:     # the same number of clips seen, spread over the new ranks
+        state.samples_seen = state.samples_seen * state.world_size // world_size
+        state.world_size = world_size
     return state
 
 
