@@ -1,0 +1,88 @@
+"""validate-env on the CPU machine: every check's no-GPU and fail paths, with real files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env, run_cli
+
+
+def checks(*args: str, env=None, cwd=None) -> tuple[int, dict[str, dict]]:
+    proc = run_cli("validate-env", *args, "--json", env=env, cwd=cwd)
+    data = json.loads(proc.stdout)            # stdout is one JSON object and nothing else
+    assert "Traceback" not in proc.stderr
+    return proc.returncode, {c["name"]: c for c in data["checks"]}
+
+
+def test_cpu_demo_passes_on_a_fresh_machine(tmp_path):
+    env = clean_env(TAEHV_CACHE=str(tmp_path / "fresh-cache"))
+    code, c = checks("1", "cpu", "--set", f"output_dir='{tmp_path}'", env=env)
+    assert code == 0, c
+    assert all(v["status"] != "FAIL" for v in c.values())
+    assert "will be created" in c["data"]["detail"] and "will be created" in c["reference VAE"]["detail"]
+    assert c["gpus"]["detail"].startswith("cpu profile")
+    for name in ("torch", "accelerate", "deepspeed", "diffusers", "disk", "open files", "cpus", "memory plan"):
+        assert c[name]["status"] in ("PASS", "WARN"), name
+
+
+def test_gpu_plan_on_a_cpu_machine_fails_clearly(tmp_path):
+    code, c = checks("8", "h100", "--quick", "--set", f"output_dir='{tmp_path}'")
+    assert code == 1
+    assert c["gpus"]["status"] == "FAIL" and "no GPU visible" in c["gpus"]["detail"] and c["gpus"]["fix"]
+    assert c["data"]["status"] == "FAIL" and "data_root" in c["data"]["fix"]
+    assert c["reference VAE"]["status"] == "FAIL"
+    assert c["memory plan"]["status"] == "PASS" and "55.2 GiB" in c["memory plan"]["detail"]
+
+
+def test_memory_plan_fails_when_the_micro_batch_cannot_fit(tmp_path):
+    code, c = checks("1", "h100", "--quick", "--set", "n_frames=24", "--set", f"output_dir='{tmp_path}'")
+    assert code == 1 and c["memory plan"]["status"] == "FAIL"
+    assert "train_batch_size=4" in c["memory plan"]["detail"]
+
+
+def test_data_checks_decode_real_files(tmp_path, videos):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("chaplin.mp4", "empty.webm", "test_video.mp4"):
+        shutil.copy(videos / name, mixed / name)
+    code, c = checks("1", "cpu", "--set", f"data_root='{mixed}'", "--set", f"output_dir='{tmp_path}'")
+    assert c["data index"]["status"] == "PASS" and "3 videos" in c["data index"]["detail"]
+    assert c["data decode"]["status"] == "WARN" and "1/3" in c["data decode"]["detail"]
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(videos / "empty.webm", broken / "a.webm")
+    code, c = checks("1", "cpu", "--set", f"data_root='{broken}'", "--set", f"output_dir='{tmp_path}'")
+    assert code == 1 and c["data decode"]["status"] == "FAIL"
+
+    code, c = checks("1", "cpu", "--set", f"data_root='{tmp_path / 'missing'}'", "--set", f"output_dir='{tmp_path}'")
+    assert code == 1 and c["data"]["status"] == "FAIL" and "missing" in c["data"]["detail"]
+
+
+def test_model_checks_load_real_folders(tmp_path):
+    from taehv_launch.train.synthetic import make_tiny_ref_vae
+
+    vae = make_tiny_ref_vae("wan", str(tmp_path / "wan"), latent_channels=4)
+    base = ["--set", "ref_vae_type='wan'", "--set", f"ref_vae_path='{vae}'", "--set", f"output_dir='{tmp_path}'"]
+    code, c = checks("1", "cpu", *base)
+    assert c["reference VAE"]["status"] == "PASS" and "(1, 3, 4, 8, 8)" in c["reference VAE"]["detail"]
+    code, c = checks("1", "cpu", *base, "--set", "latent_channels=16")
+    assert code == 1 and c["reference VAE"]["status"] == "FAIL" and c["reference VAE"]["fix"] == "--set latent_channels=4"
+    code, c = checks("1", "cpu", "--set", f"pretrained_model_path='{tmp_path / 'nope.pth'}'",
+                     "--set", f"output_dir='{tmp_path}'")
+    assert code == 1 and c["pretrained TAEHV"]["status"] == "FAIL"
+
+
+def test_two_cpu_ranks_run_a_real_all_reduce(tmp_path):
+    code, c = checks("2", "cpu", "--set", f"output_dir='{tmp_path}'")
+    assert c["all-reduce"]["status"] == "PASS" and "2 CPU ranks over gloo" in c["all-reduce"]["detail"]
+
+
+def test_human_output_has_one_line_per_check(tmp_path):
+    proc = run_cli("validate-env", "8", "h100", "--quick", "--set", f"output_dir='{tmp_path}'")
+    assert proc.returncode == 1
+    assert "FAIL  gpus" in proc.stdout and "fix:" in proc.stdout and "failed," in proc.stdout
