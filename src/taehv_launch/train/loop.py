@@ -234,8 +234,7 @@ class Trainer:
                     for k, v in out.items():
                         window[k].append(v)
                 st.step += 1
-                self.ema.update(self.acc.unwrap_model(self.model).taehv if self.zero != 3 else
-                                self._zero3_taehv(), st.step)
+                self.ema.update(self.acc.unwrap_model(self.model).taehv, st.step)   # gathers under ZeRO-3
                 if p is not None:
                     p.step()
                 if bar is not None:
@@ -261,9 +260,6 @@ class Trainer:
         self.export("final_model")
         self.log(f"done: {st.step} steps; final EMA model in {self.run_dir / 'final_model'}")
         return EXIT_OK
-
-    def _zero3_taehv(self):
-        return self.acc.unwrap_model(self.model).taehv
 
     def _preempted(self, bar) -> int:
         if bar is not None:

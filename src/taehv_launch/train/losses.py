@@ -59,12 +59,11 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5)
     a = a.detach().float().clamp(0, 1).flatten(0, -4)
     b = b.detach().float().flatten(0, -4)
     c = a.shape[1]
-    coords = torch.arange(window, dtype=torch.float32, device=a.device) - window // 2
+    window = min(window, a.shape[-1], a.shape[-2])       # tiny crops: a smaller window
+    coords = torch.arange(window, dtype=torch.float32, device=a.device) - (window - 1) / 2
     g = torch.exp(-(coords ** 2) / (2 * sigma ** 2))
-    g = (g / g.sum())
+    g = g / g.sum()
     kernel = (g[:, None] * g[None, :]).expand(c, 1, window, window).contiguous()
-    window = min(window, a.shape[-1], a.shape[-2])
-    kernel = kernel[..., :window, :window]
 
     def blur(x):
         return F.conv2d(x, kernel, groups=c)
