@@ -86,3 +86,23 @@ def test_human_output_has_one_line_per_check(tmp_path):
     proc = run_cli("validate-env", "8", "h100", "--quick", "--set", f"output_dir='{tmp_path}'")
     assert proc.returncode == 1
     assert "FAIL  gpus" in proc.stdout and "fix:" in proc.stdout and "failed," in proc.stdout
+
+
+def test_multi_node_master_checks(tmp_path):
+    import socket
+
+    from conftest import free_port
+
+    closed = free_port()
+    base = ["2", "cpu", "--quick", "--num-nodes", "2", "--gpus-per-node", "1", "--master-addr", "127.0.0.1",
+            "--set", f"output_dir='{tmp_path}'"]
+    code, c = checks(*base, "--node-rank", "1", "--master-port", str(closed))
+    assert c["master reachable"]["status"] == "WARN" and f"127.0.0.1:{closed}" in c["master reachable"]["detail"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        code, c = checks(*base, "--node-rank", "1", "--master-port", str(busy))
+        assert c["master reachable"]["status"] == "PASS"
+        code, c = checks(*base, "--node-rank", "0", "--master-port", str(busy))
+        assert code == 1 and c["master port"]["status"] == "FAIL" and "--master-port" in c["master port"]["fix"]
