@@ -176,6 +176,9 @@ LAUNCHER_CASES = [
     Case("resume-marker-lists-missing-file", ("1", "cpu", "--resume", "{tmp}/output/old/checkpoint-7"),
          r"checkpoint-7 is incomplete \(missing optimizer\.bin",
          setup=_write("output/old/checkpoint-7/COMPLETE", json.dumps({"files": ["optimizer.bin"]}))),
+    Case("resume-damaged-checkpoint", ("1", "cpu", "--resume", "{tmp}/output/t/checkpoint-2"),
+         r"checkpoint .*checkpoint-2 has no readable trainer_state\.json",
+         setup=_write("output/t/checkpoint-2/COMPLETE", json.dumps({"files": []}))),
     Case("resume-run-without-checkpoint", ("1", "cpu", "--resume", "{tmp}/output/empty-run"),
          r"empty-run has no complete checkpoint", setup=_mkdir("output/empty-run")),
     # the machine
@@ -229,9 +232,6 @@ TRAINER_CASES = [
     Case("pretrained-bad-safetensors", ("1", "cpu", "--set", "pretrained_model_path='{tmp}/taehv.safetensors'"),
          r"cannot read TAEHV weights .*taehv\.safetensors",
          setup=_write("taehv.safetensors", b"\x08\0\0\0\0\0\0\0{}garbage"), slow=True),
-    Case("resume-damaged-checkpoint", ("1", "cpu", "--resume", "{tmp}/output/t/checkpoint-2"),
-         r"checkpoint .*checkpoint-2 has no readable trainer_state\.json",
-         setup=_write("output/t/checkpoint-2/COMPLETE", json.dumps({"files": []})), slow=True),
 ]
 
 
