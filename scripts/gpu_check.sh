@@ -5,6 +5,7 @@
 # train1: real assets (480x720 videos, real-architecture CogVideoX VAE with random weights),
 #         validate-env and a short 1-GPU training run
 # train2: validate-env 2 GPUs, 2-GPU ZeRO-2 run + resume, a ZeRO-3 run
+# scale : 1/2/4 GPUs at the same micro-batch, resume at 4 ranks, 2 "nodes" x 2 GPUs on one machine
 set -uo pipefail
 mode=$1
 out=${2:-${OUT:-/tmp/gpu-check}}
@@ -49,5 +50,23 @@ case $mode in
       --set checkpointing_steps=20 2>&1 | tail -n 12 | tee "$out/resume_2gpu.txt"
     $T 2 h200 --run-name g2z3 "${common[@]}" --set zero_stage=3 --set max_train_steps=10 --set validation_steps=10 \
       --set checkpointing_steps=10 2>&1 | tail -n 12 | tee "$out/train_2gpu_zero3.txt"
+    ;;
+  scale)
+    assets
+    # same micro-batch on 1, 2, 4 GPUs: samples/s per GPU side by side in one run
+    for n in 1 2 4; do
+      $T $n h200 --run-name s$n "${common[@]}" --set train_batch_size=8 --set max_train_steps=15 \
+        --set validation_steps=15 --set checkpointing_steps=15 2>&1 | grep -E "^step|error" | tee "$out/scale_$n.txt"
+    done
+    $T 4 h200 --run-name s4 --resume auto "${common[@]}" --set train_batch_size=8 --set max_train_steps=20 \
+      --set validation_steps=20 --set checkpointing_steps=20 2>&1 | grep -E "^step|resumed|error" | tee "$out/resume_4.txt"
+    # the multi-node path on one machine: 2 "nodes" x 2 GPUs, each launcher sees its own GPUs
+    split=(4 h200 --num-nodes 2 --gpus-per-node 2 --master-addr 127.0.0.1 --master-port 29611 --run-name split
+           "${common[@]}" --set train_batch_size=8 --set max_train_steps=15 --set validation_steps=15
+           --set checkpointing_steps=15)
+    CUDA_VISIBLE_DEVICES=0,1 $T "${split[@]}" --node-rank 0 > "$out/split_node0.txt" 2>&1 &
+    CUDA_VISIBLE_DEVICES=2,3 $T "${split[@]}" --node-rank 1 > "$out/split_node1.txt" 2>&1
+    wait
+    grep -E "^step|processes|exited|error" "$out/split_node0.txt" "$out/split_node1.txt"
     ;;
 esac
