@@ -60,3 +60,15 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, match: str, code: i
     assert lines[0].startswith("error: "), proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert re.search(match, lines[0]), (match, lines[0])
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: on small CI machines shared with other jobs, OpenMP spin-waiting
+    makes multi-threaded CPU kernels several times slower, not faster, at these sizes."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

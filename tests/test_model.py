@@ -48,14 +48,7 @@ PUBLIC_LAYOUT = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on small CI machines shared with other jobs, OpenMP spin-waiting
-    makes multi-threaded CPU kernels several times slower, not faster, at these sizes."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)

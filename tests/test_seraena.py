@@ -25,14 +25,7 @@ def clip(n=1, t=9, hw=32, seed=0):
     return real, fake, latents
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on small CI machines shared with other jobs, OpenMP spin-waiting
-    makes multi-threaded CPU kernels several times slower, not faster, at these sizes."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_targets_match_fake_shape_and_are_detached():
