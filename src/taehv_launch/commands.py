@@ -169,7 +169,7 @@ def launch(req: Request) -> int:
     code = edge.run(plan, rendered, run_dir)
     log = run_dir / f"launch{rendered.node_suffix}.log"
     print(f"taehv-launch: trainer exited with code {code}; run: {run_dir}; log: {log}", flush=True)
-    status = edge.read_status(run_dir, rendered.node_suffix) or {}
+    status = edge.read_status(run_dir, plan.topology.machine_rank) or {}
     if code not in (0, EXIT_RESUMABLE):
         print(f"error: {status.get('message') or 'the trainer failed: see ' + str(log)}", file=sys.stderr)
     return code

@@ -23,9 +23,8 @@ from pathlib import Path
 from .errors import EXIT_ABORTED, LaunchError
 from .render import TRAINER_SCRIPT, Rendered
 from .resolve import Plan
-from .runs import point_latest
+from .runs import point_latest, status_path
 
-STATUS_FILE = "exit_status{suffix}.json"   # written by the trainer's local rank 0 of each node
 MIN_FREE_BYTES = 2 << 30
 
 
@@ -94,10 +93,9 @@ def env_record(plan: Plan, rendered: Rendered) -> str:
     }, indent=2) + "\n"
 
 
-def read_status(run_dir: Path, suffix: str) -> dict | None:
-    path = run_dir / STATUS_FILE.format(suffix=suffix)
+def read_status(run_dir: Path, node: int) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        return json.loads(status_path(run_dir, node).read_text())
     except (OSError, ValueError):
         return None
 
@@ -125,9 +123,8 @@ def trainer_pids(root_pid: int) -> list[int]:
 def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
     """Start the launch, tee its output into launch.log, return the trainer's exit code."""
     log_path = run_dir / f"launch{rendered.node_suffix}.log"
-    status_path = run_dir / STATUS_FILE.format(suffix=rendered.node_suffix)
-    if status_path.exists():
-        status_path.unlink()
+    status_file = status_path(run_dir, plan.topology.machine_rank)
+    status_file.unlink(missing_ok=True)
     env = {**os.environ, **rendered.exported()}
     if sys.stdout.isatty():
         env["TAEHV_TTY"] = "1"      # the trainer shows a progress bar only for a person at a terminal
@@ -163,12 +160,12 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
 
         previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
         try:
-            _tee(child, log, status_path)
+            _tee(child, log, status_file)
             code = child.wait()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-    status = read_status(run_dir, rendered.node_suffix)
+    status = read_status(run_dir, plan.topology.machine_rank)
     if len(signals_seen) > 1:
         return EXIT_ABORTED
     if status is not None:

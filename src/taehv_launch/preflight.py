@@ -200,17 +200,21 @@ def _allreduce_bandwidth(n: int, gpu: bool) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- data
+def _demo_asset(kind: str) -> str:
+    """Where the cpu demo's assets of `kind` are, or will be made by the first run (not a failure)."""
+    from .train.build import demo_cache_dir
+
+    root = demo_cache_dir() / kind
+    made = root.is_dir() and any(root.glob("*/.complete"))
+    return f"present in {root}" if made else f"will be created in {root} by the first run"
+
+
 def check_data(plan: Plan, quick: bool) -> list[Check]:
     c = plan.config
     if not c["data_root"]:
         if _gpu_plan(plan):
             return [Check("data", FAIL, "data_root is not set", "--set data_root=/path/to/videos")]
-        from .train.build import demo_cache_dir
-
-        root = demo_cache_dir() / "videos"
-        made = any(root.glob("*/.complete")) if root.is_dir() else False
-        return [Check("data", PASS, "built-in synthetic demo set: " +
-                      (f"present in {root}" if made else f"will be created in {root} by the first run"))]
+        return [Check("data", PASS, "built-in synthetic demo set: " + _demo_asset("videos"))]
     from .train.data import VideoClipDataset, build_index
 
     with tempfile.TemporaryDirectory() as cache:
@@ -247,12 +251,8 @@ def check_models(plan: Plan, quick: bool) -> list[Check]:
             if _gpu_plan(plan):
                 out.append(Check("reference VAE", FAIL, "ref_vae_path is not set", "--set ref_vae_path=/path/to/vae"))
             else:
-                from .train.build import demo_cache_dir
-
-                root = demo_cache_dir() / "ref_vae"
-                made = any(root.glob("*/.complete")) if root.is_dir() else False
-                out.append(Check("reference VAE", PASS, f"built-in tiny {c['ref_vae_type']} VAE: "
-                                 + (f"present in {root}" if made else f"will be created in {root} by the first run")))
+                out.append(Check("reference VAE", PASS,
+                                 f"built-in tiny {c['ref_vae_type']} VAE: " + _demo_asset("ref_vae")))
         else:
             out.append(_check_ref_vae(c, quick))
     if c["pretrained_model_path"]:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from .configfile import render_config_file
 from .profiles import nccl_buffsize_for
 from .resolve import Plan
+from .runs import node_suffix
 
 TRAINER_SCRIPT = Path(__file__).resolve().parent / "train" / "main.py"
 
@@ -152,7 +153,7 @@ def render(plan: Plan, run_dir: Path, env: Mapping[str, str] | None = None,
     topo = plan.topology
     acc = accelerate_config(plan, run_dir, env)
     ds = deepspeed_config(plan)
-    suffix = "" if topo.machine_rank == 0 else f".node{topo.machine_rank}"
+    suffix = node_suffix(topo.machine_rank)
     files = {
         "config.py": render_config_file(plan.config, header=_config_header(plan)),
         "accelerate.yaml": _yaml(acc),

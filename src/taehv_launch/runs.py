@@ -21,6 +21,16 @@ CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+def node_suffix(node: int) -> str:
+    """"" on node 0, ".node<k>" on the others: per-node files (launch log, env, exit status)."""
+    return "" if node == 0 else f".node{node}"
+
+
+def status_path(run_dir: Path, node: int) -> Path:
+    """Where the trainer's local rank 0 of `node` records its exit code for the launcher."""
+    return run_dir / f"exit_status{node_suffix(node)}.json"
+
+
 def run_id_for(run_name: str | None, job_id: str | None, now: float | None = None) -> tuple[str, str]:
     """(run id, where it came from): --run-name, else the scheduler's job id, else a timestamp."""
     if run_name:

@@ -30,9 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def write_status(run_dir: Path, code: int, message: str) -> None:
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return
-    node = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
-    suffix = "" if node == 0 else f".node{node}"
-    path = run_dir / f"exit_status{suffix}.json"
+    from taehv_launch.runs import status_path
+
+    path = status_path(run_dir, int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0))
     try:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps({"code": code, "message": message}))
