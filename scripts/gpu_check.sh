@@ -6,6 +6,10 @@
 #         validate-env and a short 1-GPU training run
 # train2: validate-env 2 GPUs, 2-GPU ZeRO-2 run + resume, a ZeRO-3 run
 # scale : 1/2/4 GPUs at the same micro-batch, resume at 4 ranks, 2 "nodes" x 2 GPUs on one machine
+# layout: resume on another GPU count and ZeRO stage (2 GPUs ZeRO-2 -> 1 GPU ZeRO-3 -> 2 GPUs ZeRO-2):
+#         is the state carried over?
+# curve : 2 GPUs, 20 steps at a constant LR: uninterrupted ZeRO-2, against ZeRO-2 to step 10 then
+#         ZeRO-3 (portable state), against ZeRO-2 resumed as ZeRO-2 (DeepSpeed's own files)
 set -uo pipefail
 mode=$1
 out=${2:-${OUT:-/tmp/gpu-check}}
@@ -68,5 +72,53 @@ case $mode in
     CUDA_VISIBLE_DEVICES=2,3 $T "${split[@]}" --node-rank 1 > "$out/split_node1.txt" 2>&1
     wait
     grep -E "^step|processes|exited|error" "$out/split_node0.txt" "$out/split_node1.txt"
+    ;;
+  layout)
+    assets
+    L=(--run-name lay "${common[@]}" --set train_batch_size=4 --set log_every=1 --set validation_steps=1000)
+    $T 2 h200 "${L[@]}" --set zero_stage=2 --set max_train_steps=10 --set checkpointing_steps=10 2>&1 \
+      | grep -E "^step 10|processes|exited|error" | tee "$out/layout_1.txt"
+    # one more step each at a negligible LR: the next checkpoint shows what the resume loaded
+    for spec in "1 3 11" "2 2 12"; do
+      set -- $spec
+      $T $1 h200 "${L[@]}" --set zero_stage=$2 --set max_train_steps=$3 --set checkpointing_steps=1 \
+        --set learning_rate=1e-12 --resume auto 2>&1 | grep -E "note .*written|resumed|^step|exited|error" \
+        | tee "$out/layout_$3.txt"
+    done
+    python3 - <<'PY' | tee "$out/layout_carried.txt"
+from pathlib import Path
+from taehv_launch.train.portable import carried_over
+run = Path("output/lay")
+for a, b in ((10, 11), (11, 12)):
+    print(f"checkpoint-{a} -> checkpoint-{b}:", carried_over(run / f"checkpoint-{a}", run / f"checkpoint-{b}", 0.9, 0.95))
+PY
+    ;;
+  curve)
+    assets
+    S=("${common[@]}" --set train_batch_size=4 --set log_every=1 --set validation_steps=1000 --set checkpointing_steps=10
+       --set lr_scheduler=constant --set seraena_checkpoint_buffer_mb=${BUFFER_MB:-1024})   # 1024: the replay buffer is saved
+    $T 2 h200 --run-name full "${S[@]}" --set zero_stage=2 --set max_train_steps=20 2>&1 | grep -E "exited|error"
+    for run in z3 z2; do
+      $T 2 h200 --run-name $run "${S[@]}" --set zero_stage=2 --set max_train_steps=10 2>&1 | grep -E "exited|error"
+      $T 2 h200 --run-name $run "${S[@]}" --set zero_stage=${run#z} --set max_train_steps=20 --resume auto 2>&1 \
+        | grep -E "note .*written|resumed|exited|error"
+    done
+    python3 - <<'PY' | tee "$out/layout_curve.txt"
+from pathlib import Path
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def losses(run):
+    out = {}
+    for f in sorted(Path(f"output/{run}/logs").glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0}); acc.Reload()
+        out.update({e.step: e.value for e in acc.Scalars("train/loss")})
+    return out
+a, z3, z2 = losses("full"), losses("z3"), losses("z2")
+import os
+print(f"train/loss, 2 x H200, constant LR; resumed at step 10; seraena_checkpoint_buffer_mb={os.environ.get('BUFFER_MB', 1024)}")
+print("step  ZeRO-2 throughout | ->ZeRO-3 (portable)  rel diff | ->ZeRO-2 (DeepSpeed files)  rel diff")
+for s in sorted(a):
+    print(f"{s:4d}  {a[s]:.6f}          | {z3[s]:.6f}  {abs(a[s] - z3[s]) / a[s]:.1e}"
+          f"            | {z2[s]:.6f}  {abs(a[s] - z2[s]) / a[s]:.1e}")
+PY
     ;;
 esac

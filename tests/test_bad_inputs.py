@@ -102,6 +102,19 @@ def _mkdir(*rels: str) -> Callable[[Path], None]:
     return setup
 
 
+def _damaged_ckpt(tmp: Path) -> None:
+    """output/old/checkpoint-9: written by 2 ranks with ZeRO-2 (so a 1-rank resume reads the
+    world-size-free state), complete, but its safetensors files are garbage."""
+    ck = tmp / "output" / "old" / "checkpoint-9"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text(json.dumps({"step": 9, "world_size": 2, "zero_stage": 2}))
+    files = ["trainer_state.json"]
+    for name in ("model.safetensors", "optimizer.safetensors", "ema.safetensors"):
+        (ck / name).write_bytes(b"\x08\0\0\0\0\0\0\0{}garbage")
+        files.append(name)
+    (ck / "COMPLETE").write_text(json.dumps({"step": 9, "files": files}))
+
+
 def _broken_videos(tmp: Path) -> None:
     folder = tmp / "broken"
     folder.mkdir()
@@ -232,6 +245,8 @@ TRAINER_CASES = [
     Case("pretrained-bad-safetensors", ("1", "cpu", "--set", "pretrained_model_path='{tmp}/taehv.safetensors'"),
          r"cannot read TAEHV weights .*taehv\.safetensors",
          setup=_write("taehv.safetensors", b"\x08\0\0\0\0\0\0\0{}garbage"), slow=True),
+    Case("resume-damaged-portable-state", ("1", "cpu", "--resume", "{tmp}/output/old/checkpoint-9"),
+         r"checkpoint .*checkpoint-9 is damaged \(.*\): pass an older checkpoint", setup=_damaged_ckpt, slow=True),
 ]
 
 

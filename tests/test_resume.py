@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from taehv_launch.errors import CheckpointError
 from taehv_launch.runs import COMPLETE, newest_complete, resolve_resume
@@ -101,7 +103,7 @@ def test_resume_auto_passes_over_a_newer_run_that_failed_early(tmp_path):
     assert found == good / "checkpoint-7"
 
 
-def test_deepspeed_checkpoint_on_another_layout_is_refused_before_anything_starts(tmp_path):
+def test_checkpoint_without_portable_state_on_another_layout_is_refused_before_anything_starts(tmp_path):
     from conftest import assert_one_line_error
 
     run = tmp_path / "output" / "ds"
@@ -110,27 +112,115 @@ def test_deepspeed_checkpoint_on_another_layout_is_refused_before_anything_start
     (ck / COMPLETE).write_text(json.dumps({"step": 4, "files": ["trainer_state.json"]}))
     before = sorted(p.name for p in run.iterdir())
     proc, _ = launch(tmp_path, 1, "--resume", "auto", run_name="ds")
-    assert_one_line_error(proc, r"2 process\(es\) with ZeRO-2.*zero_stage=2.*pretrained_model_path")
+    assert_one_line_error(proc, r"2 process\(es\) with ZeRO-2 and has no world-size-free state "
+                                r"\(model\.safetensors, optimizer\.safetensors missing\).*zero_stage=2.*"
+                                r"pretrained_model_path")
     assert sorted(p.name for p in run.iterdir()) == before      # nothing written into the run
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("first,second", [(2, 1), (1, 2)])
-def test_resume_on_another_world_size(tmp_path, first, second):
-    """A DDP checkpoint written by N ranks resumes on M: steps continue, state carries over."""
+def test_layout_change_note_says_what_carries_over(tmp_path):
+    from taehv_launch.runs import layout_change_note
+
+    ck = fake_checkpoint(tmp_path, 4)
+    cfg = {"train_batch_size": 2, "gradient_accumulation_steps": 3, "learning_rate": 2e-4}
+    (ck / "trainer_state.json").write_text(json.dumps({"step": 4, "world_size": 2, "zero_stage": 2, "config": cfg}))
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        (ck / f).write_bytes(b"")
+    assert layout_change_note(ck, 2, 2, cfg) is None
+    note = layout_change_note(ck, 1, 3, cfg | {"learning_rate": 1e-4})
+    assert "written by 2 process(es) with ZeRO-2, this run has 1 process(es) with ZeRO-3" in note
+    assert "AdamW moments" in note and "reshuffled" in note
+    assert "global batch 12 -> 6" in note and "learning rate 0.0002 -> 0.0001" in note
+    note = layout_change_note(ck, 2, 0, cfg)
+    assert "with DDP" in note and "continue" in note and "global batch" not in note
+
+
+def _assert_state_carried(run: Path, before: int, after: int) -> None:
+    """The checkpoint one step after a resume at a negligible LR holds the resumed state."""
     from safetensors.torch import load_file
 
-    proc, run = launch(tmp_path, first, "--set", "max_train_steps=2", "--set", "validation_steps=100")
+    from taehv_launch.train.ema import EMA
+    from taehv_launch.train.portable import carried_over
+
+    cfg = trainer_state(run / f"checkpoint-{after}")["config"]
+    got = carried_over(run / f"checkpoint-{before}", run / f"checkpoint-{after}", cfg["adam_beta1"], cfg["adam_beta2"])
+    assert (got["step_before"], got["step_after"]) == (before, after)     # AdamW's step (bias correction) went on
+    assert got["max_weight_change"] < 1e-6, got                           # the weights are the resumed ones
+    assert got["moment_mismatch"] < 1e-4, got                             # one AdamW update from the saved moments
+    # EMA: one update from the saved EMA towards the (unchanged) weights
+    e0, e1 = (load_file(str(run / f"checkpoint-{s}" / "ema.safetensors")) for s in (before, after))
+    w = load_file(str(run / f"checkpoint-{after}" / "model.safetensors"))
+    d = EMA.effective_decay(SimpleNamespace(decay=cfg["ema_decay"]), after)
+    for k in e0:
+        assert (e1[k] - torch.lerp(e0[k], w[f"taehv.{k}"], 1 - d)).abs().max() < 1e-5, k
+
+
+LAYOUTS = [((2, 2), (1, 3)), ((1, 3), (2, 2)), ((1, 0), (2, 0))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first,second", LAYOUTS,
+                         ids=[f"{a}x{'z' + str(b) if b else 'ddp'}-{c}x{'z' + str(d) if d else 'ddp'}"
+                              for (a, b), (c, d) in LAYOUTS])
+def test_resume_on_another_world_size_and_zero_stage(tmp_path, first, second):
+    """A checkpoint written by N ranks with one ZeRO stage resumes on M ranks with another:
+    weights, AdamW moments and step, EMA, schedule and data position carry over."""
+    (w1, z1), (w2, z2) = first, second
+    proc, run = launch(tmp_path, w1, "--set", "max_train_steps=2", "--set", f"zero_stage={z1}",
+                       "--set", "validation_steps=100")
     ok(proc)
-    proc, _ = launch(tmp_path, second, "--resume", "auto", "--set", "max_train_steps=4",
-                     "--set", "validation_steps=100", "--set", "learning_rate=1e-9")
+    proc, _ = launch(tmp_path, w2, "--resume", "auto", "--set", "max_train_steps=3", "--set", f"zero_stage={z2}",
+                     "--set", "validation_steps=100", "--set", "learning_rate=1e-12")
     ok(proc)
-    assert f"was written by {first} process(es), this run has {second}" in proc.stdout
-    assert "at step 2" in proc.stdout and f"processes {second}" in proc.stdout
-    assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4]
-    state = trainer_state(run / "checkpoint-4")
-    assert state["world_size"] == second and state["samples_seen"] == 2 * first // second + 2
-    a = load_file(str(run / "checkpoint-2" / "model.safetensors"))
-    b = load_file(str(run / "checkpoint-4" / "model.safetensors"))
-    for k in a:      # a tiny LR after the resume: the weights are the resumed ones, not a fresh init
-        assert (a[k] - b[k]).abs().max() < 1e-3, k
+    layout = (lambda w, z: f"{w} process(es) with {'ZeRO-' + str(z) if z else 'DDP'}")
+    assert f"was written by {layout(w1, z1)}, this run has {layout(w2, z2)}" in proc.stdout
+    assert "at step 2" in proc.stdout and f"processes {w2}" in proc.stdout
+    assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3]
+    state = trainer_state(run / "checkpoint-3")
+    assert (state["world_size"], state["zero_stage"]) == (w2, z2)
+    assert state["samples_seen"] == 2 * w1 // w2 + 1
+    _assert_state_carried(run, 2, 3)
+
+
+@pytest.mark.slow
+def test_zero_stage_change_continues_the_same_curve(tmp_path):
+    """Same 2 ranks, ZeRO-2 for steps 1-2 then ZeRO-3 for 3-4: the same losses as ZeRO-2 throughout
+    (the stage-3 partitions, padded on the last rank, are filled from the portable state)."""
+    common = ["--set", "checkpointing_steps=2", "--set", "validation_steps=100"]
+    proc, full = launch(tmp_path, 2, *common, "--set", "max_train_steps=4", "--set", "zero_stage=2", run_name="full")
+    ok(proc)
+    proc, part = launch(tmp_path, 2, *common, "--set", "max_train_steps=2", "--set", "zero_stage=2", run_name="part")
+    ok(proc)
+    proc, _ = launch(tmp_path, 2, *common, "--set", "max_train_steps=4", "--set", "zero_stage=3", "--resume", "auto",
+                     run_name="part")
+    ok(proc)
+    assert "ZeRO-2, this run has 2 process(es) with ZeRO-3" in proc.stdout
+    a, b = scalars(full)["train/loss"], scalars(part)["train/loss"]
+    assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4]
+    for (sa, va), (sb, vb) in zip(a, b):
+        assert va == pytest.approx(vb, rel=1e-4, abs=1e-6), (sa, va, vb)
+
+
+def test_portable_state_files_and_the_carried_over_measure(tmp_path):
+    """One AdamW update from saved moments reads as a mismatch of ~0; moments that restarted
+    from zero read as a mismatch of order 1; a file of another format is refused."""
+    from safetensors.torch import save_file
+
+    from taehv_launch.train import portable
+
+    torch.manual_seed(0)
+    b1, b2 = 0.9, 0.95
+    w = {"taehv.w": torch.randn(5, 3)}
+    m, v, g = torch.randn(5, 3), torch.rand(5, 3), torch.randn(5, 3)
+    states = {"a": (m, v, 4), "b": (b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g, 5),
+              "fresh": ((1 - b1) * g, (1 - b2) * g * g, 5)}
+    for name, (mm, vv, step) in states.items():
+        (tmp_path / name).mkdir()
+        portable.save(tmp_path / name, (w, {"exp_avg/taehv.w": mm, "exp_avg_sq/taehv.w": vv}, step))
+    got = portable.carried_over(tmp_path / "a", tmp_path / "b", b1, b2)
+    assert (got["step_before"], got["step_after"], got["max_weight_change"]) == (4, 5, 0.0)
+    assert got["moment_mismatch"] < 1e-5
+    assert portable.carried_over(tmp_path / "a", tmp_path / "fresh", b1, b2)["moment_mismatch"] > 0.5
+    save_file({"exp_avg/taehv.w": m}, str(tmp_path / "b" / "optimizer.safetensors"), metadata={"format": "other"})
+    with pytest.raises(CheckpointError, match="has format 'other'.*written by taehv-launch"):
+        portable.carried_over(tmp_path / "a", tmp_path / "b", b1, b2)

@@ -144,7 +144,8 @@ def launch(req: Request) -> int:
                                             run_dir if explicit_run else None)
         notes += resume_notes
         if ckpt is not None:
-            note = layout_change_note(ckpt, plan.world_size, plan.config["zero_stage"] if plan.uses_deepspeed else 0)
+            note = layout_change_note(ckpt, plan.world_size, plan.config["zero_stage"] if plan.uses_deepspeed else 0,
+                                      plan.config)
             notes += [note] if note else []
         if ckpt is not None and not explicit_run:
             run_dir = ckpt.parent          # continue the run the checkpoint belongs to

@@ -150,24 +150,33 @@ def point_latest(output_dir: Path, run_dir: Path) -> None:
     os.replace(tmp, link)
 
 
+PORTABLE_FILES = ("model.safetensors", "optimizer.safetensors")   # train/portable.py writes them
+
+
+def layout_name(world: int, zero: int) -> str:
+    return f"{world} process(es) with {'ZeRO-' + str(zero) if zero else 'DDP'}"
+
+
 def layout_change_problem(old_world: int, old_zero: int, new_world: int, new_zero: int,
                           path: Path) -> str | None:
     """None when a checkpoint can resume on the new layout; else what to do instead.
 
-    Plain DDP checkpoints hold the full model and optimizer, so any world size can resume
-    them. DeepSpeed's optimizer state is partitioned by world size and stage.
+    Same layout: always (DeepSpeed's own files). Another world size or ZeRO stage: through the
+    world-size-free state every checkpoint holds (full fp32 weights and AdamW moments by name).
     """
     if old_world == new_world and old_zero == new_zero:
         return None
-    if old_zero == 0 and new_zero == 0:
+    missing = [f for f in PORTABLE_FILES if not (path / f).is_file()]
+    if not missing:
         return None
-    return (f"checkpoint {path.name} was written by {old_world} process(es) with ZeRO-{old_zero}; this run has "
-            f"{new_world} with ZeRO-{new_zero}: DeepSpeed checkpoints resume only on the same layout, so use "
-            f"the same GPU count and --set zero_stage={old_zero}, or start a new run from its weights with "
+    return (f"checkpoint {path.name} was written by {layout_name(old_world, old_zero)} and has no world-size-free "
+            f"state ({', '.join(missing)} missing); this run has {layout_name(new_world, new_zero)}: use the same "
+            f"GPU count and --set zero_stage={old_zero}, or start a new run from its weights with "
             f"--set pretrained_model_path={path / 'ema.safetensors'}")
 
 
-def layout_change_note(ckpt: Path, new_world: int, new_zero: int) -> str | None:
+def layout_change_note(ckpt: Path, new_world: int, new_zero: int,
+                       new_cfg: dict | None = None) -> str | None:
     """What resuming `ckpt` on this layout does (None: same layout). Raises CheckpointError if it cannot."""
     try:
         state = json.loads((ckpt / "trainer_state.json").read_text())
@@ -178,7 +187,24 @@ def layout_change_note(ckpt: Path, new_world: int, new_zero: int) -> str | None:
     problem = layout_change_problem(old_world, old_zero, new_world, new_zero, ckpt)
     if problem:
         raise CheckpointError(problem)
-    if old_world == new_world:
+    if old_world == new_world and old_zero == new_zero:
         return None
-    return (f"{ckpt.name} was written by {old_world} process(es), this run has {new_world}: model, optimizer, "
-            f"schedule, EMA and Seraena carry over; the data order is reshuffled for the new world size")
+    note = (f"{ckpt.name} was written by {layout_name(old_world, old_zero)}, this run has "
+            f"{layout_name(new_world, new_zero)}: the weights, AdamW moments and step, schedule, EMA and Seraena "
+            f"carry over through its world-size-free state; ")
+    if old_world != new_world:
+        note += "the data order is reshuffled and the random streams restart from the seed for the new world size"
+    else:
+        note += "the data order and random streams continue"
+    old_cfg, changes = state.get("config") or {}, []
+    if new_cfg and old_cfg:
+        def batch(cfg: dict, world: int) -> int:
+            return int(cfg["train_batch_size"]) * int(cfg["gradient_accumulation_steps"]) * world
+        try:
+            if batch(old_cfg, old_world) != batch(new_cfg, new_world):
+                changes.append(f"global batch {batch(old_cfg, old_world)} -> {batch(new_cfg, new_world)}")
+            if float(old_cfg["learning_rate"]) != float(new_cfg["learning_rate"]):
+                changes.append(f"learning rate {old_cfg['learning_rate']:g} -> {new_cfg['learning_rate']:g}")
+        except (KeyError, TypeError, ValueError):
+            pass
+    return note + (f" ({', '.join(changes)})" if changes else "")

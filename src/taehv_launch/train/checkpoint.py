@@ -5,9 +5,13 @@ COMPLETE marker, then the folder is renamed to `checkpoint-<step>/`; a crash at 
 leaves either the previous checkpoints or a temp folder that resume ignores. Assumes the run
 directory is on a filesystem every node sees (as DeepSpeed's own checkpoints do).
 
-Contents: model + optimizer (DeepSpeed's own files under ZeRO, safetensors + a tensors-only
-torch file otherwise), EMA weights (safetensors), Seraena per rank, RNG states per rank,
-and trainer_state.json (step, samples consumed, best PSNR, the config it ran with).
+Contents: model + optimizer as a world-size-free state (portable.py: full fp32 weights and
+AdamW moments by parameter name, safetensors) and, under ZeRO, DeepSpeed's own files too;
+EMA weights (safetensors), Seraena per rank, RNG states per rank, and trainer_state.json
+(step, samples consumed, best PSNR, the layout and config it ran with).
+
+Resume on the layout that wrote it uses DeepSpeed's own files (exact, DeepSpeed's code); on
+any other world size or ZeRO stage, and for DDP, the portable state.
 Everything we load ourselves is safetensors or `torch.load(weights_only=True)`.
 """
 
@@ -23,10 +27,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
 from ..runs import COMPLETE, layout_change_problem, list_checkpoints
+from . import portable
 
 
 @dataclass
@@ -77,9 +83,9 @@ def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, 
     accelerator.wait_for_everyone()
     if accelerator.state.deepspeed_plugin is not None:
         model.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
-    elif accelerator.is_main_process:
-        save_file(_contiguous(accelerator.unwrap_model(model).state_dict()), str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    full = portable.gather(accelerator, model, optimizer, state.zero_stage)
+    if full is not None:
+        portable.save(tmp, full)
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
     if seraena is not None:
         torch.save(seraena.state_dict_for_checkpoint(include_buffer=include_buffer), tmp / f"seraena_rank{rank}.pt")
@@ -108,16 +114,21 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
     problem = layout_change_problem(state.world_size, state.zero_stage, world_size, zero_stage, path)
     if problem:
         raise CheckpointError(problem)
+    same_layout = state.world_size == world_size and state.zero_stage == zero_stage
     try:
-        if accelerator.state.deepspeed_plugin is not None:
+        if accelerator.state.deepspeed_plugin is not None and same_layout:
             load_path, _ = model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)
             if load_path is None:
                 raise CheckpointError(f"DeepSpeed found no state in {path / 'deepspeed'}: the checkpoint is damaged")
         else:
-            accelerator.unwrap_model(model).load_state_dict(load_file(str(path / "model.safetensors")))
-            optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
+            portable.load(path, accelerator, model, optimizer, zero_stage)
         ema.load_state_dict(load_file(str(path / "ema.safetensors")))   # copied onto the EMA model's device
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"checkpoint {path} is damaged ({str(exc).splitlines()[0]}): pass an older "
+                              f"checkpoint of the run") from None
     except RuntimeError as exc:
+        if not any(s in str(exc) for s in ("state_dict", "size mismatch")):
+            raise           # not a shape mismatch (e.g. another rank failed): the full error
         raise CheckpointError(f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]}): "
                               f"resume with the config it was written with (see its trainer_state.json)") from None
     rank = accelerator.process_index
@@ -132,7 +143,7 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
         seraena.load_checkpoint_state(torch.load(ser_file, map_location=where, weights_only=True))
     if state.world_size != world_size:     # the same number of clips seen, spread over the new ranks
         state.samples_seen = state.samples_seen * state.world_size // world_size
-        state.world_size = world_size
+    state.world_size, state.zero_stage = world_size, zero_stage   # the next checkpoint is of this layout
     return state
 
 

@@ -13,12 +13,14 @@ import torch
 import torch.nn as nn
 
 
-def gathered(params: list[nn.Parameter], zero_stage: int):
-    """Context in which ZeRO-3 partitioned parameters hold their full values (on every rank)."""
+def gathered(params: list[nn.Parameter], zero_stage: int, modifier_rank: int | None = None):
+    """Context in which ZeRO-3 partitioned parameters hold their full values (on every rank).
+
+    With a modifier_rank, that rank's changes are broadcast and re-partitioned on exit."""
     if zero_stage == 3:
         import deepspeed
 
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
     return contextlib.nullcontext()
 
 
