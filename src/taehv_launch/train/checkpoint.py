@@ -83,7 +83,7 @@ def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, 
     accelerator.wait_for_everyone()
     if accelerator.state.deepspeed_plugin is not None:
         model.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
-    full = portable.gather(accelerator, model, optimizer, state.zero_stage)
+    full = portable.gather(accelerator, model, optimizer)
     if full is not None:
         portable.save(tmp, full)
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")

@@ -36,7 +36,7 @@ def _engine_optimizer(model) -> Any:
     return model.optimizer
 
 
-def gather(accelerator, model, optimizer, zero_stage: int) -> tuple[dict, dict, int] | None:
+def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:
     """Collective. (fp32 weights and buffers by name, {moment/name: tensor}, AdamW step) on the
     main process, None on the others."""
     net = accelerator.unwrap_model(model)
