@@ -126,12 +126,12 @@ def test_layout_change_note_says_what_carries_over(tmp_path):
     (ck / "trainer_state.json").write_text(json.dumps({"step": 4, "world_size": 2, "zero_stage": 2, "config": cfg}))
     for f in ("model.safetensors", "optimizer.safetensors"):
         (ck / f).write_bytes(b"")
-    assert layout_change_note(ck, 2, 2, cfg) is None
-    note = layout_change_note(ck, 1, 3, cfg | {"learning_rate": 1e-4})
+    assert layout_change_note(ck, 2, cfg | {"zero_stage": 2}) is None
+    note = layout_change_note(ck, 1, cfg | {"zero_stage": 3, "learning_rate": 1e-4})
     assert "written by 2 process(es) with ZeRO-2, this run has 1 process(es) with ZeRO-3" in note
     assert "AdamW moments" in note and "reshuffled" in note
     assert "global batch 12 -> 6" in note and "learning rate 0.0002 -> 0.0001" in note
-    note = layout_change_note(ck, 2, 0, cfg)
+    note = layout_change_note(ck, 2, cfg | {"zero_stage": 0})
     assert "with DDP" in note and "continue" in note and "global batch" not in note
 
 

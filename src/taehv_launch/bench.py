@@ -32,16 +32,13 @@ def _peak_gib(device: torch.device) -> float:
 
 
 def real_reference_vae(kind: str, device: torch.device, dtype: torch.dtype):
-    """The diffusers class with its default (real) architecture and random weights."""
+    """The diffusers class with its default (real) architecture and random weights, frozen as
+    the trainer freezes the loaded one."""
     import diffusers
 
-    cls = {"cogvideox": diffusers.AutoencoderKLCogVideoX, "hunyuan": diffusers.AutoencoderKLHunyuanVideo,
-           "wan": diffusers.AutoencoderKLWan}[kind]
-    vae = cls().to(device, dtype).eval().requires_grad_(False)
-    for off in ("disable_tiling", "disable_slicing"):
-        if hasattr(vae, off):
-            getattr(vae, off)()
-    return vae
+    from .train.refvae import FAMILIES, freeze
+
+    return freeze(getattr(diffusers, FAMILIES[kind])().to(device, dtype))
 
 
 def time_reference_encode(kind: str, micro: int, chunk: int, n_frames: int, height: int, width: int,

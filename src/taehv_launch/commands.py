@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from .configfile import load_config_file, parse_sets
-from .memory import plan_memory
 from .profiles import get_profile
 from .errors import EXIT_RESUMABLE, ConfigError, LaunchError
 from .render import Rendered, render
@@ -80,7 +79,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "env": rendered.exported(),
         "env_kept": {k: v.value for k, v in rendered.env.items() if v.kept},
         "command": rendered.argv,
-        "memory": asdict(plan_memory(plan.profile.name, plan.config, plan.world_size)),
+        "memory": asdict(plan.memory),
         "notes": list(plan.notes),
     }
 
@@ -121,7 +120,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
                                     for k, v in rendered.env.items()) or "-"),
         "  command   " + " ".join(rendered.argv),
     ]
-    mem = plan_memory(plan.profile.name, plan.config, plan.world_size)
+    mem = plan.memory
     if mem.gpu_gib is not None:
         out.append(f"  memory    {'' if mem.fits else 'DOES NOT FIT: '}{mem.detail}")
     out += [f"  note      {n}" for n in plan.notes]
@@ -133,9 +132,8 @@ def launch(req: Request) -> int:
     from .toolcheck import check_accelerate_yaml, check_deepspeed_config
 
     plan = build_plan(req)
-    mem = plan_memory(plan.profile.name, plan.config, plan.world_size)
-    if mem.fits is False:
-        raise ConfigError(f"this plan will not fit in GPU memory: {mem.detail}")
+    if plan.memory.fits is False:
+        raise ConfigError(f"this plan will not fit in GPU memory: {plan.memory.detail}")
     run_dir, source = run_dir_for(plan)
     notes = list(plan.notes)
     if plan.options.resume:
@@ -144,8 +142,7 @@ def launch(req: Request) -> int:
                                             run_dir if explicit_run else None)
         notes += resume_notes
         if ckpt is not None:
-            note = layout_change_note(ckpt, plan.world_size, plan.config["zero_stage"] if plan.uses_deepspeed else 0,
-                                      plan.config)
+            note = layout_change_note(ckpt, plan.world_size, plan.config)
             notes += [note] if note else []
         if ckpt is not None and not explicit_run:
             run_dir = ckpt.parent          # continue the run the checkpoint belongs to

@@ -65,9 +65,10 @@ def plan_memory(profile: str, cfg: dict, world_size: int) -> MemoryPlan:
                            cfg["ref_vae_type"], cfg["ref_vae_chunk_size"], cfg["use_ref_vae"])
 
     micro, budget = cfg["train_batch_size"], gpu * HEADROOM
-    if need(micro) <= budget:
-        return MemoryPlan(need(micro), gpu, True, micro, cfg["gradient_accumulation_steps"],
-                          f"predicted peak {need(micro):.1f} GiB of {gpu:.0f} GiB per GPU (micro {micro})")
+    peak = need(micro)
+    if peak <= budget:
+        return MemoryPlan(peak, gpu, True, micro, cfg["gradient_accumulation_steps"],
+                          f"predicted peak {peak:.1f} GiB of {gpu:.0f} GiB per GPU (micro {micro})")
     target = micro * world_size * cfg["gradient_accumulation_steps"]
     fitting = [m for m in range(1, micro) if need(m) <= budget]
     exact = [m for m in fitting if target % (m * world_size) == 0]     # keeps the global batch exactly
@@ -80,6 +81,6 @@ def plan_memory(profile: str, cfg: dict, world_size: int) -> MemoryPlan:
         fix = "set --set gradient_checkpointing=True, or lower n_frames / height / width"
     else:
         fix = "lower n_frames / height / width"
-    return MemoryPlan(need(micro), gpu, False, best, accum,
-                      f"predicted peak {need(micro):.1f} GiB exceeds {budget:.0f} of {gpu:.0f} GiB per GPU "
+    return MemoryPlan(peak, gpu, False, best, accum,
+                      f"predicted peak {peak:.1f} GiB exceeds {budget:.0f} of {gpu:.0f} GiB per GPU "
                       f"(micro {micro}, {cfg['n_frames']}x{cfg['height']}x{cfg['width']}): {fix}")

@@ -21,7 +21,6 @@ from typing import Callable
 
 from .commands import Request, build_plan
 from .errors import UserError
-from .memory import plan_memory
 from .resolve import Plan
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -72,7 +71,7 @@ def check_gpus(plan: Plan, quick: bool) -> list[Check]:
     needs_bf16 = plan.config["mixed_precision"] == "bf16"
     out.append(Check("bf16", PASS if bf16 or not needs_bf16 else FAIL, f"bf16 {'supported' if bf16 else 'NOT supported'}",
                      "" if bf16 or not needs_bf16 else "use --set mixed_precision=fp16 on this GPU"))
-    mem = plan_memory(plan.profile.name, plan.config, plan.world_size)
+    mem = plan.memory
     free = min(torch.cuda.mem_get_info(i)[0] for i in range(min(n, plan.topology.gpus_per_machine))) / 2**30
     if mem.predicted_gib is None:
         out.append(Check("gpu memory free", PASS, f"{free:.1f} GiB free on the emptiest GPU ({mem.detail})"))
@@ -178,7 +177,9 @@ def check_communication(plan: Plan, quick: bool) -> list[Check]:
     if n < 2:
         return out + [Check("all-reduce", PASS, "one process on this node: nothing to reduce locally")]
     try:
-        gbps, secs = _allreduce_bandwidth(n, gpu)
+        from .preflight_worker import spawn_allreduce
+
+        gbps, secs = spawn_allreduce(n, gpu)
     except Exception as exc:
         return out + [Check("all-reduce", FAIL, f"{n}-rank all-reduce failed: {type(exc).__name__}: {exc}",
                             "run with --debug-level logs: NCCL_DEBUG=INFO taehv-launch validate-env ...")]
@@ -190,13 +191,6 @@ def check_communication(plan: Plan, quick: bool) -> list[Check]:
     else:
         out.append(Check("all-reduce", PASS, f"{n} CPU ranks over gloo, 16 MiB in {secs * 1000:.0f} ms"))
     return out
-
-
-def _allreduce_bandwidth(n: int, gpu: bool) -> tuple[float, float]:
-    """Run a real all-reduce in n fresh processes; returns (bus GB/s, seconds per all-reduce)."""
-    from .preflight_worker import spawn_allreduce
-
-    return spawn_allreduce(n, gpu)
 
 
 # ---------------------------------------------------------------- data
@@ -338,7 +332,7 @@ def check_resources(plan: Plan, quick: bool) -> list[Check]:
 def check_memory_plan(plan: Plan, quick: bool) -> list[Check]:
     if not _gpu_plan(plan):
         return [Check("memory plan", PASS, "cpu profile: GPU memory does not apply")]
-    mem = plan_memory(plan.profile.name, plan.config, plan.world_size)
+    mem = plan.memory
     status = WARN if mem.fits is None else PASS if mem.fits else FAIL
     return [Check("memory plan", status, mem.detail,
                   "" if mem.fits else ("" if mem.fits is None else "see the suggested micro-batch in the detail"))]

@@ -8,9 +8,11 @@ carried in the Plan, so `--dry-run`, the rendered files and the trainer all see 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .errors import ConfigError
+from .memory import MemoryPlan, plan_memory
 from .profiles import Profile, Row, get_profile, nccl_timeout_for, row_for
 from .schema import DEFAULTS
 from .topology import Topology
@@ -50,6 +52,11 @@ class Plan:
     @property
     def uses_deepspeed(self) -> bool:
         return self.config["zero_stage"] > 0
+
+    @cached_property
+    def memory(self) -> MemoryPlan:
+        """Predicted GPU memory per process for this plan (memory.py)."""
+        return plan_memory(self.profile.name, self.config, self.world_size)
 
     def batch_arithmetic(self) -> str:
         c = self.config

@@ -175,15 +175,16 @@ def layout_change_problem(old_world: int, old_zero: int, new_world: int, new_zer
             f"--set pretrained_model_path={path / 'ema.safetensors'}")
 
 
-def layout_change_note(ckpt: Path, new_world: int, new_zero: int,
-                       new_cfg: dict | None = None) -> str | None:
-    """What resuming `ckpt` on this layout does (None: same layout). Raises CheckpointError if it cannot."""
+def layout_change_note(ckpt: Path, new_world: int, new_cfg: dict) -> str | None:
+    """What resuming `ckpt` with `new_world` processes and config `new_cfg` does (None: same
+    layout). Raises CheckpointError if it cannot."""
     try:
         state = json.loads((ckpt / "trainer_state.json").read_text())
         old_world, old_zero = int(state["world_size"]), int(state["zero_stage"])
     except (OSError, ValueError, KeyError, TypeError):
         raise CheckpointError(f"checkpoint {ckpt} has no readable trainer_state.json: pass another checkpoint") \
             from None
+    new_zero = new_cfg["zero_stage"]
     problem = layout_change_problem(old_world, old_zero, new_world, new_zero, ckpt)
     if problem:
         raise CheckpointError(problem)
@@ -197,7 +198,7 @@ def layout_change_note(ckpt: Path, new_world: int, new_zero: int,
     else:
         note += "the data order and random streams continue"
     old_cfg, changes = state.get("config") or {}, []
-    if new_cfg and old_cfg:
+    if old_cfg:
         def batch(cfg: dict, world: int) -> int:
             return int(cfg["train_batch_size"]) * int(cfg["gradient_accumulation_steps"]) * world
         try:

@@ -83,7 +83,7 @@ def build_index(
     cached = _read_index(cache_path, key)
     if cached is not None:
         return cached
-    with _locked(cache_path + ".lock"):
+    with exclusive_lock(cache_path + ".lock"):
         cached = _read_index(cache_path, key)  # another rank may have built it while we waited
         if cached is not None:
             return cached
@@ -243,8 +243,9 @@ def _write_index(cache_path: str, key: dict, index: VideoIndex) -> None:
 
 
 @contextlib.contextmanager
-def _locked(lock_path: str):
-    """Exclusive fcntl lock so one rank scans while the others wait; a no-op if it cannot be taken."""
+def exclusive_lock(lock_path: str):
+    """Exclusive fcntl lock, so one process builds (the index, the demo assets) while the others
+    wait; a no-op if it cannot be taken (the atomic renames behind it are still safe)."""
     try:
         import fcntl
 
@@ -561,16 +562,10 @@ class VideoClipDataset(Dataset):
         """The header's frame count if plausible, else the counted one (cached); 0 = unusable."""
         if path in self._lengths:
             return self._lengths[path]
-        cap = _open(path)
-        if cap is None:
-            return 0
-        try:
-            hint = _plausible(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-        finally:
-            cap.release()
+        hint = _header_frame_count(path)
         if hint > 0:
             return hint
-        self._lengths[path] = count_frames(path)
+        self._lengths[path] = count_frames(path)     # 0 when it cannot be opened
         return self._lengths[path]
 
     def _mark_broken(self, path: str, why: str) -> None:

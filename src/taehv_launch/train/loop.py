@@ -28,7 +28,7 @@ from .checkpoint import TrainState, export_model, load_checkpoint, rotate, save_
 from .ema import EMA
 from .losses import DistillNet, decoder_targets, psnr, ssim
 from .stop import StopFlag
-from .watchdog import Watchdog, abort_job
+from .watchdog import Watchdog, abort_job, stop_message
 
 
 class TooManyBadSteps(UserError):
@@ -376,11 +376,10 @@ def _jsonable(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def train(cfg: dict[str, Any], run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:
-    from .main import write_status
+    from .main import node_rank, write_status
 
     trainer = Trainer(cfg, run_dir, resume, debug, profile)
-    node = int(os.environ.get("GROUP_RANK", "0") or 0)
-    dog = Watchdog(run_dir, trainer.rank, trainer.world, node,
+    dog = Watchdog(run_dir, trainer.rank, trainer.world, node_rank(),
                    on_dead=abort_job(lambda code, msg: write_status(run_dir, code, msg), trainer.rank)).start()
     clean = False
     try:
@@ -393,7 +392,7 @@ def train(cfg: dict[str, Any], run_dir: Path, resume: str | None, debug: bool, p
             why = dog.find_dead_peer(timeout_s=dog.stale_s + 2 * dog.period_s)   # a transport error from a dead peer?
         dog.mark_dead(why or f"{type(exc).__name__}: {exc}")
         if why:
-            raise PeerFailure(f"stopping the job: {why}; resume with --resume auto once the cause is fixed") from None
+            raise PeerFailure(stop_message(why)) from None
         raise
     finally:
         dog.stop(clean)

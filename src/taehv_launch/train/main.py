@@ -27,12 +27,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def node_rank() -> int:
+    """This process's node, as torchrun (GROUP_RANK) or a scheduler (NODE_RANK) sets it."""
+    return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
+
+
 def write_status(run_dir: Path, code: int, message: str) -> None:
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return
     from taehv_launch.runs import status_path
 
-    path = status_path(run_dir, int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0))
+    path = status_path(run_dir, node_rank())
     try:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps({"code": code, "message": message}))

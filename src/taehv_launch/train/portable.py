@@ -16,7 +16,6 @@ weights are refreshed from them. Both directions are collective under DeepSpeed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -29,11 +28,6 @@ from .ema import gathered
 MOMENTS = ("exp_avg", "exp_avg_sq")
 FORMAT = "taehv-launch portable optimizer v1"
 MODEL_FILE, OPTIMIZER_FILE = PORTABLE_FILES
-
-
-def _engine_optimizer(model) -> Any:
-    """DeepSpeed's ZeRO optimizer (the engine's), whose `.optimizer` is the torch AdamW."""
-    return model.optimizer
 
 
 def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:
@@ -55,7 +49,7 @@ def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:
     else:
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-        base = _engine_optimizer(model).optimizer
+        base = model.optimizer.optimizer          # the engine's ZeRO optimizer wraps the torch AdamW
         has_state = len(base.state) > 0          # AdamW creates its state at the first step
         step = int(next(iter(base.state.values()))["step"]) if has_state else 0
         for name, p in net.named_parameters():
@@ -106,7 +100,7 @@ def load(folder: Path, accelerator, model, optimizer, zero_stage: int) -> None:
                             for i, n in enumerate(params)}
             optimizer.load_state_dict(osd)
     else:
-        zero_opt = _engine_optimizer(model)
+        zero_opt = model.optimizer                # DeepSpeed's ZeRO optimizer (the engine's)
         if moments:
             _materialise_adam_state(zero_opt, step)
         for name, p in params.items():

@@ -116,7 +116,7 @@ def _first_sentence(err: Exception) -> str:
     return text.split(". ")[0].rstrip(".")[:300]
 
 
-def _freeze(model: torch.nn.Module) -> torch.nn.Module:
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
     """Eval mode, no grads, and none of diffusers' tiling: we chunk over the batch ourselves."""
     model.eval().requires_grad_(False)
     if hasattr(model, "disable_tiling"):
@@ -251,7 +251,7 @@ def load_reference_vae(
     _check_folder(folder, kind)
     torch_dtype = _as_dtype(dtype)
     device = torch.device(device)
-    model = _freeze(_from_pretrained(kind, path, subfolder, torch_dtype).to(device))
+    model = freeze(_from_pretrained(kind, path, subfolder, torch_dtype).to(device))
     vae = ReferenceVAE(kind=kind, model=model, dtype=torch_dtype, device=device, chunk_size=int(chunk_size))
     vae.latent_mean = _per_channel(latent_mean, vae.latent_channels, "ref_latent_mean")
     vae.latent_std = _per_channel(latent_std, vae.latent_channels, "ref_latent_std")

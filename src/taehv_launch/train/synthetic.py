@@ -7,7 +7,7 @@ randomly initialised diffusers VAE with the real temporal 4x / spatial 8x compre
 (PLATFORM.md's tiny configs), saved with save_pretrained so the normal loader reads it.
 
 Each asset folder is built in a temporary folder and renamed into place with a
-`.complete` marker inside, under a file lock: concurrent ranks or runs either build it
+`.complete` marker inside, under a file lock (data.exclusive_lock): concurrent ranks or runs either build it
 once or find it done, and a crash never leaves a half-written folder that looks done.
 Folder names carry their parameters, so asking for another family or size never
 returns a stale asset.
@@ -15,7 +15,6 @@ returns a stale asset.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
@@ -72,7 +71,9 @@ def ensure_demo_assets(
     os.makedirs(cache_dir, exist_ok=True)
     data_root = os.path.join(cache_dir, "videos", f"n{n_videos}_{height}x{width}_t{n_frames}")
     ref_path = os.path.join(cache_dir, "ref_vae", f"{ref_vae_type}_c{latent_channels}")
-    with _lock(os.path.join(cache_dir, ".demo.lock")):
+    from .data import exclusive_lock
+
+    with exclusive_lock(os.path.join(cache_dir, ".demo.lock")):
         _build_once(data_root, lambda tmp: write_demo_videos(tmp, n_videos, height, width, n_frames))
         _build_once(ref_path, lambda tmp: make_tiny_ref_vae(ref_vae_type, os.path.join(tmp, "vae"), latent_channels))
     return data_root, ref_path
@@ -179,19 +180,3 @@ def _build_once(final: str, build) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _lock(path: str):
-    """An exclusive fcntl lock (a no-op where fcntl is missing: the rename still keeps us safe)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not Linux/macOS
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

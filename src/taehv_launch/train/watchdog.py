@@ -72,15 +72,18 @@ class Watchdog:
                     f"stopped responding {age:.0f} s ago (killed, out of memory, or hung)")
         return None
 
+    def _any_problem(self) -> str | None:
+        now = time.time()
+        return next((why for peer in range(self.world) if peer != self.rank and (why := self._problem(peer, now))),
+                    None)
+
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             try:
                 self._beat()
-                now = time.time()
-                for peer in range(self.world):
-                    if peer != self.rank and (why := self._problem(peer, now)):
-                        self.on_dead(why)
-                        return
+                if why := self._any_problem():
+                    self.on_dead(why)
+                    return
             except OSError:
                 continue
 
@@ -90,14 +93,9 @@ class Watchdog:
         if self.world <= 1:
             return None
         deadline = time.time() + timeout_s
-        while True:
-            now = time.time()
-            for peer in range(self.world):
-                if peer != self.rank and (why := self._problem(peer, now)):
-                    return why
-            if now >= deadline:
-                return None
+        while not (why := self._any_problem()) and time.time() < deadline:
             time.sleep(1.0)
+        return why
 
     def mark_dead(self, reason: str) -> None:
         if self.world > 1:
@@ -115,10 +113,14 @@ class Watchdog:
                 pass
 
 
+def stop_message(why: str) -> str:
+    return f"stopping the job: {why}; resume with --resume auto once the cause is fixed"
+
+
 def abort_job(write_status: Callable[[int, str], None], rank: int) -> Callable[[str], None]:
     """What a rank does when a peer died: say so, record it, exit without waiting on collectives."""
     def _abort(why: str) -> None:
-        msg = f"stopping the job: {why}; resume with --resume auto once the cause is fixed"
+        msg = stop_message(why)
         sys.stderr.write(f"[rank {rank}] error: {msg}\n")
         sys.stderr.flush()
         write_status(EXIT_FAILED, msg)
