@@ -282,16 +282,20 @@ def _check_ref_vae(c: dict, quick: bool) -> Check:
 
 # ---------------------------------------------------------------- resources
 def checkpoint_bytes(plan: Plan) -> int:
-    """Model fp32 + AdamW moments (+ fp32 master copy under ZeRO) + EMA + Seraena disc and moments."""
-    from .train.model import TAEHV
+    """An upper bound on one checkpoint (train/checkpoint.py): the world-size-free state (fp32
+    weights + AdamW moments) and the EMA; under ZeRO also DeepSpeed's files (training-precision
+    weights, fp32 master copy, moments); per rank, Seraena's discriminator with its AdamW and
+    the replay buffer when it is small enough to be saved."""
+    from .train.model import TAEHV, count_params
     from .train.seraena import PatchDiscWithContext
 
     c = plan.config
-    p = sum(t.numel() for t in TAEHV(latent_channels=c["latent_channels"], patch_size=c["patch_size"]).parameters())
-    d = sum(t.numel() for t in PatchDiscWithContext(3 * c["n_seraena_frames"], c["latent_channels"]).parameters())
-    per_model = 4 * p * (1 + 2 + (1 if plan.uses_deepspeed else 0) + 1)
-    disc = 12 * d * plan.world_size if c["use_seraena"] else 0
-    return per_model + disc
+    p = count_params(TAEHV(latent_channels=c["latent_channels"], patch_size=c["patch_size"]))
+    d = count_params(PatchDiscWithContext(3 * c["n_seraena_frames"], c["latent_channels"]))
+    model = 4 * p * (3 + 1) + (4 * p * 4 if plan.uses_deepspeed else 0)
+    buffer = min(c["seraena_buffer_mb"], c["seraena_checkpoint_buffer_mb"]) << 20
+    seraena = (12 * d + buffer) * plan.world_size if c["use_seraena"] else 0
+    return model + seraena
 
 
 def check_resources(plan: Plan, quick: bool) -> list[Check]:
