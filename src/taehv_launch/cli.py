@@ -129,7 +129,7 @@ def bench_cmd(
     chunk: Annotated[Optional[list[int]], typer.Option("--chunk", help="reference encode chunk sizes")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    from . import bench
+    from .bench import step as bench
 
     _exit(lambda: bench.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json))
 

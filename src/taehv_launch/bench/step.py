@@ -36,14 +36,14 @@ def real_reference_vae(kind: str, device: torch.device, dtype: torch.dtype):
     the trainer freezes the loaded one."""
     import diffusers
 
-    from .train.refvae import FAMILIES, freeze
+    from ..train.refvae import FAMILIES, freeze
 
     return freeze(getattr(diffusers, FAMILIES[kind])().to(device, dtype))
 
 
 def time_reference_encode(kind: str, micro: int, chunk: int, n_frames: int, height: int, width: int,
                           device: torch.device, repeats: int = 2) -> dict[str, Any]:
-    from .train.refvae import ReferenceVAE
+    from ..train.refvae import ReferenceVAE
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     vae = real_reference_vae(kind, device, dtype)
@@ -66,8 +66,8 @@ def time_reference_encode(kind: str, micro: int, chunk: int, n_frames: int, heig
 def time_train_step(micro: int, n_frames: int, height: int, width: int, latent_channels: int, device: torch.device,
                     checkpointing: bool, seraena: bool, repeats: int = 3) -> dict[str, Any]:
     """TAEHV encode + decode + Seraena + backward + AdamW step on random data (no reference VAE)."""
-    from .train.model import TAEHV
-    from .train.seraena import VideoSeraena
+    from ..train.model import TAEHV
+    from ..train.seraena import VideoSeraena
 
     _peak_reset(device)
     model = TAEHV(latent_channels=latent_channels, gradient_checkpointing=checkpointing).to(device).train()
