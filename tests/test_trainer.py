@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -97,8 +98,11 @@ def test_two_ranks_ddp_and_zero2_then_resume(tmp_path, zero):
 
 def test_profile_and_debug_and_accumulation(tmp_path):
     proc, run = launch(tmp_path, 1, "--profile", "--set", "max_train_steps=4", "--set", "profile_steps=2",
-                       "--set", "gradient_accumulation_steps=2", run_name="prof")
+                       "--set", "gradient_accumulation_steps=2", "--set", "seraena_crop=32", run_name="prof")
     ok(proc)
+    speed = json.loads((run / "speed.json").read_text())        # steady-state throughput, for bench --compare
+    assert speed["steps"] == 2 and speed["from_step"] == 2 and speed["clips_per_s"] > 0, speed
+    assert "reference VAE encode" in speed["phases"]
     assert "where a step's time goes" in proc.stdout
     for phase in ("reference VAE encode", "TAEHV forward", "Seraena", "backward + optimizer", "data"):
         assert phase in proc.stdout, phase

@@ -118,8 +118,14 @@ def validate_env_cmd(
     _exit(lambda: preflight.validate_env(req, as_json=as_json, quick=quick))
 
 
-@app.command("bench", help="Time one training step and the reference encode for several micro-batches, side by side.")
+@app.command("bench", help="Time one training step and the reference encode for several micro-batches, side by "
+                          "side; with --compare GPUS PROFILE: the naive pipeline vs our real trainer, lever by lever.")
 def bench_cmd(
+    gpus: Annotated[Optional[str], typer.Argument(help="with --compare: 1", show_default=False)] = None,
+    profile: Annotated[Optional[str], typer.Argument(help="with --compare: h100, h200, a800 or cpu",
+                                                     show_default=False)] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="naive pipeline vs the real trainer at the profile's "
+                                                            "shape, one GPU, one run")] = False,
     micro: Annotated[Optional[list[int]], typer.Option("--micro", help="micro-batch sizes (repeatable)")] = None,
     height: Annotated[int, typer.Option(help="clip height")] = 480,
     width: Annotated[int, typer.Option(help="clip width")] = 720,
@@ -127,8 +133,47 @@ def bench_cmd(
     ref_vae_type: Annotated[Optional[str], typer.Option("--ref-vae-type", help="also time this reference VAE "
                                                         "(real architecture, random weights)")] = None,
     chunk: Annotated[Optional[list[int]], typer.Option("--chunk", help="reference encode chunk sizes")] = None,
+    set_: SetOpt = None,
+    config: ConfigOpt = None,
+    steps: Annotated[int, typer.Option(help="--compare: timed steps per in-process row")] = 5,
+    trainer_steps: Annotated[int, typer.Option("--trainer-steps", help="--compare: steps of the real trainer run "
+                                               "(the first 10 are warm-up)")] = 40,
+    levers: Annotated[bool, typer.Option("--levers", help="--compare: one row per speed lever")] = False,
+    crop: Annotated[int, typer.Option(help="--compare --levers: Seraena crop to try (0: none)")] = 256,
+    phases: Annotated[bool, typer.Option("--phases", help="--compare: a second trainer run with --profile "
+                                                          "for per-phase times")] = False,
+    data_root: Annotated[Optional[str], typer.Option("--data-root", help="--compare: real videos to train "
+                                                     "on (default: synthetic ones at the profile's size)")] = None,
+    workdir: Annotated[Optional[str], typer.Option(help="--compare: where assets and runs go "
+                                                   "(default <output_dir>/bench-compare)")] = None,
+    loader: Annotated[bool, typer.Option("--loader", help="the data loader's clips/s per decoder and worker "
+                                                          "count, on --data-root")] = False,
+    workers: Annotated[Optional[list[int]], typer.Option("--workers", help="--loader: worker counts "
+                                                         "(repeatable)")] = None,
+    decoder: Annotated[Optional[list[str]], typer.Option("--decoder", help="--loader: opencv, opencv-1thread, "
+                                                         "pyav, pyav-1thread (repeatable)")] = None,
+    seconds: Annotated[float, typer.Option(help="--loader: seconds per DataLoader row")] = 10.0,
+    clips: Annotated[int, typer.Option(help="--loader: clips per decode row")] = 64,
     as_json: JsonOpt = False,
 ) -> None:
+    if loader:
+        if not data_root:
+            _fail("bench --loader needs --data-root DIR (a folder of videos)")
+        from .bench import loader as bench_loader
+
+        _exit(lambda: bench_loader.run(data_root, height, width, n_frames, (micro or [8])[0], workers or [4, 8, 12],
+                                       decoder or ["opencv", "opencv-1thread", "pyav", "pyav-1thread"], seconds,
+                                       clips, as_json))
+    if compare:
+        if gpus is None or profile is None:
+            _fail("bench --compare needs GPUS PROFILE, e.g. `taehv-launch bench --compare 1 h100`")
+        from .bench import compare as bench_compare
+
+        req = _request(gpus, profile, set_, config, Options(), None, None, None, None, None)
+        _exit(lambda: bench_compare.run(req, steps, trainer_steps, levers, chunk or [], crop, data_root, workdir,
+                                        phases, as_json))
+    if gpus is not None:
+        _fail(f"unexpected argument {gpus!r}: GPUS PROFILE go with --compare")
     from .bench import step as bench
 
     _exit(lambda: bench.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json))

@@ -63,6 +63,8 @@ KEYS: dict[str, Key] = {
     "seraena_lr": Key(3e-4, float, "discriminator AdamW learning rate"),
     "seraena_buffer_mb": Key(1024, int, "replay buffer bound, MiB per rank"),
     "seraena_checkpoint_buffer_mb": Key(256, int, "save the replay buffer in checkpoints when it is at most this size"),
+    "seraena_crop": Key(0, int, "Seraena trains and corrects on one random square crop of this many pixels per "
+                                "micro-batch (multiple of 8; 0 = the whole frame)"),
     # --- optimisation -----------------------------------------------------------------
     "train_batch_size": Key(8, int, "micro-batch per GPU (DeepSpeed's train_micro_batch_size_per_gpu)"),
     "gradient_accumulation_steps": Key(1, int, "micro-batches per optimizer step"),
@@ -80,6 +82,11 @@ KEYS: dict[str, Key] = {
     "zero_stage": Key(2, int, "DeepSpeed ZeRO stage (0 = plain DDP)", (0, 1, 2, 3)),
     "seed": Key(42, int, "global seed (each rank offsets it)"),
     "max_consecutive_bad_steps": Key(20, int, "abort after this many non-finite steps in a row"),
+    # --- speed (docs/benchmarks.md measures each) --------------------------------------
+    "compile": Key("none", str, "torch.compile on GPU: the reference VAE encoder, or it and TAEHV "
+                                "(1-2 min warm-up, cached)", ("none", "reference", "all")),
+    "compile_cache_dir": Key("", str, "Inductor cache kept across restarts (default: <output_dir>/.compile-cache)"),
+    "fused_optimizer": Key(True, bool, "AdamW's fused CUDA kernel (ignored on CPU)"),
     # --- logging, validation, checkpoints ---------------------------------------------
     "output_dir": Key("output", str, "parent of run directories"),
     "log_every": Key(50, int, "steps between log lines / scalars"),

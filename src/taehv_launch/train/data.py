@@ -39,6 +39,11 @@ MIN_SIDE = 8                # frames smaller than this (test_video.mp4 is 1x1) h
 MAX_FRAME_HINT = 10_000_000  # a header count above this (or <= 0) is garbage, e.g. no_duration.webm's -1.4e17
 MAX_SCAN_FRAMES = 1_000_000  # bound on counting frames by decoding, so a strange file cannot stall a worker
 SEEK_MIN = 48               # start offsets below this are reached with grab(): exact, and as fast as a seek
+# FFmpeg decoding threads per opened file in a DataLoader worker. None: this process's share of
+# the node's cores (cores / (local ranks x workers), at least 1), so that every worker's FFmpeg
+# together uses the cores without oversubscribing them; FFmpeg's own default (one thread per
+# core in every worker) and one thread each were both slower (docs/benchmarks.md, "Data loader").
+WORKER_DECODE_THREADS: int | None = None
 INDEX_VERSION = 1
 
 
@@ -298,6 +303,18 @@ def worker_init_fn(worker_id: int) -> None:
     cv2.setNumThreads(0)
 
 
+def decode_threads() -> int | None:
+    """FFmpeg threads for a capture opened here: None (FFmpeg's default) outside DataLoader workers."""
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return None
+    if WORKER_DECODE_THREADS is not None:
+        return WORKER_DECODE_THREADS
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, cores // (ranks * max(1, info.num_workers)))
+
+
 def _open(path: str) -> cv2.VideoCapture | None:
     """An opened capture, or None (missing, empty, not a video, a directory)."""
     try:
@@ -306,7 +323,9 @@ def _open(path: str) -> cv2.VideoCapture | None:
     except OSError:
         return None
     try:
-        cap = cv2.VideoCapture(path)
+        threads = decode_threads()
+        cap = (cv2.VideoCapture(path) if threads is None
+               else cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads]))
     except cv2.error:
         return None
     if not cap.isOpened():

@@ -13,7 +13,6 @@ import math
 import os
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,11 @@ from ..runs import REQUEUE
 from . import build
 from .checkpoint import TrainState, export_model, load_checkpoint, rotate, save_checkpoint
 from .ema import EMA
-from .losses import DistillNet, decoder_targets, psnr, ssim
+from .losses import DistillNet, decoder_targets, psnr, psnr_t, ssim
+from .seraena import seraena_crop
+from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, eager_reference, enable_compile_cache
 from .stop import StopFlag
+from .timing import PhaseTimer, SpeedLog
 from .watchdog import Watchdog, abort_job, stop_message
 
 
@@ -52,35 +54,6 @@ def lr_at(step: int, cfg: dict[str, Any]) -> float:
     floor = peak * cfg["min_lr_ratio"]
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg["lr_scheduler"] == "cosine" else 1 - progress
     return floor + (peak - floor) * shape
-
-
-class PhaseTimer:
-    """Wall time per phase of a step (synchronising CUDA), for --profile's table."""
-
-    def __init__(self, enabled: bool, device: torch.device):
-        self.enabled, self.device = enabled, device
-        self.totals: dict[str, float] = defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        if not self.enabled:
-            yield
-            return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
-        with torch.profiler.record_function(name):
-            yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.totals[name] += time.perf_counter() - t0
-
-    def table(self, steps: int) -> str:
-        total = sum(self.totals.values()) or 1.0
-        lines = [f"where a step's time goes ({steps} steps, ms per optimizer step):"]
-        for name, secs in sorted(self.totals.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {name:<22} {1000 * secs / max(1, steps):9.1f} ms  {100 * secs / total:5.1f}%")
-        return "\n".join(lines)
 
 
 class Trainer:
@@ -108,8 +81,10 @@ class Trainer:
         net = DistillNet(taehv, cogvideox_skip_trim=cfg["ref_vae_type"] == "cogvideox")
         self.ema = EMA(taehv, cfg["ema_decay"], zero_stage=0)   # before partitioning: a full copy
         self.ema.model.to(self.device)
+        self._compile(taehv)
+        fused = self.device.type == "cuda" and cfg["fused_optimizer"]
         optimizer = torch.optim.AdamW(net.parameters(), lr=lr_at(0, cfg), betas=(cfg["adam_beta1"], cfg["adam_beta2"]),
-                                      weight_decay=cfg["adam_weight_decay"])
+                                      weight_decay=cfg["adam_weight_decay"], **({"fused": True} if fused else {}))
         self.model, self.optimizer = self.acc.prepare(net, optimizer)
         self.ema.zero_stage = self.zero
         self.seraena = build.build_seraena(cfg, self.device, self.rank)
@@ -129,8 +104,28 @@ class Trainer:
 
             self.writer = SummaryWriter(str(run_dir / "logs"), purge_step=self.state.step + 1 if resume else None)
         self.timer = PhaseTimer(profile, self.device)
+        self.speed = SpeedLog(run_dir, self.device, self.world, cfg, self.acc.is_main_process)
         self.bad_in_a_row = 0
         self.skipped_seen: set[str] = set(self.state.skipped_files)
+
+    def _compile(self, taehv) -> None:
+        """torch.compile where it measured faster (docs/benchmarks.md): GPU only, after the EMA copy."""
+        if self.cfg["compile"] == "none" or self.device.type != "cuda":
+            return
+        cache = enable_compile_cache(self.cfg)
+        what = []
+        if self.ref is not None:
+            compile_reference(self.ref)
+            what.append("reference VAE encoder")
+        if self.cfg["compile"] != "all":
+            pass
+        elif self.zero == 3:   # ZeRO-3 gathers parameters in module hooks that compiled graphs would break around
+            self.log("compile: TAEHV stays eager under ZeRO-3")
+        else:
+            compile_taehv(taehv)
+            what.append("TAEHV encode/decode")
+        if what:
+            self.log(f"compile: {' and '.join(what)} (first steps are slow while kernels are built; cache {cache})")
 
     # ------------------------------------------------------------------ logging
     def log(self, msg: str, all_ranks: bool = False) -> None:
@@ -148,13 +143,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ one micro-batch
     def all_finite(self, *values: torch.Tensor) -> bool:
-        ok = torch.tensor([float(all(torch.isfinite(v).all() for v in values))], device=self.device)
+        """One host sync per micro-batch: the skip must be decided before backward."""
+        ok = torch.isfinite(torch.stack([v.detach().float().reshape(()) for v in values])).all().float().reshape(1)
         if self.world > 1:
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         return bool(ok.item())
 
-    def train_step(self, batch: dict[str, Any]) -> dict[str, float] | None:
-        """Forward, losses and backward of one micro-batch. None when the step was skipped (non-finite)."""
+    def train_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor | float] | None:
+        """Forward, losses and backward of one micro-batch. None when the step was skipped (non-finite).
+
+        The losses come back as device tensors (read at log intervals, not per step)."""
         cfg, t = self.cfg, self.timer
         with t("data (to device)"):
             frames = batch["frames"].to(self.device, non_blocking=True).float().div_(255.0)
@@ -175,8 +173,9 @@ class Trainer:
             ser_loss, disc_loss = dec.new_zeros(()), 0.0
             if self.seraena is not None:
                 with t("Seraena (disc + correction)"):
-                    corrected, stats = self.seraena.step_and_make_targets(target, dec.detach().clamp(0, 1), latents)
-                ser_loss, disc_loss = F.mse_loss(dec, corrected), stats["disc_loss"]
+                    real, fake, ctx = self._seraena_view(target, dec, latents)
+                    corrected, stats = self.seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
+                ser_loss, disc_loss = F.mse_loss(fake, corrected), stats["disc_loss"]
             loss = (cfg["reconstruction_loss_weight"] * rec_loss + cfg["encoder_loss_weight"] * enc_loss
                     + cfg["seraena_loss_weight"] * ser_loss)
             with t("backward + optimizer"):
@@ -185,8 +184,11 @@ class Trainer:
                     self.acc.clip_grad_norm_(self.model.parameters(), cfg["max_grad_norm"])
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss.item(), "reconstruction_loss": rec_loss.item(), "encoder_loss": enc_loss.item(),
-                "seraena_loss": ser_loss.item(), "disc_loss": disc_loss, "psnr": psnr(dec, target)}
+        return {"loss": loss.detach(), "reconstruction_loss": rec_loss.detach(), "encoder_loss": enc_loss.detach(),
+                "seraena_loss": ser_loss.detach(), "disc_loss": disc_loss, "psnr": psnr_t(dec, target)}
+
+    def _seraena_view(self, target, dec, latents):
+        return seraena_crop(target, dec, latents, self.cfg["seraena_crop"], self.seraena.gen)
 
     def note_skipped(self, paths: list[str]) -> None:
         for p in paths:
@@ -201,10 +203,12 @@ class Trainer:
         global_batch = micro * accum * self.world
         self.log(f"training: steps {st.step} -> {total}, global batch {global_batch} = micro {micro} x "
                  f"{self.world} processes x accumulation {accum}")
-        window: dict[str, list[float]] = defaultdict(list)
+        window = Window()
         t_window, samples_window = time.perf_counter(), 0
         prof = self._profiler() if self.profile else contextlib.nullcontext()
-        data_iter = iter(self.loader)
+        data_iter = Prefetcher(self.loader, self.device)
+        vote = AsyncVote(self.device) if self.world > 1 else None
+        self.speed.start(st.step)
         self.bar = bar = self._progress(st.step, total)
         start_step = st.step
         with prof as p:
@@ -231,23 +235,28 @@ class Trainer:
                     self.bad_in_a_row = 0
                     done_micro += 1
                     samples_window += micro * self.world
-                    for k, v in out.items():
-                        window[k].append(v)
+                    window.add(out)
                 st.step += 1
                 self.ema.update(self.acc.unwrap_model(self.model).taehv, st.step)   # gathers under ZeRO-3
                 if p is not None:
                     p.step()
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{window['loss'][-1]:.4f}", refresh=False)
+                self.speed.step(st.step)
                 if st.step % cfg["log_every"] == 0 or st.step == total:
                     dt = time.perf_counter() - t_window
-                    self._log_window(window, samples_window / max(dt, 1e-9), st.step, total, start_step)
+                    means = self._log_window(window, samples_window / max(dt, 1e-9), st.step, total, start_step)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{means.get('loss', float('nan')):.4f}", refresh=False)
                     window.clear()
                     t_window, samples_window = time.perf_counter(), 0
                 if st.step % cfg["validation_steps"] == 0 or st.step == total:
                     self.validate()
-                stopping = self.stop.agreed(self.device)
+                if vote is None:
+                    stopping = self.stop.local
+                else:   # the vote cast after the previous step: no host sync while this step runs
+                    stopping = vote.result()
+                    vote.cast(self.stop.local)
                 if stopping or st.step % cfg["checkpointing_steps"] == 0 or st.step == total:
                     self.checkpoint()
                 if stopping:
@@ -257,6 +266,7 @@ class Trainer:
             self.bar = None
         if self.profile:
             self.log(self.timer.table(st.step - start_step))
+        self.speed.write(self.timer.table(st.step - start_step) if self.profile else None)
         self.export("final_model")
         self.log(f"done: {st.step} steps; final EMA model in {self.run_dir / 'final_model'}")
         return EXIT_OK
@@ -279,8 +289,9 @@ class Trainer:
         return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stdout,
                     mininterval=2.0)
 
-    def _log_window(self, window, samples_per_s: float, step: int, total: int, start_step: int) -> None:
-        means = {k: sum(v) / len(v) for k, v in window.items() if v}
+    def _log_window(self, window: Window, samples_per_s: float, step: int, total: int,
+                    start_step: int) -> dict[str, float]:
+        means = window.means()     # the one host sync of the window
         if self.world > 1:   # average across ranks (every rank must take part)
             keys = sorted(means)
             t = torch.tensor([means[k] for k in keys], device=self.device, dtype=torch.float64)
@@ -299,6 +310,7 @@ class Trainer:
                  f"{means.get('reconstruction_loss', float('nan')):.4f} | enc {means.get('encoder_loss', float('nan')):.4f}"
                  f" | seraena {means.get('seraena_loss', 0):.4f} | psnr {means.get('psnr', float('nan')):.2f} dB | "
                  f"lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | ETA {_hms(eta)}")
+        return means
 
     # ------------------------------------------------------------------ validation, checkpoints
     @torch.no_grad()
@@ -311,7 +323,8 @@ class Trainer:
         for b in range(n_batches):
             idx = (b * self.world + self.rank) % len(self.val_ds)
             frames = self.val_ds[idx]["frames"][None].to(self.device).float().div_(255.0)
-            latents = self.ref.encode(frames) if self.ref is not None else ema.encode_video(frames)
+            with eager_reference(self.ref):    # batch 1: no compile for a shape used only here
+                latents = self.ref.encode(frames) if self.ref is not None else ema.encode_video(frames)
             trim = not (cfg["ref_vae_type"] == "cogvideox" and latents.shape[1] % 2 == 0)
             dec = ema.decode_video(latents.float(), trim=trim, clamp=True)
             target = decoder_targets(frames, dec)

@@ -48,10 +48,15 @@ def decoder_targets(frames: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor
     return frames[:, :t]
 
 
+def psnr_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """PSNR in dB of images in [0, 1] (a is clamped), as a 0-d tensor on their device (no host sync)."""
+    mse = F.mse_loss(a.detach().float().clamp(0, 1), b.detach().float())
+    return -10 * torch.log10(mse.clamp_min(1e-10))
+
+
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """PSNR in dB of images in [0, 1] (a is clamped)."""
-    mse = F.mse_loss(a.detach().float().clamp(0, 1), b.detach().float()).item()
-    return 10 * math.log10(1.0 / max(mse, 1e-10))
+    return float(psnr_t(a, b))
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5) -> float:

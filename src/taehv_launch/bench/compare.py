@@ -1,0 +1,413 @@
+"""`taehv-launch bench --compare GPUS PROFILE`: the naive pipeline and our trainer, side by side, one run.
+
+naive  what a notebook does (the speed issue's definition): the reference VAE in bf16 encodes the
+       whole micro-batch in one call, TAEHV keeps fp32 weights under fp16 autocast with a
+       GradScaler, Seraena sees whole frames, plain AdamW, no compile, a loss `.item()` per step.
+       Its clips come from GPU memory (no loader): that favours the naive side.
+levers the trainer's own modules in this process, adding one lever per row (compile, chunk,
+       fused AdamW, no per-step syncs, Seraena crop), so each lever's gain is its own number.
+ours   the real trainer: `taehv-launch 1 PROFILE` as a subprocess on real video files written
+       at the profile's size, with the profile's config (and any --set), DeepSpeed, loader,
+       prefetch and all; throughput and memory from its speed.json (steady state, warm-up left out).
+
+Both use the same reference VAE weights (the real architecture with random weights on GPU,
+the demo's tiny VAE on CPU) saved to disk and loaded with from_pretrained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError, LaunchError
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Meter:
+    """Peak memory (allocator and device-wide) and FLOPs of a piece of work."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peaks(self) -> dict[str, float | None]:
+        if self.device.type != "cuda":
+            return {"peak_allocated_gib": None, "used_gib": None}
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"peak_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
+                "used_gib": (total - free) / 2**30}
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """Model FLOPs (convolutions, matmuls; forward and backward) of one call, counted by torch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def time_steps(step: Callable[[], Any], device: torch.device, steps: int, warmup: int = 2) -> float:
+    """Mean seconds per call after `warmup` untimed calls."""
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    return (time.perf_counter() - t0) / steps
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+def make_clips(cfg: dict[str, Any], device: torch.device, n_batches: int = 2) -> list[torch.Tensor]:
+    """Random uint8 NTCHW clips already on the device (no loader cost)."""
+    g = torch.Generator().manual_seed(0)
+    shape = (cfg["train_batch_size"], cfg["n_frames"], 3, cfg["height"], cfg["width"])
+    return [torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device) for _ in range(n_batches)]
+
+
+def load_ref(cfg: dict[str, Any], path: str, device: torch.device, chunk: int):
+    from ..train.refvae import load_reference_vae
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return load_reference_vae(cfg["ref_vae_type"], path, dtype=dtype, device=device, chunk_size=chunk)
+
+
+def build_student(cfg: dict[str, Any], device: torch.device, seraena_autocast: torch.dtype | None):
+    from ..train.losses import DistillNet
+    from ..train.model import build_taehv
+    from ..train.seraena import VideoSeraena
+
+    taehv = build_taehv(cfg).to(device).train()
+    net = DistillNet(taehv, cogvideox_skip_trim=cfg["ref_vae_type"] == "cogvideox")
+    ser = VideoSeraena(cfg["latent_channels"], frames_per_group=cfg["n_seraena_frames"], lr=cfg["seraena_lr"],
+                       buffer_bytes=cfg["seraena_buffer_mb"] << 20, autocast_dtype=seraena_autocast,
+                       seed=cfg["seed"]).to(device) if cfg["use_seraena"] else None
+    return taehv, net, ser
+
+
+# ----------------------------------------------------------------------------- the naive pipeline
+
+def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: int) -> dict[str, Any]:
+    from ..train.losses import decoder_targets
+
+    cuda = device.type == "cuda"
+    meter = Meter(device)
+    meter.reset()
+    ref = load_ref(cfg, ref_path, device, chunk=0)            # chunk 0: the whole micro-batch in one call
+    taehv, net, ser = build_student(cfg, device, torch.float16 if cuda else None)
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg["learning_rate"], betas=(cfg["adam_beta1"], cfg["adam_beta2"]),
+                            weight_decay=cfg["adam_weight_decay"])
+    scaler = torch.amp.GradScaler(device.type, enabled=cuda)
+    clips = make_clips(cfg, device)
+    state = {"i": 0, "latents": None}
+
+    def encode():
+        frames = clips[state["i"] % len(clips)].float() / 255.0
+        state["i"] += 1
+        state["frames"], state["latents"] = frames, ref.encode(frames)
+
+    def step():
+        frames, latents = state["frames"], state["latents"]
+        with torch.autocast(device.type, dtype=torch.float16, enabled=cuda):
+            enc, dec = net(frames, latents)
+        dec = dec.float()
+        target = decoder_targets(frames, dec)
+        loss = F.mse_loss(dec, target) + F.mse_loss(enc.float(), latents)
+        if ser is not None:
+            corrected, _ = ser.step_and_make_targets(target, dec.detach().clamp(0, 1), latents)
+            loss = loss + cfg["seraena_loss_weight"] * F.mse_loss(dec, corrected)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()                                     # the notebook prints it
+
+    def student_fwd_bwd():   # FLOPs only: Seraena's autograd.grad does not run under torch's counter
+        frames, latents = state["frames"], state["latents"]
+        with torch.autocast(device.type, dtype=torch.float16, enabled=cuda):
+            enc, dec = net(frames, latents)
+        (F.mse_loss(dec.float(), decoder_targets(frames, dec)) + F.mse_loss(enc.float(), latents)).backward()
+        opt.zero_grad(set_to_none=True)
+
+    t_encode = time_steps(encode, device, steps)
+    t_step = time_steps(step, device, steps)
+    flops = count_flops(encode) + count_flops(student_fwd_bwd)
+    out = {"what": "naive", "encode_s": t_encode, "step_s": t_step, "seconds": t_encode + t_step,
+           "clips_per_s": cfg["train_batch_size"] / (t_encode + t_step), "flops_per_batch": flops, **meter.peaks()}
+    del ref, taehv, net, ser, opt, clips, state
+    return out
+
+
+# ----------------------------------------------------------------------------- our levers, one per row
+
+LEVERS = ("eager", "compile reference encoder", "chunk", "compile TAEHV", "fused AdamW", "no per-step syncs",
+          "Seraena crop")
+
+
+def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: int, chunks: list[int],
+               crop: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Our modules, adding one lever per row; every row times encode + train step of one micro-batch."""
+    from ..train.losses import decoder_targets, psnr_t
+    from ..train.speed import compile_reference, compile_taehv
+
+    cuda = device.type == "cuda"
+    amp = torch.bfloat16 if cuda else None
+    ref = load_ref(cfg, ref_path, device, chunk=chunks[0])
+    taehv, net, ser = build_student(cfg, device, amp)
+    clips = make_clips(cfg, device)
+    meter = Meter(device)
+    lv = {"fused": False, "syncs": True, "crop": 0}
+    opts: dict[bool, torch.optim.Optimizer] = {}
+    state = {"i": 0}
+
+    def optimizer() -> torch.optim.Optimizer:
+        if lv["fused"] not in opts:
+            opts[lv["fused"]] = torch.optim.AdamW(net.parameters(), lr=cfg["learning_rate"],
+                                                  **({"fused": True} if lv["fused"] else {}))
+        return opts[lv["fused"]]
+
+    def step():
+        frames = clips[state["i"] % len(clips)].float().div_(255.0)
+        state["i"] += 1
+        latents = ref.encode(frames)
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=cuda):
+            enc, dec = net(frames, latents)
+        dec = dec.float()
+        target = decoder_targets(frames, dec)
+        rec, enc_l = F.mse_loss(dec, target), F.mse_loss(enc.float(), latents)
+        if lv["syncs"]:
+            bool(torch.isfinite(rec) and torch.isfinite(enc_l))     # the old per-loss finite checks
+        loss = rec + enc_l
+        if ser is not None:
+            real, fake, ctx = target, dec, latents
+            if lv["crop"] and lv["crop"] < min(target.shape[-2:]):
+                c = lv["crop"]
+                real, fake, ctx = real[..., :c, :c], fake[..., :c, :c], ctx[..., :c // 8, :c // 8]
+            corrected, _ = ser.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
+            loss = loss + cfg["seraena_loss_weight"] * F.mse_loss(fake, corrected)
+        loss.backward()
+        opt = optimizer()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if lv["syncs"]:
+            [x.item() for x in (loss, rec, enc_l)] + [float(psnr_t(dec, target))]
+
+    rows = []
+
+    def row(name: str, detail: str) -> None:
+        meter.reset()
+        t0 = time.perf_counter()
+        step()                                               # includes any compile warm-up
+        _sync(device)
+        warm = time.perf_counter() - t0
+        secs = time_steps(step, device, steps, warmup=1)
+        rows.append({"what": name, "detail": detail, "seconds": secs, "clips_per_s": cfg["train_batch_size"] / secs,
+                     "first_call_s": warm, **meter.peaks()})
+        peak = rows[-1]["peak_allocated_gib"]
+        log(f"  lever {name:<28} {detail:<34} {secs * 1000:8.1f} ms / micro-batch ({warm:.0f} s first call"
+            + (f", peak {peak:.1f} GiB)" if peak is not None else ")"))
+
+    row("eager", f"chunk {chunks[0]}, {'bf16 autocast' if cuda else 'fp32'}, syncs")
+    if cuda:
+        compile_reference(ref)
+        row("compile reference encoder", f"chunk {chunks[0]}")
+    for c in chunks[1:]:
+        ref.chunk_size = c
+        row("chunk", f"chunk {c}")
+    best = min((r for r in rows if r["what"] in ("eager", "compile reference encoder", "chunk")),
+               key=lambda r: r["seconds"])
+    ref.chunk_size = int(best["detail"].split()[1].rstrip(","))
+    if cuda:
+        compile_taehv(taehv)
+        row("compile TAEHV", f"chunk {ref.chunk_size}")
+        lv["fused"] = True
+        row("fused AdamW", "")
+    lv["syncs"] = False
+    row("no per-step syncs", "")
+    if 0 < crop < min(cfg["height"], cfg["width"]):
+        lv["crop"] = crop
+        row("Seraena crop", f"{crop}x{crop}")
+    del ref, taehv, net, ser, opts, clips
+    return rows
+
+
+# ----------------------------------------------------------------------------- the real trainer
+
+def make_assets(cfg: dict[str, Any], device: torch.device, workdir: Path, data_root: str | None,
+                log: Callable[[str], None]) -> tuple[str, str]:
+    """(data_root, ref_vae_path): video files at the profile's size and a reference VAE folder."""
+    from ..train.synthetic import _build_once, make_tiny_ref_vae, write_demo_videos
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    h, w, kind = cfg["height"], cfg["width"], cfg["ref_vae_type"]
+    if not data_root:
+        data_root = str(workdir / f"videos_{h}x{w}")
+        n_frames = max(48, 2 * cfg["n_frames"] * cfg["max_frame_delta"])
+        if not os.path.isdir(data_root):
+            log(f"bench: writing 16 synthetic {w}x{h} videos to {data_root}")
+        _build_once(data_root, lambda tmp: write_demo_videos(tmp, 16, h, w, n_frames))
+    real_arch = device.type == "cuda"
+    ref_path = str(workdir / f"ref_vae_{kind}_{'real' if real_arch else 'tiny'}_c{cfg['latent_channels']}")
+
+    def build(tmp: str) -> None:
+        if real_arch:   # the family's default (real) architecture, random weights
+            import diffusers
+
+            from ..train.refvae import FAMILIES
+
+            torch.manual_seed(0)
+            getattr(diffusers, FAMILIES[kind])().to(torch.bfloat16).save_pretrained(os.path.join(tmp, "vae"))
+        else:
+            make_tiny_ref_vae(kind, os.path.join(tmp, "vae"), cfg["latent_channels"])
+
+    if not os.path.isdir(ref_path):
+        log(f"bench: saving a {'real-architecture' if real_arch else 'tiny'} {kind} VAE with random weights "
+            f"to {ref_path}")
+    _build_once(ref_path, build)
+    return data_root, ref_path
+
+
+def trainer_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_root: str, ref_path: str,
+                steps: int, profile_phases: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """Run the real trainer through the launcher and read its speed.json."""
+    run_name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}{'-profile' if profile_phases else ''}"
+    argv = [sys.executable, "-c", "from taehv_launch.cli import main; main()", gpus, profile, "--run-name", run_name,
+            "--set", f"output_dir={str(workdir / 'output')!r}", "--set", f"data_root={data_root!r}",
+            "--set", f"ref_vae_path={ref_path!r}", "--set", f"max_train_steps={steps}",
+            "--set", f"log_every={max(1, steps // 4)}", "--set", f"validation_steps={steps}",
+            "--set", f"checkpointing_steps={steps}", "--set", "lr_warmup_steps=1"]
+    for s in sets:
+        argv += ["--set", s]
+    if profile_phases:
+        argv += ["--profile", "--set", "profile_steps=3"]
+    log(f"bench: running the trainer: taehv-launch {gpus} {profile} ... ({steps} steps"
+        f"{', --profile' if profile_phases else ''})")
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = workdir / "output" / run_name
+    (workdir / f"{run_name}.log").write_text(proc.stdout)
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stdout.strip().splitlines()[-3:])
+        raise LaunchError(f"the trainer run for the comparison failed (exit {proc.returncode}): {tail} "
+                          f"(full log: {workdir / (run_name + '.log')})")
+    speed_file = run_dir / "speed.json"
+    if not speed_file.is_file():
+        raise LaunchError(f"the trainer wrote no {speed_file}: run more steps (--steps)")
+    out = json.loads(speed_file.read_text())
+    out |= {"what": "ours (real trainer)", "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
+    return out
+
+
+# ----------------------------------------------------------------------------- the command
+
+def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], crop: int, data_root: str | None,
+        workdir: str | None, phases: bool, as_json: bool) -> int:
+    from ..commands import build_plan
+
+    plan = build_plan(req)
+    cfg = plan.config
+    if plan.world_size != 1:
+        raise ConfigError(f"bench --compare measures one GPU: use `taehv-launch bench --compare 1 {req.profile}`")
+    want_gpu = plan.profile.device == "cuda"
+    if want_gpu and not torch.cuda.is_available():
+        raise ConfigError(f"profile {req.profile} needs a GPU and this machine has none: run it on a GPU machine, "
+                          f"or `taehv-launch bench --compare 1 cpu` for a CPU smoke run")
+    device = torch.device("cuda" if want_gpu else "cpu")
+    work = Path(workdir or Path(cfg["output_dir"]).expanduser() / "bench-compare")
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: print(m, flush=True))
+    data, ref_path = make_assets(cfg, device, work, data_root, log)
+    if want_gpu and cfg["compile"] != "none":
+        from ..train.speed import enable_compile_cache
+
+        enable_compile_cache(cfg | {"output_dir": str(work / "output")})   # shared with the trainer run below
+    gpu = torch.cuda.get_device_name(device) if want_gpu else "cpu"
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "device": gpu, "torch": torch.__version__,
+        "versions": _versions(), "command": "taehv-launch " + " ".join(sys.argv[1:]),
+        "shape": f"micro {cfg['train_batch_size']} x {cfg['n_frames']} x {cfg['height']}x{cfg['width']}",
+        "ref_vae_type": cfg["ref_vae_type"], "rows": []}
+    log(f"bench --compare on {gpu}: {report['shape']}, {cfg['ref_vae_type']} reference VAE")
+    naive = naive_row(cfg, ref_path, device, steps)
+    report["rows"].append(naive)
+    log(f"  naive: encode {naive['encode_s'] * 1000:.1f} ms + step {naive['step_s'] * 1000:.1f} ms per micro-batch "
+        f"= {naive['clips_per_s']:.2f} clips/s")
+    if levers:
+        report["rows"] += lever_rows(cfg, ref_path, device, steps, chunks or [cfg["ref_vae_chunk_size"]],
+                                     crop, log)
+    (work / "compare.json").write_text(json.dumps(report, indent=2))     # what is measured so far
+    if want_gpu:
+        torch.cuda.empty_cache()
+    ours = trainer_row(req.gpus, req.profile, req.sets, work, data, ref_path, trainer_steps, False, log)
+    report["rows"].append(ours)
+    if phases:
+        prof = trainer_row(req.gpus, req.profile, req.sets, work, data, ref_path, max(12, trainer_steps // 2),
+                           True, log)
+        ours["phases"] = prof.get("phases")
+    flops_per_clip = naive["flops_per_batch"] / cfg["train_batch_size"]
+    for r in report["rows"]:
+        r["ratio_vs_naive"] = r["clips_per_s"] / naive["clips_per_s"]
+        r["tflops"] = flops_per_clip * r["clips_per_s"] / 1e12
+    (work / "compare.json").write_text(json.dumps(report, indent=2))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"bench --compare  {report['date']}  {report['device']}  torch {report['torch']}  "
+             f"({', '.join(f'{k} {v}' for k, v in report['versions'].items())})",
+             f"  {report['shape']}, {report['ref_vae_type']} reference VAE; TFLOP/s = clips/s x FLOPs per clip of "
+             f"the reference encode and TAEHV forward+backward (torch's counter; Seraena not counted)",
+             f"  {'row':<30} {'detail':<30} {'clips/s':>8} {'vs naive':>8} {'TFLOP/s':>8} {'peak GiB':>9} "
+             f"{'used GiB':>9}"]
+    for r in report["rows"]:
+        peak = r.get("peak_allocated_gib")
+        used = r.get("used_gib") if "used_gib" in r else (
+            r["total_gib"] - r["min_free_gib"] if r.get("min_free_gib") is not None else None)
+        lines.append(f"  {r['what']:<30} {r.get('detail', ''):<30} {r['clips_per_s']:8.2f} "
+                     f"{r['ratio_vs_naive']:7.2f}x {r['tflops']:8.1f} {_gib(peak):>9} {_gib(used):>9}")
+    naive = report["rows"][0]
+    lines.append(f"  naive per micro-batch: encode {naive['encode_s'] * 1000:.1f} ms, TAEHV + Seraena step "
+                 f"{naive['step_s'] * 1000:.1f} ms")
+    ours = report["rows"][-1]
+    if ours.get("phases"):
+        lines.append("  ours, --profile phases:")
+        lines += ["    " + ln for ln in ours["phases"].splitlines()]
+    return "\n".join(lines)
+
+
+def _gib(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("accelerate", "deepspeed", "diffusers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "absent"
+    return out

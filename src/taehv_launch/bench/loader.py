@@ -1,0 +1,198 @@
+"""`taehv-launch bench --loader`: how many clips per second the data loader delivers.
+
+Three views, side by side in one run, on the same files and the same clip plans:
+- decode: one process decoding clips (12 frames at a random start and stride), per decoder,
+  to get a per-core rate and see where a clip's time goes (seek, decode, convert, resize);
+- pool: the same decode in N plain processes (no DataLoader), to see whether decoding scales;
+- loader: the trainer's own dataset and DataLoader (workers, collate, pinned memory) at
+  N workers, with FFmpeg's default threads and with one decode thread per worker.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+
+def _videos(data_root: str) -> list[str]:
+    from ..train.data import VIDEO_EXTENSIONS
+
+    files = sorted(str(p) for p in Path(data_root).rglob("*") if p.suffix.lower() in VIDEO_EXTENSIONS and p.is_file())
+    if not files:
+        from ..errors import DataError
+
+        raise DataError(f"no video files under {data_root}: give --data-root a folder of .mp4/.webm/.mkv files")
+    return files
+
+
+def clip_plans(files: list[str], n: int, n_frames: int, max_delta: int, seed: int = 0) -> list[tuple[str, list[int]]]:
+    from ..train.data import _header_frame_count, plan_frames
+
+    rng = np.random.default_rng(seed)
+    lengths = {f: max(1, _header_frame_count(f)) for f in files}
+    plans = []
+    for i in range(n):
+        f = files[i % len(files)]
+        plans.append((f, plan_frames(rng, lengths[f], n_frames, 1, max_delta)))
+    return plans
+
+
+# ----------------------------------------------------------------------------- decoders
+
+def decode_opencv(threads: int | None) -> Callable[[str, list[int]], int]:
+    def run(path: str, wanted: list[int]) -> int:
+        import cv2
+
+        from ..train import data
+
+        old = data.WORKER_DECODE_THREADS
+        data.WORKER_DECODE_THREADS = threads
+        try:
+            cap = (cv2.VideoCapture(path) if threads is None
+                   else cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads]))
+            try:
+                frames, _ = data._decode(cap, sorted(set(wanted)), seek=True)
+            finally:
+                cap.release()
+        finally:
+            data.WORKER_DECODE_THREADS = old
+        if frames is None:
+            return 0
+        return sum(cv2.cvtColor(f, cv2.COLOR_BGR2RGB).shape[0] > 0 for f in frames.values())
+    return run
+
+
+def decode_pyav(threads: int | None) -> Callable[[str, list[int]], int]:
+    def run(path: str, wanted: list[int]) -> int:
+        import av
+
+        want = set(wanted)
+        got = 0
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            if threads is not None:
+                stream.thread_type, stream.thread_count = "NONE" if threads == 1 else "AUTO", threads
+            else:
+                stream.thread_type = "AUTO"
+            rate, tb, start = stream.average_rate, stream.time_base, stream.start_time or 0
+            container.seek(int(wanted[0] / rate / tb) + start, stream=stream, backward=True)
+            for frame in container.decode(stream):
+                idx = int(round((frame.pts - start) * tb * rate))
+                if idx in want:
+                    got += frame.to_ndarray(format="rgb24").shape[0] > 0
+                if idx >= wanted[-1]:
+                    break
+        return got
+    return run
+
+
+DECODERS: dict[str, Callable[[], Callable[[str, list[int]], int]]] = {
+    "opencv": lambda: decode_opencv(None),
+    "opencv-1thread": lambda: decode_opencv(1),
+    "pyav": lambda: decode_pyav(None),
+    "pyav-1thread": lambda: decode_pyav(1),
+}
+
+
+def _available(name: str) -> bool:
+    if name.startswith("pyav"):
+        try:
+            import av  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
+def _pool_worker(args: tuple[str, list[tuple[str, list[int]]]]) -> int:
+    name, plans = args
+    fn = DECODERS[name]()
+    return sum(fn(p, w) for p, w in plans)
+
+
+def decode_rate(name: str, plans: list[tuple[str, list[int]]], procs: int) -> float:
+    """Clips/s of `procs` plain processes decoding the plans (one process: in this one)."""
+    if procs <= 1:
+        fn = DECODERS[name]()
+        fn(*plans[0])
+        t0 = time.perf_counter()
+        for p, w in plans:
+            fn(p, w)
+        return len(plans) / (time.perf_counter() - t0)
+    per = [plans[i::procs] for i in range(procs)]
+    with mp.get_context("fork").Pool(procs) as pool:
+        pool.map(_pool_worker, [(name, p[:1]) for p in per])           # start-up and first open
+        t0 = time.perf_counter()
+        pool.map(_pool_worker, [(name, p) for p in per])
+        return len(plans) / (time.perf_counter() - t0)
+
+
+def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int | None, seconds: float) -> float:
+    """Clips/s of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
+    from ..train import data
+    from ..train.build import ShardedInfiniteSampler, make_loader
+
+    data.WORKER_DECODE_THREADS = threads
+    ds = data.VideoClipDataset(files, height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
+                               min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
+                               random_flip=True, seed=0, train=True)
+    sampler = ShardedInfiniteSampler(len(ds), 0, 1, seed=0)
+    loader = make_loader(ds, cfg["train_batch_size"], sampler, cfg | {"dataloader_num_workers": workers})
+    it = iter(loader)
+    for _ in range(max(1, workers)):          # every worker has started and delivered once
+        next(it)
+    t0, clips = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        clips += len(next(it)["frames"])
+    rate = clips / (time.perf_counter() - t0)
+    del it, loader
+    data.WORKER_DECODE_THREADS = None
+    return rate
+
+
+def run(data_root: str, height: int, width: int, n_frames: int, micro: int, workers: list[int],
+        decoders: list[str], seconds: float, clips: int, as_json: bool) -> int:
+    import torch
+
+    files = _videos(data_root)
+    cfg = {"height": height, "width": width, "n_frames": n_frames, "min_frame_delta": 1, "max_frame_delta": 2,
+           "train_batch_size": micro, "prefetch_factor": 2}
+    plans = clip_plans(files, clips, n_frames, 2)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: print(m, flush=True))
+    import cv2
+
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": cores, "files": len(files),
+                              "data_root": data_root, "shape": f"{micro} x {n_frames} x {height}x{width}",
+                              "opencv": cv2.__version__, "torch": torch.__version__, "rows": []}
+    try:
+        import av
+
+        report["pyav"] = av.__version__
+    except ImportError:
+        report["pyav"] = "absent"
+    log(f"bench --loader: {len(files)} files under {data_root}, {cores} cores, clips of {n_frames} frames "
+        f"cropped to {height}x{width}")
+    for name in decoders:
+        if not _available(name):
+            log(f"  {name}: not installed, skipped")
+            continue
+        for procs in sorted({1, *workers}):
+            rate = decode_rate(name, plans if procs > 1 else plans[: max(4, clips // 4)], procs)
+            report["rows"].append({"what": "decode", "decoder": name, "procs": procs, "clips_per_s": rate})
+            log(f"  decode  {name:<15} {procs:>3} processes  {rate:8.1f} clips/s")
+    for threads in (0, 1, None):
+        for w in workers:
+            rate = loader_rate(files, cfg, w, threads, seconds)
+            label = {0: "opencv-ffmpeg-default", 1: "opencv-1thread", None: "opencv-share"}[threads]
+            report["rows"].append({"what": "loader", "decoder": label, "procs": w, "clips_per_s": rate})
+            log(f"  loader  {label:<15} {w:>3} workers    {rate:8.1f} clips/s  (trainer's dataset + DataLoader)")
+    if as_json:
+        print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,161 @@
+"""What makes a GPU step fast, kept out of the loop: compilation, batch prefetch, lazy scalars.
+
+Each lever has its own config key and its own row in `taehv-launch bench --compare`
+(docs/benchmarks.md has the measurements that decided the defaults):
+
+- `compile`: torch.compile of the frozen reference VAE's encoder and of TAEHV's
+  encode_video / decode_video. Warm-up costs a minute or two per process; Inductor's
+  caches live under `compile_cache_dir` (default `<output_dir>/.compile-cache`), so a
+  restarted or resumed run on the same machine or shared filesystem reuses the kernels.
+- Prefetch: the next batch's host-to-device copy runs on a side CUDA stream while the
+  current step computes.
+- Lazy scalars: losses stay on the device and are read at log intervals, one sync per
+  window instead of several per step.
+timing.py measures them (--profile's phase table, speed.json).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+
+def compile_cache_dir(cfg: dict[str, Any]) -> Path:
+    return Path(cfg["compile_cache_dir"] or Path(cfg["output_dir"]).expanduser() / ".compile-cache")
+
+
+def enable_compile_cache(cfg: dict[str, Any]) -> Path:
+    """Point Inductor's on-disk caches (FX graphs, autotuning, Triton kernels) at a kept folder.
+
+    Must run before the first torch.compile call of the process. A value the user or site
+    exported already wins."""
+    path = compile_cache_dir(cfg)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path))
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def compile_reference(ref) -> None:
+    """Compile the reference VAE's encoder module in place (the encode is most of a step).
+
+    The encoder is a plain nn.Module in every supported diffusers family; the wrapper
+    (posterior, chunking, layouts) stays eager."""
+    model = ref.model
+    model.encoder = torch.compile(model.encoder, dynamic=False)
+
+
+def compile_taehv(taehv: torch.nn.Module) -> None:
+    """Compile TAEHV's two entry points in place; DDP/DeepSpeed still see the same parameters."""
+    taehv.encode_video = torch.compile(taehv.encode_video, dynamic=False)
+    taehv.decode_video = torch.compile(taehv.decode_video, dynamic=False)
+
+
+class Prefetcher:
+    """Iterate a DataLoader with the next batch already on the GPU.
+
+    The copy of batch k+1 is issued on a side stream as soon as batch k is handed out, so it
+    overlaps with step k; the consumer's stream waits for it before use. On CPU it is a
+    plain iterator. Each batch's frames arrive as uint8 NTCHW on `device`."""
+
+    def __init__(self, loader, device: torch.device):
+        self.it, self.device = iter(loader), device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.next = self._load()
+
+    def _load(self) -> dict[str, Any]:
+        batch = next(self.it)
+        if self.stream is None:
+            return batch
+        with torch.cuda.stream(self.stream):
+            batch = dict(batch, frames=batch["frames"].to(self.device, non_blocking=True))
+        return batch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        batch = self.next
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            batch["frames"].record_stream(torch.cuda.current_stream(self.device))
+        self.next = self._load()
+        return batch
+
+
+class Window:
+    """Per-step scalars kept as device tensors; `means()` reads them all with one sync."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[torch.Tensor | float]] = {}
+
+    def add(self, out: dict[str, torch.Tensor | float]) -> None:
+        for k, v in out.items():
+            # clone: a 0-d loss from F.mse_loss is a view into the whole elementwise buffer
+            # (hundreds of MB at 480x720); keeping the view would keep that buffer alive per step
+            self.values.setdefault(k, []).append(v.detach().clone() if isinstance(v, torch.Tensor) else v)
+
+    def means(self) -> dict[str, float]:
+        out = {}
+        for k, vals in self.values.items():
+            if vals:   # the first .cpu() waits for the step's work; the rest are copies
+                out[k] = float(torch.stack([torch.as_tensor(v).detach().double().cpu().reshape(()) for v in vals]).mean())
+        return out
+
+    def clear(self) -> None:
+        self.values.clear()
+
+
+class AsyncVote:
+    """The ranks' stop vote without a host sync per step.
+
+    `cast(local)` starts an all-reduce (MAX) of this rank's flag and a non-blocking copy of the
+    result to pinned host memory; `result()` returns the previous cast's outcome, waiting only
+    for that copy. Every rank casts at the same step, so every rank reads the same result at
+    the same step: the ranks stop together, one step after the signal arrived."""
+
+    def __init__(self, device: torch.device):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.device = device
+        self.host = torch.zeros(1, pin_memory=device.type == "cuda")
+        self.event = torch.cuda.Event() if device.type == "cuda" else None
+        self.pending = False
+
+    def cast(self, local: bool) -> None:
+        flag = torch.tensor([1.0 if local else 0.0], device=self.device)
+        self.dist.all_reduce(flag, op=self.dist.ReduceOp.MAX)
+        self.host.copy_(flag, non_blocking=self.event is not None)
+        if self.event is not None:
+            self.event.record()
+        self.pending = True
+
+    def result(self) -> bool:
+        if not self.pending:
+            return False
+        if self.event is not None:
+            self.event.synchronize()
+        return bool(self.host.item())
+
+
+class eager_reference:
+    """Context: the reference VAE's encoder uncompiled (validation's batch of 1 is not worth a compile)."""
+
+    def __init__(self, ref) -> None:
+        self.model = getattr(ref, "model", None)
+        self.compiled = None
+
+    def __enter__(self):
+        enc = getattr(self.model, "encoder", None)
+        if enc is not None and hasattr(enc, "_orig_mod"):
+            self.compiled, self.model.encoder = enc, enc._orig_mod
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.compiled is not None:
+            self.model.encoder = self.compiled

@@ -1,0 +1,120 @@
+"""Where a run's time and memory go: the --profile phase table and the steady-state speed.json."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class PhaseTimer:
+    """Wall time per phase of a step (synchronising CUDA), for --profile's table.
+
+    With TAEHV_MEMORY_LOG=N in the environment, the first N micro-batches also print the GPU
+    memory allocated after each phase and the peak within it (for finding what does not fit)."""
+
+    def __init__(self, enabled: bool, device: torch.device):
+        self.enabled, self.device = enabled, device
+        self.totals: dict[str, float] = defaultdict(float)
+        self.memory_log = int(os.environ.get("TAEHV_MEMORY_LOG", "0") or 0) if device.type == "cuda" else 0
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.memory_log > 0:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if not self.enabled:
+            yield
+            self._memory(name)
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        with torch.profiler.record_function(name):
+            yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.totals[name] += time.perf_counter() - t0
+        self._memory(name)
+
+    def _memory(self, name: str) -> None:
+        if self.memory_log > 0:
+            print(f"memory: {name:<28} allocated {torch.cuda.memory_allocated(self.device) / 2**30:6.2f} GiB, "
+                  f"peak in phase {torch.cuda.max_memory_allocated(self.device) / 2**30:6.2f} GiB", flush=True)
+            if name.startswith("backward"):
+                self.memory_log -= 1
+
+    def table(self, steps: int) -> str:
+        total = sum(self.totals.values()) or 1.0
+        lines = [f"where a step's time goes ({steps} steps, ms per optimizer step):"]
+        for name, secs in sorted(self.totals.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {name:<22} {1000 * secs / max(1, steps):9.1f} ms  {100 * secs / total:5.1f}%")
+        return "\n".join(lines)
+
+
+class SpeedLog:
+    """Steady-state throughput and memory of a run, written to <run>/speed.json at the end.
+
+    The first steps (compile warm-up, cuDNN autotuning) are left out: the window starts after
+    10 steps, or half the run when it is shorter than 20 steps. One CUDA sync at each end of
+    the window; `taehv-launch bench --compare` reads the file."""
+
+    def __init__(self, run_dir: Path, device: torch.device, world: int, cfg: dict[str, Any], main: bool):
+        self.run_dir, self.device, self.world, self.cfg, self.main = run_dir, device, world, cfg, main
+        self.begin_step = self.t0 = None
+        self.last_step, self.t1 = None, None
+        self.min_free_gib = float("inf")
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def start(self, step: int) -> None:
+        remaining = self.cfg["max_train_steps"] - step
+        self.begin_step = step + (10 if remaining >= 20 else max(1, remaining // 2))
+
+    def step(self, step: int) -> None:
+
+        if step == self.begin_step:
+            self._sync()
+            self.t0 = time.perf_counter()
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+        if self.device.type == "cuda" and step % self.cfg["log_every"] == 0:
+            free, _ = torch.cuda.mem_get_info(self.device)
+            self.min_free_gib = min(self.min_free_gib, free / 2**30)
+        self.last_step = step
+        if step == self.cfg["max_train_steps"] and self.t0 is not None:   # before the final validation
+            self._sync()
+            self.t1 = time.perf_counter()
+
+    def write(self, phases: str | None) -> dict[str, Any] | None:
+
+        if self.t0 is None or self.last_step is None or self.last_step <= self.begin_step:
+            return None
+        if self.t1 is None:
+            self._sync()
+            self.t1 = time.perf_counter()
+        secs = self.t1 - self.t0
+        steps = self.last_step - self.begin_step
+        clips = steps * self.cfg["train_batch_size"] * self.cfg["gradient_accumulation_steps"] * self.world
+        out: dict[str, Any] = {"steps": steps, "from_step": self.begin_step, "seconds": secs,
+                               "clips_per_s": clips / secs, "clips_per_s_per_gpu": clips / secs / self.world,
+                               "world_size": self.world, "device": str(self.device), "phases": phases}
+        if self.device.type == "cuda":
+            stats = torch.cuda.memory_stats(self.device)
+            _, total = torch.cuda.mem_get_info(self.device)
+            out |= {"gpu": torch.cuda.get_device_name(self.device), "torch": torch.__version__,
+                    "peak_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
+                    "peak_reserved_gib": torch.cuda.max_memory_reserved(self.device) / 2**30,
+                    "min_free_gib": None if self.min_free_gib == float("inf") else self.min_free_gib,
+                    "total_gib": total / 2**30, "alloc_retries": stats.get("num_alloc_retries", 0),
+                    "cuda_malloc_ooms": stats.get("num_ooms", 0)}
+        if self.main:
+            (self.run_dir / "speed.json").write_text(json.dumps(out, indent=2))
+        return out

@@ -1,0 +1,95 @@
+"""The speed levers' CPU-testable parts: lazy scalars, the Seraena crop window, decode threads,
+and `bench --compare` / `bench --loader` as smoke runs (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from conftest import assert_one_line_error, clean_env, run_cli
+from taehv_launch.train import data
+from taehv_launch.train.seraena import seraena_crop
+from taehv_launch.train.speed import Window
+
+
+def test_window_keeps_no_loss_buffers_and_averages():
+    x = torch.rand(4, 9, 3, 32, 32, requires_grad=True)
+    loss = F.mse_loss(x, torch.zeros_like(x))
+    assert loss.detach().untyped_storage().nbytes() > 1000     # the trap: a 0-d view of the whole buffer
+    w = Window()
+    w.add({"loss": loss, "disc": 2.0})
+    w.add({"loss": torch.tensor(1.0), "disc": 4.0})
+    assert w.values["loss"][0].untyped_storage().nbytes() == 4
+    means = w.means()
+    assert means["disc"] == 3.0 and means["loss"] == pytest.approx((loss.item() + 1.0) / 2)
+
+
+def _view(crop: int, h: int = 48, w: int = 64):
+    target = torch.arange(2 * 9 * 3 * h * w, dtype=torch.float32).view(2, 9, 3, h, w)
+    latents = torch.arange(2 * 3 * 4 * (h // 8) * (w // 8), dtype=torch.float32).view(2, 3, 4, h // 8, w // 8)
+    return target, latents, seraena_crop(target, target + 1, latents, crop, torch.Generator().manual_seed(0))
+
+
+def test_seraena_crop_takes_one_window_on_the_latent_grid():
+    target, latents, (real, dec, lat) = _view(16)
+    assert real.shape == (2, 9, 3, 16, 16) and dec.shape == real.shape and lat.shape == (2, 3, 4, 2, 2)
+    # the same window in pixels and latents: find the crop's origin in the full frame
+    y, x = divmod(int(real[0, 0, 0, 0, 0].item()) % (48 * 64), 64)
+    assert y % 8 == 0 and x % 8 == 0
+    assert torch.equal(real, target[..., y:y + 16, x:x + 16]) and torch.equal(dec, real + 1)
+    assert torch.equal(lat, latents[..., y // 8:y // 8 + 2, x // 8:x // 8 + 2])
+    for crop in (0, 64, 100):                                   # off, or not smaller than the frame
+        t, l, (r, _, la) = _view(crop)
+        assert r is t and la is l
+
+
+class _Threads(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor(data.decode_threads() or 0)
+
+
+def test_decode_threads_share_the_cores_between_workers(monkeypatch):
+    assert data.decode_threads() is None                       # main process: FFmpeg's own default
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    got = torch.cat(list(DataLoader(_Threads(), batch_size=2, num_workers=2)))
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert got.tolist() == [max(1, cores // 2)] * 4
+
+
+def test_bench_compare_needs_a_gpu_for_gpu_profiles_and_gpus_profile():
+    assert_one_line_error(run_cli("bench", "--compare", "1", "h100"), "needs a GPU")
+    assert_one_line_error(run_cli("bench", "--compare"), "needs GPUS PROFILE")
+    assert_one_line_error(run_cli("bench", "--loader"), "needs --data-root")
+
+
+def test_bench_loader_smoke(tmp_path, videos):
+    proc = run_cli("bench", "--loader", "--data-root", str(videos), "--height", "64", "--width", "64",
+                   "--micro", "2", "--workers", "2", "--seconds", "1", "--clips", "4", "--decoder", "opencv", "--json",
+                   env=clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    kinds = {(r["what"], r["decoder"], r["procs"]) for r in report["rows"]}
+    assert ("decode", "opencv", 1) in kinds and ("loader", "opencv-share", 2) in kinds
+    assert all(r["clips_per_s"] > 0 for r in report["rows"])
+
+
+@pytest.mark.slow
+def test_bench_compare_cpu_smoke(tmp_path):
+    """The whole comparison at the cpu profile's tiny shape: naive, every lever row, the real trainer."""
+    proc = run_cli("bench", "--compare", "1", "cpu", "--levers", "--crop", "32", "--steps", "1",
+                   "--trainer-steps", "6", "--workdir", str(tmp_path / "bc"), "--json",
+                   env=clean_env(TAEHV_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1"), cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    rows = {r["what"]: r for r in report["rows"]}
+    assert {"naive", "eager", "no per-step syncs", "Seraena crop", "ours (real trainer)"} <= set(rows)
+    assert rows["naive"]["ratio_vs_naive"] == 1.0
+    assert rows["ours (real trainer)"]["steps"] == 3 and rows["ours (real trainer)"]["clips_per_s"] > 0
+    assert json.loads((tmp_path / "bc" / "compare.json").read_text())["rows"]
