@@ -41,6 +41,7 @@ args.n_seraena_frames = 3  # frames grouped into one discriminator image
 args.seraena_lr = 0.0003  # discriminator AdamW learning rate
 args.seraena_buffer_mb = 1024  # replay buffer bound, MiB per rank
 args.seraena_checkpoint_buffer_mb = 256  # save the replay buffer in checkpoints when it is at most this size
+args.seraena_crop = 256  # Seraena trains and corrects on one random square crop of this many pixels per micro-batch (multiple of 8; 0 = the whole frame)
 args.train_batch_size = 2  # micro-batch per GPU (DeepSpeed's train_micro_batch_size_per_gpu)
 args.gradient_accumulation_steps = 8  # micro-batches per optimizer step
 args.learning_rate = 0.0001  # peak AdamW learning rate
@@ -57,6 +58,9 @@ args.mixed_precision = 'bf16'  # autocast dtype
 args.zero_stage = 2  # DeepSpeed ZeRO stage (0 = plain DDP)
 args.seed = 42  # global seed (each rank offsets it)
 args.max_consecutive_bad_steps = 20  # abort after this many non-finite steps in a row
+args.compile = 'reference'  # torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)
+args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
+args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)
 args.output_dir = 'output'  # parent of run directories
 args.log_every = 25  # steps between log lines / scalars
 args.validation_steps = 1000  # steps between validations

@@ -3,6 +3,9 @@
 All coefficients were measured on one NVIDIA H200 (bf16, torch 2.11 + CUDA 13, 2026-11-21;
 docs/benchmarks.md has the runs): `taehv-launch bench` for the TAEHV + Seraena step and the
 reference encodes, and a real `taehv-launch 1 h200` run for the trainer's own overhead.
+Checked on one real H100 80GB (2026-11-23, `bash scripts/gpu_speed.sh compare`): the h100 profile
+(micro 8, compiled reference encode at chunk 2, Seraena crop 256) peaked at 53.9-54.0 GiB allocated
+against 55.2 GiB predicted here.
 
     peak = TRAINER_OVERHEAD + max(step(micro), reference_encode(chunk)) + CUDA_CONTEXT
 
@@ -27,7 +30,7 @@ REF_EXTRA_CLIP_GIB = (26.58 - 7.32) / 3       # measured for CogVideoX, chunk 4 
 # master weights and AdamW moments, EMA, the Seraena replay buffer, the reference VAE's weights.
 TRAINER_OVERHEAD_GIB = 54.1 - 50.78
 CUDA_CONTEXT_GIB = 1.1                        # total - free after CUDA init, single process
-HEADROOM = 0.95                               # plan to use at most this share of the GPU (a choice)
+HEADROOM = 0.90                               # plan to use at most this share of the GPU (10% headroom)
 
 GPU_GIB = {"h100": 80.0, "a800": 80.0, "h200": 140.4}
 

@@ -63,9 +63,15 @@ GPU_SHARED = {
     "mixed_precision": "bf16",
     "ref_vae_dtype": "bfloat16",
     "max_train_steps": 100_000,
+    # Speed levers, each measured on its own row in docs/benchmarks.md (H100, 2026-11-23): compiling
+    # the reference encoder and a 256-pixel Seraena crop pay; compiling TAEHV pays little and costs memory.
+    "compile": "reference",
+    "seraena_crop": 256,
 }
 
-H100_ALLOC_CONF = "expandable_segments:True,max_split_size_mb:128"
+# H100/H200: PyTorch's default allocator. The seeds' "expandable_segments:True,max_split_size_mb:128"
+# measured 14% slower on a real H100 run (5.88 vs 6.81 clips/s, same peak 54 GiB, docs/benchmarks.md).
+H100_ALLOC_CONF = "expandable_segments:False"
 A800_ALLOC_CONF = "expandable_segments:True,max_split_size_mb:64,roundup_power2_divisions:16"
 
 
@@ -89,17 +95,17 @@ def _cpu_rows() -> tuple[Row, ...]:
 
 
 PROFILES: dict[str, Profile] = {
-    # ref_vae_chunk_size 4: CogVideoX encode measured 1.11 s / 8 clips at chunk 4 vs 1.44 s at chunk 1,
-    # peak 26.6 GiB, below the step's own 54 GiB at micro 8 (docs/benchmarks.md).
+    # ref_vae_chunk_size 2: the compiled CogVideoX encode of 8 clips took 1280 ms per micro-batch step at
+    # chunk 2 vs 1423 ms at chunk 4 (H100), peak 12.8 GiB, far below the step's own (docs/benchmarks.md).
     "h100": Profile(name="h100", description="NVIDIA H100 80GB (the seeds' table)", rows=H100_ROWS,
-                    config=GPU_SHARED | {"ref_vae_chunk_size": 4}, alloc_conf=H100_ALLOC_CONF, device="cuda"),
+                    config=GPU_SHARED | {"ref_vae_chunk_size": 2}, alloc_conf=H100_ALLOC_CONF, device="cuda"),
     "a800": Profile(name="a800", description="NVIDIA A800 80GB: micro-batch 2, accumulation keeps the global batch",
                     rows=H100_ROWS, config=GPU_SHARED, alloc_conf=A800_ALLOC_CONF, device="cuda",
                     micro_override=2),
     # H200: micro-batch raised to 16 where the global batch allows: measured peak at 12x480x720 is
     # 0.28 + 6.31 GiB per clip (+3.3 GiB trainer overhead), ~105 GiB at 16 (memory.py).
     "h200": Profile(name="h200", description="NVIDIA H200 141GB: the H100 table, micro-batch up to 16 (measured to fit)",
-                    rows=H100_ROWS, config=GPU_SHARED | {"ref_vae_chunk_size": 4}, alloc_conf=H100_ALLOC_CONF,
+                    rows=H100_ROWS, config=GPU_SHARED | {"ref_vae_chunk_size": 2}, alloc_conf=H100_ALLOC_CONF,
                     device="cuda", micro_max=16),
     "cpu": Profile(
         name="cpu", description="built-in CPU demo: synthetic videos, tiny reference VAE, a few dozen steps",
