@@ -90,12 +90,29 @@ def _writing(run_dir: Path, tmp: Path, step: int):
             free = f"{shutil.disk_usage(run_dir).free / 2**30:.1f} GiB free"
         except OSError:
             free = "free space unknown"
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        detail = _write_failure(exc)
         previous = [p.name for s, p, why in list_checkpoints(run_dir) if why is None]
         raise CheckpointWriteError(
             f"could not write checkpoint-{step} in {run_dir} ({detail}; {free}): free disk space, or raise "
             f"the quota / file size limit (`ulimit -f`), then continue with --resume auto"
             + (f" from {previous[-1]}, which is complete" if previous else " (no complete checkpoint yet)")) from None
+
+
+def _write_failure(exc: BaseException) -> str:
+    """What went wrong, in words: the OS error where there is one (torch.save hides it)."""
+    import re
+    import resource
+
+    if isinstance(exc, OSError) and exc.strerror:
+        what = exc.strerror
+    elif m := re.search(r"os error (\d+)", str(exc)):          # safetensors' I/O errors
+        what = os.strerror(int(m.group(1)))
+    else:
+        what = "a write failed"
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        what += f"; this process may write files of at most {soft / 2**20:.0f} MiB (ulimit -f)"
+    return what
 
 
 # torch.save's messages when the underlying write fails (PyTorchStreamWriter)
