@@ -186,8 +186,11 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
                     msg = (f"taehv-launch: got {signal.Signals(signum).name} before the trainer started: "
                            f"stopping, nothing to save\n")
                 sys.stderr.write(msg)
-                log.write(msg.encode())
-                log.flush()
+                try:
+                    log.write(msg.encode())
+                    log.flush()
+                except (RuntimeError, ValueError):   # the tee was writing it (reentrant call): console only
+                    pass
                 for pid in pids:
                     try:
                         os.kill(pid, RELAY_SIGNAL)
@@ -208,7 +211,7 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
             for s, handler in previous.items():
                 signal.signal(s, handler)
     status = read_status(run_dir, plan.topology.machine_rank)
-    if len(signals_seen) > 1 or not_started:
+    if len(signals_seen) > 1 or (not_started and status is None):
         return EXIT_ABORTED
     if status is not None:
         return int(status.get("code", code))
