@@ -1,8 +1,10 @@
 """Checkpoints that are complete or absent, and exports of the EMA TAEHV.
 
 A checkpoint is written into `.tmp-checkpoint-<step>/`, then every file is listed in a
-COMPLETE marker, then the folder is renamed to `checkpoint-<step>/`; a crash at any point
-leaves either the previous checkpoints or a temp folder that resume ignores. Assumes the run
+COMPLETE marker with its size and CRC-32 (runs.write_complete; a resume verifies them), then the
+folder is renamed to `checkpoint-<step>/`; a crash at any point leaves either the previous
+checkpoints or a temp folder that resume ignores. A write that fails (disk full) is one error line
+and removes the temp folder. Assumes the run
 directory is on a filesystem every node sees (as DeepSpeed's own checkpoints do).
 
 Contents: model + optimizer as a world-size-free state (portable.py: full fp32 weights and
