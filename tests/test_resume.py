@@ -224,3 +224,128 @@ def test_portable_state_files_and_the_carried_over_measure(tmp_path):
     save_file({"exp_avg/taehv.w": m}, str(tmp_path / "b" / "optimizer.safetensors"), metadata={"format": "other"})
     with pytest.raises(CheckpointError, match="has format 'other'.*written by taehv-launch"):
         portable.carried_over(tmp_path / "a", tmp_path / "b", b1, b2)
+
+
+# ---------------------------------------------------------------- checksums and a full disk
+def real_checkpoint(run: Path, step: int) -> Path:
+    """A checkpoint folder of real files (safetensors, torch.save, json), finished by the same
+    write_complete the trainer uses."""
+    from safetensors.torch import save_file
+
+    from taehv_launch.runs import write_complete
+
+    ck = run / f"checkpoint-{step}"
+    (ck / "deepspeed").mkdir(parents=True)
+    torch.manual_seed(step)
+    save_file({"taehv.w": torch.randn(256, 256)}, str(ck / "model.safetensors"))
+    save_file({"w": torch.randn(64, 64)}, str(ck / "ema.safetensors"))
+    torch.save({"x": torch.randn(1000)}, ck / "deepspeed" / "state.pt")
+    (ck / "trainer_state.json").write_text(json.dumps({"step": step}))
+    write_complete(ck, step)
+    return ck
+
+
+def flip_a_byte(path: Path, offset: int = 4096) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_complete_marker_records_size_and_checksum_of_every_file(tmp_path):
+    import zlib
+
+    from taehv_launch.runs import checksum_problem
+
+    ck = real_checkpoint(tmp_path, 3)
+    meta = json.loads((ck / COMPLETE).read_text())
+    assert meta["files"] == ["deepspeed/state.pt", "ema.safetensors", "model.safetensors", "trainer_state.json"]
+    assert meta["checksum"] == "crc32"
+    for f in meta["files"]:
+        data = (ck / f).read_bytes()
+        assert meta["sizes"][f] == len(data)
+        assert meta["checksums"][f] == f"{zlib.crc32(data):08x}"
+    assert checksum_problem(ck) == (None, None)
+
+
+def test_a_flipped_byte_is_refused_and_auto_resume_falls_back(tmp_path):
+    run = tmp_path / "output" / "r"
+    older = real_checkpoint(run, 2)
+    newer = real_checkpoint(run, 4)
+    flip_a_byte(newer / "model.safetensors")
+    assert newest_complete(run)[0] == newer                  # same size: the cheap listing cannot tell
+    with pytest.raises(CheckpointError, match=r"checkpoint-4 is damaged: model\.safetensors does not match "
+                                              r"the checksum.*--resume auto"):
+        resolve_resume(str(newer), tmp_path / "output", None)
+    found, notes = resolve_resume("auto", tmp_path / "output", run)
+    assert found == older
+    assert notes == ["skipping checkpoint-4: model.safetensors does not match the checksum saved with it "
+                     "(damaged on disk)"]
+    found, notes = resolve_resume(str(run), tmp_path / "output", None)       # a run folder: the same choice
+    assert found == older
+    # a truncated file is seen without reading anything
+    data = (older / "ema.safetensors").read_bytes()
+    (older / "ema.safetensors").write_bytes(data[:-10])
+    assert newest_complete(run) == (newer, [])
+    assert newest_complete(run, verify=True)[0] is None
+    found, notes = resolve_resume("auto", tmp_path / "output", run)
+    assert found is None and "checkpoint-2: ema.safetensors changed size since it was saved" in notes[1]
+
+
+def test_a_marker_without_checksums_still_resumes_with_a_note(tmp_path):
+    ck = real_checkpoint(tmp_path / "r", 5)
+    meta = json.loads((ck / COMPLETE).read_text())
+    (ck / COMPLETE).write_text(json.dumps({"step": 5, "files": meta["files"]}))     # as written before checksums
+    found, notes = resolve_resume(str(ck), tmp_path, None)
+    assert found == ck
+    assert notes == ["checkpoint-5 has no checksums (saved by an earlier taehv-launch): resuming it unverified"]
+    found, notes = resolve_resume("auto", tmp_path, tmp_path / "r")
+    assert found == ck and "unverified" in notes[0]
+
+
+def test_launcher_refuses_a_damaged_checkpoint_in_one_line(tmp_path):
+    from conftest import assert_one_line_error
+
+    ck = real_checkpoint(tmp_path / "output" / "d", 6)
+    flip_a_byte(ck / "ema.safetensors", offset=100)
+    before = sorted(p.name for p in (tmp_path / "output" / "d").iterdir())
+    proc, _ = launch(tmp_path, 1, "--resume", str(ck), run_name="d")
+    assert_one_line_error(proc, r"checkpoint .*checkpoint-6 is damaged: ema\.safetensors does not match")
+    assert sorted(p.name for p in (tmp_path / "output" / "d").iterdir()) == before
+
+
+@pytest.mark.slow
+def test_disk_full_while_saving_stops_in_one_line_and_keeps_the_previous_checkpoint(tmp_path):
+    """RLIMIT_FSIZE (a file size limit, as `ulimit -f`) below the largest file of a checkpoint: writing
+    checkpoint-4 fails the way a full disk does (EFBIG instead of ENOSPC)."""
+    import resource
+
+    from conftest import assert_one_line_error
+
+    common = ["--set", "checkpointing_steps=2", "--set", "validation_steps=100"]
+    proc, run = launch(tmp_path, 1, *common, "--set", "max_train_steps=2", run_name="full")
+    ok(proc)
+    sizes = sorted((p.stat().st_size, p.name) for p in (run / "checkpoint-2").iterdir())
+    limit = (sizes[-1][0] + sizes[-2][0]) // 2           # the largest file cannot be written, the rest can
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    import subprocess
+
+    from conftest import CLI, clean_env, free_port
+
+    env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([*CLI, "1", "cpu", "--run-name", "full", "--master-port", str(free_port()),
+                           "--set", f"output_dir='{tmp_path / 'output'}'", "--set", "log_every=1",
+                           "--set", "dataloader_num_workers=0", *common, "--set", "max_train_steps=4",
+                           "--resume", "auto"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=600, preexec_fn=small_files)
+    assert_one_line_error(proc, r"could not write checkpoint-4 .*(File too large|a write failed).*at most \d+ MiB \(ulimit -f\).*--resume auto from "
+                                r"checkpoint-2, which is complete", code=1)
+    assert "Traceback" not in proc.stdout
+    names = sorted(p.name for p in run.iterdir() if "checkpoint" in p.name)
+    assert names == ["checkpoint-2"], names                           # no half folder under any name
+    assert resolve_resume("auto", tmp_path / "output", run) == (run / "checkpoint-2", [])
+    proc, _ = launch(tmp_path, 1, *common, "--set", "max_train_steps=3", "--resume", "auto", run_name="full")
+    ok(proc)
+    assert "checkpoint-2 at step 2" in proc.stdout

@@ -1,8 +1,23 @@
-"""Preemption with real signals: the launcher relays, the trainer saves and exits resumable."""
+"""Preemption with real signals, as users run it: DataLoader workers (0 and 2), 1 and 2 CPU ranks.
+
+The matrix: {SIGTERM to the launcher, SIGTERM to every process of the job (SLURM), SIGUSR1 to
+every process (SLURM's `--signal=USR1@120` without `B:`), SIGINT to the launcher's process group
+(Ctrl-C)} x {workers 0, 2} x {1, 2 ranks}. Every cell must end with a new complete checkpoint,
+REQUEUE, exit 75 and no traceback, and `--resume auto` must continue at the saved step with the
+losses of an uninterrupted run.
+
+To keep CI short the four signal cells of one (workers, ranks) configuration form a chain: the
+`--resume auto` launch that checks one cell's resume is the run the next cell interrupts, and the
+last one runs a single step. The whole chain's loss curve is then compared, step by step, with
+one uninterrupted reference run of that configuration. The constant learning-rate schedule makes
+the curve independent of max_train_steps, so the interrupted runs can ask for many steps.
+The reference runs at the same time as the chain.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -11,78 +26,173 @@ from pathlib import Path
 import pytest
 
 from conftest import CLI, clean_env, free_port
-from trainrun import FAST, scalars
+from trainrun import scalars
 
 pytestmark = pytest.mark.slow
 
-
-def start(tmp: Path, run_name: str) -> tuple[subprocess.Popen, Path]:
-    env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-    argv = [*CLI, "1", "cpu", "--run-name", run_name, "--master-port", str(free_port()),
-            "--set", f"output_dir='{tmp / 'output'}'", *FAST, "--set", "max_train_steps=500",
-            "--set", "checkpointing_steps=500", "--set", "validation_steps=500"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
-    return proc, tmp / "output" / run_name
+BIG = 100000
+REF_STEPS = 12
+CELLS = ["SIGTERM to the launcher", "SIGTERM to every process", "SIGUSR1 to every process",
+         "SIGINT to the process group"]
+CONFIGS = [(0, 1), (2, 1), (0, 2), (2, 2)]     # (DataLoader workers, ranks)
 
 
-def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    log = run / "launch.log"
-    while time.time() < deadline:
-        if log.exists() and f"step {step}/" in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"exited early: {proc.communicate()}")
-        time.sleep(0.5)
-    proc.kill()
-    raise AssertionError(f"step {step} not reached: {log.read_text(errors='replace')[-2000:]}")
+def settings(workers: int) -> list[str]:
+    return ["--set", "log_every=1", "--set", "checkpointing_steps=2", "--set", "validation_steps=1000",
+            "--set", "max_validation_batches=1", "--set", "lr_scheduler='constant'",
+            "--set", f"dataloader_num_workers={workers}", "--set", "checkpoints_total_limit=20"]
 
 
-def trainer_pid(run: Path) -> int:
+class Launch:
+    """`taehv-launch RANKS cpu` in a session of its own (so SIGINT to its group is Ctrl-C),
+    output into files (no pipe to fill)."""
+
+    def __init__(self, tmp: Path, name: str, ranks: int, workers: int, *args: str):
+        self.tmp, self.run = tmp, tmp / "output" / name
+        n = len(list(tmp.glob(f"{name}.*.out")))
+        self.out, self.err = tmp / f"{name}.{n}.out", tmp / f"{name}.{n}.err"
+        env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
+        argv = [*CLI, str(ranks), "cpu", "--run-name", name, "--master-port", str(free_port()),
+                "--set", f"output_dir='{tmp / 'output'}'", *settings(workers), *args]
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=tmp,
+                                         start_new_session=True)
+
+    def text(self) -> tuple[str, str]:
+        return self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
+
+    def wait_for(self, what: str, timeout: float = 240) -> None:
+        """Until the launcher's output shows `what` (the trainer's log is teed to it)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if what in self.out.read_text(errors="replace"):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited {self.proc.returncode} before {what!r}: {self.text()}")
+            time.sleep(0.1)
+        self.kill()
+        raise AssertionError(f"{what!r} not seen in {timeout} s: {self.text()}")
+
+    def finish(self, timeout: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"did not exit in {timeout} s: {self.text()}") from None
+
+    def processes(self) -> list[int]:
+        import psutil
+
+        try:
+            return [self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def send(self, cell: str) -> None:
+        if cell == "SIGTERM to the launcher":
+            os.kill(self.proc.pid, signal.SIGTERM)
+        elif cell == "SIGINT to the process group":
+            os.killpg(self.proc.pid, signal.SIGINT)
+        else:     # as SLURM does: every process of the step at once, DataLoader workers included
+            sig = signal.SIGTERM if cell.startswith("SIGTERM") else signal.SIGUSR1
+            pids = self.processes()
+            assert len(pids) >= 3, pids
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def complete_steps(run: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in run.glob("checkpoint-*") if (p / "COMPLETE").is_file())
+
+
+def check_stopped(launch: Launch, cell: str, before: int) -> int:
+    """The cell's outcome: exit 75, no traceback, a new complete checkpoint named in REQUEUE."""
+    code = launch.finish()
+    out, err = launch.text()
+    assert code == 75, (cell, code, out[-3000:], err[-3000:])
+    assert "Traceback" not in out + err, (cell, out[-3000:], err[-3000:])
+    saved = complete_steps(launch.run)[-1]
+    assert saved > before, (cell, saved, before)
+    ckpt = launch.run / f"checkpoint-{saved}"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == saved
+    assert "checksums" in json.loads((ckpt / "COMPLETE").read_text())
+    assert json.loads((launch.run / "REQUEUE").read_text())["step"] == saved, cell
+    assert json.loads((launch.run / "exit_status.json").read_text())["code"] == 75
+    assert not list(launch.run.glob(".tmp-checkpoint-*")), cell
+    return saved
+
+
+@pytest.mark.parametrize("workers,ranks", CONFIGS, ids=[f"workers{w}-ranks{r}" for w, r in CONFIGS])
+def test_signal_matrix(tmp_path, workers, ranks):
+    # the uninterrupted reference runs beside the chain (its start-up is mostly single-threaded imports)
+    ref = Launch(tmp_path, "ref", ranks, workers, "--set", f"max_train_steps={REF_STEPS}")
+    launch = Launch(tmp_path, "pre", ranks, workers, "--set", f"max_train_steps={BIG}")
+    launch.wait_for("checkpoint: checkpoint-2")
+    saved = 2
+    for i, cell in enumerate(CELLS):
+        if i:   # the resumed run must have trained past the saved step before it is interrupted
+            launch.wait_for(f"step {saved + 1}/")
+        launch.send(cell)
+        saved = check_stopped(launch, cell, saved)
+        last = i == len(CELLS) - 1
+        launch = Launch(tmp_path, "pre", ranks, workers, "--resume", "auto",
+                        "--set", f"max_train_steps={saved + 1 if last else BIG}")
+        launch.wait_for(f"at step {saved}")            # "resumed from .../checkpoint-<saved> at step <saved>"
+        assert f"checkpoint-{saved} at step {saved}" in launch.text()[0], (cell, launch.text()[0][-2000:])
+    assert launch.finish() == 0, launch.text()
+    assert ref.finish() == 0, ref.text()
+    reference = scalars(ref.run)["train/loss"]
+    assert [s for s, _ in reference] == list(range(1, REF_STEPS + 1))
+    final = saved + 1
+    assert final <= REF_STEPS, f"the chain ran {final} steps, the reference {REF_STEPS}: raise REF_STEPS"
+    got = scalars(launch.run)["train/loss"]
+    assert [s for s, _ in got] == list(range(1, final + 1)), got          # every step once, none lost
+    for (step, a), (_, b) in zip(got, reference):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (step, a, b)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_second_signal_aborts_at_once(tmp_path, ranks):
     import psutil
 
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if any(c.endswith("train/main.py") for c in cmd) and str(run) in " ".join(cmd) and "launch" not in cmd:
-            return p.pid
-    raise AssertionError("trainer process not found")
-
-
-@pytest.mark.parametrize("target,sig", [("launcher", signal.SIGTERM), ("launcher", signal.SIGINT),
-                                        ("trainer", signal.SIGUSR1)])
-def test_signal_saves_a_checkpoint_and_exits_resumable(tmp_path, target, sig):
-    proc, run = start(tmp_path, "pre")
-    wait_for_step(run, 3, proc)
-    pid = proc.pid if target == "launcher" else trainer_pid(run)
-    import os
-
-    os.kill(pid, sig)
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 75, (out[-3000:], err[-3000:])       # EXIT_RESUMABLE: requeue me
-    assert "Traceback" not in out + err
-    ckpts = sorted(run.glob("checkpoint-*"))
-    assert len(ckpts) == 1 and (ckpts[0] / "COMPLETE").is_file()
-    saved = json.loads((ckpts[0] / "trainer_state.json").read_text())["step"]
-    assert saved >= 3
-    assert json.loads((run / "REQUEUE").read_text())["step"] == saved
-    assert json.loads((run / "exit_status.json").read_text())["code"] == 75
-    # the requeued job continues from there
-    env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-    again = subprocess.run([*CLI, "1", "cpu", "--run-name", "pre", "--resume", "auto", "--master-port",
-                            str(free_port()), "--set", f"output_dir='{tmp_path / 'output'}'", *FAST,
-                            "--set", f"max_train_steps={saved + 2}"], capture_output=True, text=True, env=env,
-                           cwd=tmp_path, timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"at step {saved}" in again.stdout
-    steps = [s for s, _ in scalars(run)["train/loss"]]
-    assert steps[-2:] == [saved + 1, saved + 2] and len(steps) == len(set(steps))
-
-
-def test_second_signal_aborts_at_once(tmp_path):
-    proc, run = start(tmp_path, "abort")
-    wait_for_step(run, 2, proc)
-    proc.send_signal(signal.SIGTERM)
+    launch = Launch(tmp_path, "abort", ranks, 2, "--set", f"max_train_steps={BIG}")
+    launch.wait_for("checkpoint: checkpoint-2")
+    pids = launch.processes()
+    launch.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    launch.proc.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    assert launch.finish(timeout=60) == 130, launch.text()
+    assert time.time() - t0 < 15
+    time.sleep(1)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"processes of the launch left running: {alive}"      # ranks and workers too
+
+
+def test_a_worker_killed_for_another_reason_is_one_error_line(tmp_path):
+    """SIGKILL (as the out-of-memory killer does) to a DataLoader worker: one `error:` line."""
+    import psutil
+
+    launch = Launch(tmp_path, "oom", 1, 2, "--set", f"max_train_steps={BIG}")
+    launch.wait_for("step 2/")
+    ranks = psutil.Process(launch.proc.pid).children()[0].children()
+    workers = [w for r in ranks for w in r.children()]
+    assert len(workers) == 2, workers
+    workers[0].kill()
+    code = launch.finish()
+    out, err = launch.text()
+    assert code == 1, (out[-2000:], err[-2000:])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: a DataLoader worker (pid"), err
+    assert "killed by signal" in lines[0] and "dataloader_num_workers" in lines[0], err
+    assert "Traceback" not in out + err

@@ -1,8 +1,14 @@
 """The edge: write the run directory, check the machine, start `accelerate launch`, relay signals.
 
 The child runs in its own session (process group), so a Ctrl-C in the terminal reaches only
-us; we decide what the trainer sees: the first SIGINT/SIGTERM/SIGUSR1 is passed to the
-trainer processes (they checkpoint and exit with EXIT_RESUMABLE), a second kills the group.
+us; we decide what the trainer sees: the first SIGINT/SIGTERM/SIGUSR1 is relayed as SIGUSR2
+(train/stop.RELAY_SIGNAL) to the rank processes only, the agent's direct children, never their
+DataLoader workers; the ranks checkpoint and exit with EXIT_RESUMABLE. A rank that also got the
+signal directly (SLURM signals every process) stops once: the relay never counts as a second
+signal. A second signal to us SIGKILLs every process of the launch (torchrun puts each rank in a
+session of its own, so the child's process group alone is not enough).
+The child is `accelerate launch` run through agent.py, which keeps torchrun's agent from tearing
+the ranks down when a scheduler signals it too.
 accelerate's wrappers turn a trainer failure into their own traceback and exit code 1; the
 trainer records its real exit code in the run directory and we exit with that one, keeping
 accelerate's traceback in launch.log only.
@@ -10,6 +16,7 @@ accelerate's traceback in launch.log only.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -24,6 +31,7 @@ from .errors import EXIT_ABORTED, LaunchError
 from .render import TRAINER_SCRIPT, Rendered
 from .resolve import Plan
 from .runs import point_latest, status_path
+from .train.stop import RELAY_SIGNAL
 
 MIN_FREE_BYTES = 2 << 30
 
@@ -101,23 +109,47 @@ def read_status(run_dir: Path, node: int) -> dict | None:
 
 
 def trainer_pids(root_pid: int) -> list[int]:
-    """PIDs of trainer processes under `root_pid` (not accelerate's or torchrun's own)."""
+    """PIDs of the trainer's rank processes under `root_pid`: the direct children of the agent
+    (accelerate's simple launcher or torchrun's agent, running in `root_pid`) that run main.py.
+    Not their DataLoader workers, which are forked from a rank and share its command line."""
     import psutil   # accelerate depends on it; imported only when a signal arrives
 
     try:
-        children = psutil.Process(root_pid).children(recursive=True)
+        children = psutil.Process(root_pid).children(recursive=False)
     except psutil.NoSuchProcess:
         return []
     script = str(TRAINER_SCRIPT)
     pids = []
     for child in children:
         try:
-            cmd = child.cmdline()
-            if script in cmd and "launch" not in cmd:     # the trainer, not `accelerate launch ... main.py`
+            if script in child.cmdline():
                 pids.append(child.pid)
         except psutil.Error:
             continue
     return pids
+
+
+def launch_pids(root_pid: int) -> list[int]:
+    """`root_pid` and every process under it, in whatever process group or session."""
+    import psutil
+
+    try:
+        root = psutil.Process(root_pid)
+        return [root_pid, *(p.pid for p in root.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_launch(root_pid: int, pids: list[int] | None = None) -> None:
+    """SIGKILL the launch: its process group and each process under it (ranks run in sessions
+    of their own under torchrun)."""
+    pids = launch_pids(root_pid) if pids is None else pids
+    _kill_group(root_pid, signal.SIGKILL)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
@@ -132,31 +164,44 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
         log.write(f"\n=== taehv-launch {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(rendered.argv)}\n".encode())
         log.flush()
         try:
-            child = subprocess.Popen(rendered.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            if not shutil.which(rendered.argv[0]):
+                raise FileNotFoundError(errno.ENOENT, "not found")
+            child_argv = [sys.executable, "-m", "taehv_launch.agent", *rendered.argv]
+            child = subprocess.Popen(child_argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             raise LaunchError(f"cannot start {rendered.argv[0]}: {exc.strerror or exc}; "
                               f"is accelerate installed in this environment?") from None
         signals_seen = []
+        not_started = []
 
         def relay(signum, _frame):
             signals_seen.append(signum)
             if len(signals_seen) == 1:
                 pids = trainer_pids(child.pid)
-                msg = (f"taehv-launch: got {signal.Signals(signum).name}: asking the trainer to save a "
-                       f"checkpoint and stop (send it again to abort at once)\n")
+                if pids:
+                    msg = (f"taehv-launch: got {signal.Signals(signum).name}: asking the trainer to save a "
+                           f"checkpoint and stop (send it again to abort at once)\n")
+                else:
+                    msg = (f"taehv-launch: got {signal.Signals(signum).name} before the trainer started: "
+                           f"stopping, nothing to save\n")
                 sys.stderr.write(msg)
-                log.write(msg.encode())
+                try:
+                    log.write(msg.encode())
+                    log.flush()
+                except (RuntimeError, ValueError):   # the tee was writing it (reentrant call): console only
+                    pass
                 for pid in pids:
                     try:
-                        os.kill(pid, signal.SIGTERM)
+                        os.kill(pid, RELAY_SIGNAL)
                     except ProcessLookupError:
                         pass
-                if not pids:   # not started yet: nothing to save
-                    _kill_group(child.pid, signal.SIGTERM)
+                if not pids:
+                    not_started.append(signum)
+                    kill_launch(child.pid)
             else:
                 sys.stderr.write("taehv-launch: second signal: stopping now, without a checkpoint\n")
-                _kill_group(child.pid, signal.SIGKILL)
+                kill_launch(child.pid)
 
         previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
         try:
@@ -166,7 +211,7 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
             for s, handler in previous.items():
                 signal.signal(s, handler)
     status = read_status(run_dir, plan.topology.machine_rank)
-    if len(signals_seen) > 1:
+    if len(signals_seen) > 1 or (not_started and status is None):
         return EXIT_ABORTED
     if status is not None:
         return int(status.get("code", code))

@@ -1,8 +1,10 @@
 """Checkpoints that are complete or absent, and exports of the EMA TAEHV.
 
 A checkpoint is written into `.tmp-checkpoint-<step>/`, then every file is listed in a
-COMPLETE marker, then the folder is renamed to `checkpoint-<step>/`; a crash at any point
-leaves either the previous checkpoints or a temp folder that resume ignores. Assumes the run
+COMPLETE marker with its size and CRC-32 (runs.write_complete; a resume verifies them), then the
+folder is renamed to `checkpoint-<step>/`; a crash at any point leaves either the previous
+checkpoints or a temp folder that resume ignores. A write that fails (disk full) is one error line
+and removes the temp folder. Assumes the run
 directory is on a filesystem every node sees (as DeepSpeed's own checkpoints do).
 
 Contents: model + optimizer as a world-size-free state (portable.py: full fp32 weights and
@@ -17,6 +19,7 @@ Everything we load ourselves is safetensors or `torch.load(weights_only=True)`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -30,8 +33,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError
-from ..runs import COMPLETE, layout_change_problem, list_checkpoints
+from ..errors import EXIT_FAILED, CheckpointError
+from ..runs import layout_change_problem, list_checkpoints, write_complete
 from . import portable
 
 
@@ -70,35 +73,90 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (disk full, quota, file size limit, I/O error)."""
+
+    exit_code = EXIT_FAILED
+
+
+@contextlib.contextmanager
+def _writing(run_dir: Path, tmp: Path, step: int):
+    """Turn a failed write into one line; the partial folder stays a temporary one (and is removed)."""
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as exc:
+        if isinstance(exc, RuntimeError) and not any(s in str(exc) for s in _TORCH_WRITE_FAILURES):
+            raise            # not a write failure (e.g. a collective with a dead peer): the full error
+        shutil.rmtree(tmp, ignore_errors=True)     # give the space back; never named checkpoint-<step>
+        try:
+            free = f"{shutil.disk_usage(run_dir).free / 2**30:.1f} GiB free"
+        except OSError:
+            free = "free space unknown"
+        detail = _write_failure(exc)
+        previous = [p.name for s, p, why in list_checkpoints(run_dir) if why is None]
+        raise CheckpointWriteError(
+            f"could not write checkpoint-{step} in {run_dir} ({detail}; {free}): free disk space, or raise "
+            f"the quota / file size limit (`ulimit -f`), then continue with --resume auto"
+            + (f" from {previous[-1]}, which is complete" if previous else " (no complete checkpoint yet)")) from None
+
+
+def _write_failure(exc: BaseException) -> str:
+    """What went wrong, in words: the OS error where there is one (torch.save hides it)."""
+    import re
+    import resource
+
+    if isinstance(exc, OSError) and exc.strerror:
+        what = exc.strerror
+    elif m := re.search(r"os error (\d+)", str(exc)):          # safetensors' I/O errors
+        what = os.strerror(int(m.group(1)))
+    else:
+        what = "a write failed"
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        what += f"; this process may write files of at most {soft / 2**20:.0f} MiB (ulimit -f)"
+    return what
+
+
+# torch.save's messages when the underlying write fails (PyTorchStreamWriter)
+_TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "inline_container", "PytorchStreamWriter")
+
+
 def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, state: TrainState,
                     include_buffer: bool) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint path."""
+    """Collective: every rank calls it. Returns the final checkpoint path.
+
+    A write that fails (disk full ...) raises CheckpointWriteError on the rank that saw it; the
+    temporary folder is removed and the previous checkpoints are untouched."""
     final = run_dir / f"checkpoint-{state.step}"
     tmp = run_dir / f".tmp-checkpoint-{state.step}"
     rank = accelerator.process_index
     if accelerator.is_main_process:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        with _writing(run_dir, tmp, state.step):
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     if accelerator.state.deepspeed_plugin is not None:
-        model.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+        with _writing(run_dir, tmp, state.step):
+            model.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
     full = portable.gather(accelerator, model, optimizer)
-    if full is not None:
-        portable.save(tmp, full)
-    torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
-    if seraena is not None:
-        torch.save(seraena.state_dict_for_checkpoint(include_buffer=include_buffer), tmp / f"seraena_rank{rank}.pt")
-    if accelerator.is_main_process:
-        save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
-        (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+    with _writing(run_dir, tmp, state.step):
+        if full is not None:
+            portable.save(tmp, full)
+        torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+        if seraena is not None:
+            torch.save(seraena.state_dict_for_checkpoint(include_buffer=include_buffer),
+                       tmp / f"seraena_rank{rank}.pt")
+        if accelerator.is_main_process:
+            save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
+            (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        (tmp / COMPLETE).write_text(json.dumps({"step": state.step, "files": files}))
-        if final.exists():   # a checkpoint of the same step from an interrupted earlier attempt
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with _writing(run_dir, tmp, state.step):
+            write_complete(tmp, state.step)      # every file with its size and checksum
+            if final.exists():   # a checkpoint of the same step from an interrupted earlier attempt
+                shutil.rmtree(final)
+            os.replace(tmp, final)
     accelerator.wait_for_everyone()
     return final
 

@@ -299,7 +299,11 @@ def split_train_val(
 # --- decoding ---------------------------------------------------------------------------
 
 def worker_init_fn(worker_id: int) -> None:
-    """DataLoader workers: no OpenCV thread pool per worker (N workers x N threads thrash)."""
+    """DataLoader workers: no OpenCV thread pool per worker (N workers x N threads thrash), and
+    stop signals are left to the rank (stop.guard_worker)."""
+    from .stop import guard_worker
+
+    guard_worker()
     cv2.setNumThreads(0)
 
 

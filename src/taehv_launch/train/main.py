@@ -47,6 +47,9 @@ def write_status(run_dir: Path, code: int, message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from taehv_launch.train.stop import install, worker_death_message
+
+    install()          # first: a stop signal during start-up is kept, not fatal
     args = parse_args(argv)
     run_dir = Path(args.run_dir)
     rank = os.environ.get("RANK", "0")
@@ -62,8 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         code, message = err.exit_code, str(err)
         print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
     except Exception as exc:  # a bug or a dead peer: full traceback, the job fails
-        traceback.print_exc()
-        code, message = EXIT_FAILED, f"{type(exc).__name__}: {exc}"
+        died = worker_death_message(exc)
+        if died:          # a DataLoader worker died (OOM killer, /dev/shm): say so in one line
+            code, message = EXIT_FAILED, died
+            print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
+        else:
+            traceback.print_exc()
+            code, message = EXIT_FAILED, f"{type(exc).__name__}: {exc}"
     write_status(run_dir, code, message)
     return code
 

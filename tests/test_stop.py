@@ -1,0 +1,139 @@
+"""Stop signals at the process level, with real processes: DataLoader workers leave them to their
+rank, the launcher's relay never counts as a second signal, and only rank processes are relayed to."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+WORKERS_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from taehv_launch.train.data import worker_init_fn
+
+    class Slow(Dataset):
+        def __len__(self): return 10**6
+        def __getitem__(self, i):
+            time.sleep(0.01)
+            return torch.tensor([i])
+
+    loader = DataLoader(Slow(), batch_size=1, num_workers=2, worker_init_fn=worker_init_fn, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    pids = [w.pid for w in it._workers]
+    print(" ".join(map(str, pids)), flush=True)
+    sys.stdin.readline()            # the test signals the workers now
+    for _ in range(20):
+        next(it)
+    print("alive", all(w.is_alive() for w in it._workers), flush=True)
+    it._shutdown_workers()          # torch's own shutdown: terminate() from the parent still works
+    print("exited", [w.exitcode for w in it._workers], flush=True)
+""")
+
+
+def test_dataloader_workers_ignore_stop_signals_but_not_their_rank(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WORKERS_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+            for pid in pids:
+                os.kill(pid, sig)
+        time.sleep(0.5)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "alive True" in out, (out, err)
+    assert "exited [0, 0]" in out, (out, err)
+    assert "Traceback" not in err and "killed by signal" not in err
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    from taehv_launch.train.stop import StopFlag, install
+    install()
+    flag = StopFlag()
+    print("ready", flush=True)
+    deadline = time.time() + 20
+    while not flag.local and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)            # more signals may come: only a second direct one aborts
+    print("stopping once", flag.local, flush=True)
+""")
+
+
+@pytest.mark.parametrize("sequence,code", [
+    ((signal.SIGTERM, signal.SIGUSR2), 0),        # direct and through the launcher: once
+    ((signal.SIGUSR2, signal.SIGUSR1), 0),        # through the launcher, then SLURM's direct one: once
+    ((signal.SIGUSR2, signal.SIGUSR2), 0),
+    ((signal.SIGUSR1, signal.SIGTERM), 130),      # two direct signals: abort at once
+])
+def test_relay_never_counts_as_a_second_signal(sequence, code):
+    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    for sig in sequence:
+        proc.send_signal(sig)
+        time.sleep(0.1)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, (out, err)
+    if code == 0:
+        assert "stopping once True" in out
+    else:
+        assert "second signal (SIGTERM): exiting without a checkpoint" in err
+
+
+def test_worker_death_message_is_one_line():
+    from taehv_launch.train.stop import worker_death_message
+
+    msg = worker_death_message(RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. "))
+    assert msg.startswith("a DataLoader worker (pid 4242) is killed by signal: Killed: usually the out-of-memory")
+    assert "\n" not in msg
+    assert worker_death_message(RuntimeError("DataLoader worker (pid(s) 7, 8) exited unexpectedly")).startswith(
+        "a DataLoader worker (pid 7, 8) exited unexpectedly:")
+    assert worker_death_message(RuntimeError("Caught ValueError in DataLoader worker process 0.")) is None
+
+
+def test_launcher_relays_to_rank_processes_only(tmp_path):
+    """trainer_pids: the agent's direct children that run main.py, not the workers forked from them."""
+    import psutil
+
+    from taehv_launch.launch import launch_pids, trainer_pids
+    from taehv_launch.render import TRAINER_SCRIPT
+
+    fake_rank = textwrap.dedent("""
+        import os, sys, time
+        if os.fork() == 0:        # a forked "worker": same command line
+            time.sleep(60); os._exit(0)
+        time.sleep(60)
+    """)
+    script = tmp_path / "agent.py"
+    script.write_text(f"import subprocess, sys, time\n"
+                      f"ps = [subprocess.Popen([sys.executable, '-c', {fake_rank!r}, {str(TRAINER_SCRIPT)!r}])"
+                      f" for _ in range(2)]\ntime.sleep(60)\n")
+    agent = subprocess.Popen([sys.executable, str(script)], start_new_session=True)   # kill_launch kills its group
+    try:
+        deadline = time.time() + 20
+        while len(launch_pids(agent.pid)) < 5 and time.time() < deadline:
+            time.sleep(0.1)
+        everything = launch_pids(agent.pid)
+        assert len(everything) == 5, everything                  # agent, 2 ranks, 2 workers
+        ranks = trainer_pids(agent.pid)
+        assert sorted(ranks) == sorted(p.pid for p in psutil.Process(agent.pid).children())
+        assert len(ranks) == 2
+    finally:
+        from taehv_launch.launch import kill_launch
+
+        kill_launch(agent.pid, launch_pids(agent.pid))
+        agent.wait(timeout=10)
