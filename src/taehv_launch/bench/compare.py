@@ -28,11 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, LaunchError
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from .step import _peak_reset, _sync
 
 
 class Meter:
@@ -42,9 +38,7 @@ class Meter:
         self.device = device
 
     def reset(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
+        _peak_reset(self.device)
 
     def peaks(self) -> dict[str, float | None]:
         if self.device.type != "cuda":
@@ -213,29 +207,27 @@ def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: 
 
     rows = []
 
-    def row(name: str, detail: str) -> None:
+    def row(name: str, detail: str, chunk: int | None = None) -> None:
         meter.reset()
         t0 = time.perf_counter()
         step()                                               # includes any compile warm-up
         _sync(device)
         warm = time.perf_counter() - t0
         secs = time_steps(step, device, steps, warmup=1)
-        rows.append({"what": name, "detail": detail, "seconds": secs, "clips_per_s": cfg["train_batch_size"] / secs,
-                     "first_call_s": warm, **meter.peaks()})
+        rows.append({"what": name, "detail": detail, "chunk": chunk, "seconds": secs,
+                     "clips_per_s": cfg["train_batch_size"] / secs, "first_call_s": warm, **meter.peaks()})
         peak = rows[-1]["peak_allocated_gib"]
         log(f"  lever {name:<28} {detail:<34} {secs * 1000:8.1f} ms / micro-batch ({warm:.0f} s first call"
             + (f", peak {peak:.1f} GiB)" if peak is not None else ")"))
 
-    row("eager", f"chunk {chunks[0]}, {'bf16 autocast' if cuda else 'fp32'}, syncs")
+    row("eager", f"chunk {chunks[0]}, {'bf16 autocast' if cuda else 'fp32'}, syncs", chunks[0])
     if cuda:
         compile_reference(ref)
-        row("compile reference encoder", f"chunk {chunks[0]}")
+        row("compile reference encoder", f"chunk {chunks[0]}", chunks[0])
     for c in chunks[1:]:
         ref.chunk_size = c
-        row("chunk", f"chunk {c}")
-    best = min((r for r in rows if r["what"] in ("eager", "compile reference encoder", "chunk")),
-               key=lambda r: r["seconds"])
-    ref.chunk_size = int(best["detail"].split()[1].rstrip(","))
+        row("chunk", f"chunk {c}", c)
+    ref.chunk_size = min((r for r in rows if r["chunk"] is not None), key=lambda r: r["seconds"])["chunk"]
     if cuda:
         compile_taehv(taehv)
         row("compile TAEHV", f"chunk {ref.chunk_size}")
@@ -290,7 +282,7 @@ def trainer_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_ro
                 steps: int, profile_phases: bool, log: Callable[[str], None]) -> dict[str, Any]:
     """Run the real trainer through the launcher and read its speed.json."""
     run_name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}{'-profile' if profile_phases else ''}"
-    argv = [sys.executable, "-c", "from taehv_launch.cli import main; main()", gpus, profile, "--run-name", run_name,
+    argv = [sys.executable, "-m", "taehv_launch.cli", gpus, profile, "--run-name", run_name,
             "--set", f"output_dir={str(workdir / 'output')!r}", "--set", f"data_root={data_root!r}",
             "--set", f"ref_vae_path={ref_path!r}", "--set", f"max_train_steps={steps}",
             "--set", f"log_every={max(1, steps // 4)}", "--set", f"validation_steps={steps}",

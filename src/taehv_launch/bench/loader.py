@@ -52,17 +52,11 @@ def decode_opencv(threads: int | None) -> Callable[[str, list[int]], int]:
 
         from ..train import data
 
-        old = data.WORKER_DECODE_THREADS
-        data.WORKER_DECODE_THREADS = threads
+        cap = data.capture(path, threads)
         try:
-            cap = (cv2.VideoCapture(path) if threads is None
-                   else cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads]))
-            try:
-                frames, _ = data._decode(cap, sorted(set(wanted)), seek=True)
-            finally:
-                cap.release()
+            frames, _ = data._decode(cap, sorted(set(wanted)), seek=True)
         finally:
-            data.WORKER_DECODE_THREADS = old
+            cap.release()
         if frames is None:
             return 0
         return sum(cv2.cvtColor(f, cv2.COLOR_BGR2RGB).shape[0] > 0 for f in frames.values())

@@ -319,6 +319,13 @@ def decode_threads() -> int | None:
     return max(1, cores // (ranks * max(1, info.num_workers)))
 
 
+def capture(path: str, threads: int | None) -> cv2.VideoCapture:
+    """cv2.VideoCapture with `threads` FFmpeg decoding threads (None: FFmpeg's default)."""
+    if threads is None:
+        return cv2.VideoCapture(path)
+    return cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads])
+
+
 def _open(path: str) -> cv2.VideoCapture | None:
     """An opened capture, or None (missing, empty, not a video, a directory)."""
     try:
@@ -327,9 +334,7 @@ def _open(path: str) -> cv2.VideoCapture | None:
     except OSError:
         return None
     try:
-        threads = decode_threads()
-        cap = (cv2.VideoCapture(path) if threads is None
-               else cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads]))
+        cap = capture(path, decode_threads())
     except cv2.error:
         return None
     if not cap.isOpened():

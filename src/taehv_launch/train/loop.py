@@ -117,11 +117,9 @@ class Trainer:
         if self.ref is not None:
             compile_reference(self.ref)
             what.append("reference VAE encoder")
-        if self.cfg["compile"] != "all":
-            pass
-        elif self.zero == 3:   # ZeRO-3 gathers parameters in module hooks that compiled graphs would break around
+        if self.cfg["compile"] == "all" and self.zero == 3:   # ZeRO-3's gathering hooks: stay eager
             self.log("compile: TAEHV stays eager under ZeRO-3")
-        else:
+        elif self.cfg["compile"] == "all":
             compile_taehv(taehv)
             what.append("TAEHV encode/decode")
         if what:
@@ -173,7 +171,7 @@ class Trainer:
             ser_loss, disc_loss = dec.new_zeros(()), 0.0
             if self.seraena is not None:
                 with t("Seraena (disc + correction)"):
-                    real, fake, ctx = self._seraena_view(target, dec, latents)
+                    real, fake, ctx = seraena_crop(target, dec, latents, cfg["seraena_crop"], self.seraena.gen)
                     corrected, stats = self.seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
                 ser_loss, disc_loss = F.mse_loss(fake, corrected), stats["disc_loss"]
             loss = (cfg["reconstruction_loss_weight"] * rec_loss + cfg["encoder_loss_weight"] * enc_loss
@@ -186,9 +184,6 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss.detach(), "reconstruction_loss": rec_loss.detach(), "encoder_loss": enc_loss.detach(),
                 "seraena_loss": ser_loss.detach(), "disc_loss": disc_loss, "psnr": psnr_t(dec, target)}
-
-    def _seraena_view(self, target, dec, latents):
-        return seraena_crop(target, dec, latents, self.cfg["seraena_crop"], self.seraena.gen)
 
     def note_skipped(self, paths: list[str]) -> None:
         for p in paths:

@@ -72,17 +72,6 @@ class StopFlag:
     def local(self) -> bool:
         return requested()
 
-    def agreed(self, device) -> bool:
-        """Collective: True on every rank when any rank was signalled."""
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self.local
-        flag = torch.tensor([1.0 if self.local else 0.0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
 
 # ---------------------------------------------------------------- DataLoader workers
 def guard_worker() -> None:
