@@ -40,7 +40,7 @@ CONFIGS = [(0, 1), (2, 1), (0, 2), (2, 2)]     # (DataLoader workers, ranks)
 def settings(workers: int) -> list[str]:
     return ["--set", "log_every=1", "--set", "checkpointing_steps=2", "--set", "validation_steps=1000",
             "--set", "max_validation_batches=1", "--set", "lr_scheduler='constant'",
-            "--set", f"dataloader_num_workers={workers}", "--set", "checkpoints_total_limit=20"]
+            "--set", f"dataloader_num_workers={workers}", "--set", "checkpoints_total_limit=2"]
 
 
 class Launch:
