@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader
 
 from taehv_launch.errors import DataError
 from taehv_launch.train.data import (
-    VideoClipDataset, VideoEntry, build_index, collate, plan_crop, plan_frames, probe_first_usable,
-    split_train_val, worker_init_fn,
+    VideoClipDataset, collate, plan_crop, plan_frames, probe_first_usable, worker_init_fn,
 )
+from taehv_launch.train.index import VideoEntry, build_index, split_train_val
 from taehv_launch.train.synthetic import ensure_demo_assets
 
 TESTDATA = Path(os.environ.get("TAEHV_TESTDATA") or Path(__file__).resolve().parents[2] / "shared/testdata/videos")
@@ -99,7 +99,7 @@ def test_smaller_than_crop_in_both_sides_is_upscaled():
 
 
 def test_seek_reads_the_same_frames_as_grabbing():
-    from taehv_launch.train.data import SEEK_MIN, _decode_path
+    from taehv_launch.train.decode import SEEK_MIN, _decode_path
 
     wanted = [SEEK_MIN + 50 + 2 * k for k in range(4)]  # chaplin.mp4 has 241 frames
     seeked, _ = _decode_path(str(TESTDATA / "chaplin.mp4"), wanted, allow_seek=True)

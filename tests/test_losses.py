@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from taehv_launch.schema import DEFAULTS
+from taehv_launch.plan.schema import DEFAULTS
 from taehv_launch.train.loop import lr_at
 from taehv_launch.train.losses import DistillNet, decoder_targets, psnr, ssim
 from taehv_launch.train.model import TAEHV

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from taehv_launch.profiles import PROFILES
-from taehv_launch.render import render
-from taehv_launch.resolve import Options, resolve
-from taehv_launch.toolcheck import check_accelerate_yaml, check_deepspeed_config
+from taehv_launch.plan.profiles import PROFILES
+from taehv_launch.run.render import render
+from taehv_launch.plan.resolve import Options, resolve
+from taehv_launch.run.toolcheck import check_accelerate_yaml, check_deepspeed_config
 from taehv_launch.errors import ConfigError
-from taehv_launch.topology import detect_topology
+from taehv_launch.plan.topology import detect_topology
 
 ROWS = [(name, row.gpus) for name, p in PROFILES.items() for row in p.rows]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from taehv_launch.configfile import load_config_file, parse_set, render_config_file
+from taehv_launch.plan.configfile import load_config_file, parse_set, render_config_file
 from taehv_launch.errors import ConfigError
-from taehv_launch.profiles import H100_ROWS, PROFILES, row_for
-from taehv_launch.resolve import Options, resolve
-from taehv_launch.schema import DEFAULTS, KEYS
-from taehv_launch.topology import detect_topology
+from taehv_launch.plan.profiles import H100_ROWS, PROFILES, row_for
+from taehv_launch.plan.resolve import Options, resolve
+from taehv_launch.plan.schema import DEFAULTS, KEYS
+from taehv_launch.plan.topology import detect_topology
 
 # The seeds' H100 table (SPEC.md), written out again here on purpose: the data in
 # profiles.py must match this independent copy.
@@ -146,7 +146,7 @@ def test_shipped_configs_match_the_table():
     """configs/*.py are generated from the table (scripts/generate_configs.py); they must not drift."""
     from pathlib import Path
 
-    from taehv_launch.shipped import expected_files
+    from taehv_launch.run.shipped import expected_files
 
     root = Path(__file__).resolve().parents[1]
     for rel, text in expected_files().items():

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import assert_one_line_error, clean_env, run_cli
-from taehv_launch.train import data
+from taehv_launch.train import decode
 from taehv_launch.train.seraena import seraena_crop
 from taehv_launch.train.speed import Window
 
@@ -52,11 +52,11 @@ class _Threads(Dataset):
         return 4
 
     def __getitem__(self, i):
-        return torch.tensor(data.decode_threads() or 0)
+        return torch.tensor(decode.decode_threads() or 0)
 
 
 def test_decode_threads_share_the_cores_between_workers(monkeypatch):
-    assert data.decode_threads() is None                       # main process: FFmpeg's own default
+    assert decode.decode_threads() is None                       # main process: FFmpeg's own default
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     got = torch.cat(list(DataLoader(_Threads(), batch_size=2, num_workers=2)))
     cores = len(__import__("os").sched_getaffinity(0))

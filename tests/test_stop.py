@@ -109,8 +109,8 @@ def test_launcher_relays_to_rank_processes_only(tmp_path):
     """trainer_pids: the agent's direct children that run main.py, not the workers forked from them."""
     import psutil
 
-    from taehv_launch.launch import launch_pids, trainer_pids
-    from taehv_launch.render import TRAINER_SCRIPT
+    from taehv_launch.run.launch import launch_pids, trainer_pids
+    from taehv_launch.run.render import TRAINER_SCRIPT
 
     fake_rank = textwrap.dedent("""
         import os, sys, time
@@ -133,7 +133,7 @@ def test_launcher_relays_to_rank_processes_only(tmp_path):
         assert sorted(ranks) == sorted(p.pid for p in psutil.Process(agent.pid).children())
         assert len(ranks) == 2
     finally:
-        from taehv_launch.launch import kill_launch
+        from taehv_launch.run.launch import kill_launch
 
         kill_launch(agent.pid, launch_pids(agent.pid))
         agent.wait(timeout=10)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from taehv_launch.errors import TopologyError, UserError
-from taehv_launch.topology import (
+from taehv_launch.plan.schedulers import (
     SOURCE_ASSUMED,
     SOURCE_CLOUD,
     SOURCE_KUBERNETES,
@@ -19,10 +19,12 @@ from taehv_launch.topology import (
     SOURCE_SINGLE,
     SOURCE_SKYPILOT,
     SOURCE_SLURM,
+    slurm_first_host,
+)
+from taehv_launch.plan.topology import (
     Topology,
     check_local_gpus,
     detect_topology,
-    slurm_first_host,
 )
 
 EIGHT = "0,1,2,3,4,5,6,7"
@@ -571,5 +573,5 @@ def test_topology_properties_and_validation():
 def test_module_does_not_import_torch():
     src = Path(__file__).resolve().parents[1] / "src"
     env = {**os.environ, "PYTHONPATH": str(src)}
-    code = "import taehv_launch.topology, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import taehv_launch.plan.topology, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)

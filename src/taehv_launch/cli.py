@@ -21,7 +21,7 @@ except ImportError:        # older typer uses click itself
     import click
 
 from .errors import EXIT_USAGE, UserError
-from .resolve import Options
+from .plan.resolve import Options
 
 
 class DefaultCommandGroup(TyperGroup):
@@ -111,7 +111,7 @@ def validate_env_cmd(
     num_nodes: NumNodes = None, node_rank: NodeRank = None, master_addr: MasterAddr = None,
     master_port: MasterPort = None, gpus_per_node: GpusPerNode = None,
 ) -> None:
-    from . import preflight
+    from .preflight import checks as preflight
 
     req = _request(gpus, profile, set_, config, Options(), num_nodes, node_rank, master_addr, master_port,
                    gpus_per_node)

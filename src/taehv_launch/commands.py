@@ -9,14 +9,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .configfile import load_config_file, parse_sets
-from .profiles import get_profile
+from .plan.configfile import load_config_file, parse_sets
+from .plan.profiles import get_profile
 from .errors import EXIT_RESUMABLE, ConfigError, LaunchError
-from .render import Rendered, render
-from .resolve import Options, Plan, resolve
-from .runs import layout_change_note, resolve_resume, run_id_for
-from .schema import KEYS
-from .topology import check_local_gpus, detect_topology
+from .run.render import Rendered, render
+from .plan.resolve import Options, Plan, resolve
+from .run.runs import layout_change_note, resolve_resume, run_id_for
+from .plan.schema import KEYS
+from .plan.topology import check_local_gpus, detect_topology
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,8 +128,8 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
 
 
 def launch(req: Request) -> int:
-    from . import launch as edge
-    from .toolcheck import check_accelerate_yaml, check_deepspeed_config
+    from .run import launch as edge
+    from .run.toolcheck import check_accelerate_yaml, check_deepspeed_config
 
     plan = build_plan(req)
     if plan.memory.fits is False:

@@ -22,7 +22,7 @@ import numpy as np
 
 
 def _videos(data_root: str) -> list[str]:
-    from ..train.data import VIDEO_EXTENSIONS
+    from ..train.index import VIDEO_EXTENSIONS
 
     files = sorted(str(p) for p in Path(data_root).rglob("*") if p.suffix.lower() in VIDEO_EXTENSIONS and p.is_file())
     if not files:
@@ -33,10 +33,11 @@ def _videos(data_root: str) -> list[str]:
 
 
 def clip_plans(files: list[str], n: int, n_frames: int, max_delta: int, seed: int = 0) -> list[tuple[str, list[int]]]:
-    from ..train.data import _header_frame_count, plan_frames
+    from ..train.data import plan_frames
+    from ..train.decode import header_frame_count
 
     rng = np.random.default_rng(seed)
-    lengths = {f: max(1, _header_frame_count(f)) for f in files}
+    lengths = {f: max(1, header_frame_count(f)) for f in files}
     plans = []
     for i in range(n):
         f = files[i % len(files)]
@@ -50,11 +51,11 @@ def decode_opencv(threads: int | None) -> Callable[[str, list[int]], int]:
     def run(path: str, wanted: list[int]) -> int:
         import cv2
 
-        from ..train import data
+        from ..train import decode
 
-        cap = data.capture(path, threads)
+        cap = decode.capture(path, threads)
         try:
-            frames, _ = data._decode(cap, sorted(set(wanted)), seek=True)
+            frames, _ = decode._decode(cap, sorted(set(wanted)), seek=True)
         finally:
             cap.release()
         if frames is None:
@@ -129,10 +130,10 @@ def decode_rate(name: str, plans: list[tuple[str, list[int]]], procs: int) -> fl
 
 def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int | None, seconds: float) -> float:
     """Clips/s of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
-    from ..train import data
+    from ..train import data, decode
     from ..train.build import ShardedInfiniteSampler, make_loader
 
-    data.WORKER_DECODE_THREADS = threads
+    decode.WORKER_DECODE_THREADS = threads
     ds = data.VideoClipDataset(files, height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
                                min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
                                random_flip=True, seed=0, train=True)
@@ -146,7 +147,7 @@ def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: in
         clips += len(next(it)["frames"])
     rate = clips / (time.perf_counter() - t0)
     del it, loader
-    data.WORKER_DECODE_THREADS = None
+    decode.WORKER_DECODE_THREADS = None
     return rate
 
 

@@ -91,7 +91,8 @@ class ShardedInfiniteSampler(Sampler[int]):
 
 
 def build_datasets(cfg: dict[str, Any], accelerator, log):
-    from .data import VideoClipDataset, build_index, probe_first_usable, split_train_val, usable_entries
+    from .data import VideoClipDataset, probe_first_usable, usable_entries
+    from .index import build_index, split_train_val
 
     cache = Path(cfg["index_cache_dir"] or Path(cfg["output_dir"]).expanduser() / ".index")
     if accelerator.is_main_process:     # index once; the other ranks read the cache

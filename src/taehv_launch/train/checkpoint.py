@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import EXIT_FAILED, CheckpointError
-from ..runs import layout_change_problem, list_checkpoints, write_complete
+from ..run.runs import layout_change_problem, list_checkpoints, write_complete
 from . import portable
 
 

@@ -21,13 +21,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..errors import EXIT_OK, EXIT_RESUMABLE, UserError
-from ..runs import REQUEUE
+from ..run.runs import REQUEUE
 from . import build
 from .checkpoint import TrainState, export_model, load_checkpoint, rotate, save_checkpoint
 from .ema import EMA
 from .losses import DistillNet, decoder_targets, psnr, psnr_t, ssim
 from .seraena import seraena_crop
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, eager_reference, enable_compile_cache
+from .status import node_rank, write_status
 from .stop import StopFlag
 from .timing import PhaseTimer, SpeedLog
 from .watchdog import Watchdog, abort_job, stop_message
@@ -384,7 +385,7 @@ def _jsonable(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def train(cfg: dict[str, Any], run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:
-    from .main import node_rank, write_status
+
 
     trainer = Trainer(cfg, run_dir, resume, debug, profile)
     dog = Watchdog(run_dir, trainer.rank, trainer.world, node_rank(),

@@ -8,7 +8,6 @@ frames (upstream's skip_trim quirk), so then nothing is trimmed and the targets 
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn

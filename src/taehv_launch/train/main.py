@@ -10,7 +10,6 @@ the one accelerate's wrappers make up.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
@@ -27,26 +26,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def node_rank() -> int:
-    """This process's node, as torchrun (GROUP_RANK) or a scheduler (NODE_RANK) sets it."""
-    return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
 
 
-def write_status(run_dir: Path, code: int, message: str) -> None:
-    if os.environ.get("LOCAL_RANK", "0") != "0":
-        return
-    from taehv_launch.runs import status_path
-
-    path = status_path(run_dir, node_rank())
-    try:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"code": code, "message": message}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
+    from taehv_launch.train.status import write_status
     from taehv_launch.train.stop import install, worker_death_message
 
     install()          # first: a stop signal during start-up is kept, not fatal
@@ -56,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from taehv_launch.errors import EXIT_FAILED, UserError
 
     try:
-        from taehv_launch.configfile import read_rendered_config
+        from taehv_launch.plan.configfile import read_rendered_config
         from taehv_launch.train.loop import train
 
         cfg = read_rendered_config(args.config)

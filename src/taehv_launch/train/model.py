@@ -314,7 +314,7 @@ def load_taehv_state_dict(model: TAEHV, path: str) -> TAEHV:
 
 def build_taehv(cfg: Any) -> TAEHV:
     """TAEHV from the training config (a mapping or an object with the schema.py keys)."""
-    from taehv_launch.schema import DEFAULTS
+    from taehv_launch.plan.schema import DEFAULTS
 
     def get(key: str):
         if isinstance(cfg, Mapping):

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import CheckpointError
-from ..runs import PORTABLE_FILES
+from ..run.runs import PORTABLE_FILES
 from .ema import gathered
 
 MOMENTS = ("exp_avg", "exp_avg_sq")

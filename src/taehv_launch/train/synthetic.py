@@ -7,7 +7,7 @@ randomly initialised diffusers VAE with the real temporal 4x / spatial 8x compre
 (PLATFORM.md's tiny configs), saved with save_pretrained so the normal loader reads it.
 
 Each asset folder is built in a temporary folder and renamed into place with a
-`.complete` marker inside, under a file lock (data.exclusive_lock): concurrent ranks or runs either build it
+`.complete` marker inside, under a file lock (index.exclusive_lock): concurrent ranks or runs either build it
 once or find it done, and a crash never leaves a half-written folder that looks done.
 Folder names carry their parameters, so asking for another family or size never
 returns a stale asset.
@@ -71,7 +71,7 @@ def ensure_demo_assets(
     os.makedirs(cache_dir, exist_ok=True)
     data_root = os.path.join(cache_dir, "videos", f"n{n_videos}_{height}x{width}_t{n_frames}")
     ref_path = os.path.join(cache_dir, "ref_vae", f"{ref_vae_type}_c{latent_channels}")
-    from .data import exclusive_lock
+    from .index import exclusive_lock
 
     with exclusive_lock(os.path.join(cache_dir, ".demo.lock")):
         _build_once(data_root, lambda tmp: write_demo_videos(tmp, n_videos, height, width, n_frames))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 BASE_GLOBAL_BATCH = 128      # the global batch every derived count aims for
 BASE_LEARNING_RATE = 1e-4    # at BASE_GLOBAL_BATCH; scaled linearly with the real global batch

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .configfile import render_config_file
-from .profiles import nccl_buffsize_for
-from .resolve import Plan
+from ..plan.configfile import render_config_file
+from ..plan.profiles import nccl_buffsize_for
+from ..plan.resolve import Plan
 from .runs import node_suffix
 
-TRAINER_SCRIPT = Path(__file__).resolve().parent / "train" / "main.py"
+TRAINER_SCRIPT = Path(__file__).resolve().parent.parent / "train" / "main.py"
 
 
 @dataclass(frozen=True, kw_only=True)

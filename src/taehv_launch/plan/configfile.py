@@ -13,7 +13,7 @@ import runpy
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .schema import KEYS
 
 # Keys the seed configs carry that this trainer does not use. Accepted in config files so

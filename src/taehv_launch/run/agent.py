@@ -1,6 +1,6 @@
 """`accelerate launch`, run in-process, with the stop signals left to the trainer ranks.
 
-    python -m taehv_launch.agent /path/to/accelerate launch --config_file ... main.py ...
+    python -m taehv_launch.run.agent /path/to/accelerate launch --config_file ... main.py ...
 
 launch.py starts the rendered `accelerate launch` command through this module. With several
 processes accelerate runs torchrun's agent in this process, and that agent turns SIGTERM/SIGINT

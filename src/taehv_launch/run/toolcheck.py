@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def check_accelerate_yaml(path: Path) -> None:

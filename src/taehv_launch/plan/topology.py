@@ -55,31 +55,13 @@ JOB_NAME, else HOSTNAME minus its "-<index>" suffix (indexed-Job pods are named
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from taehv_launch.errors import TopologyError
 
-LOCALHOST = "127.0.0.1"
-
-SOURCE_OPTIONS = "options"
-SOURCE_PET = "torchrun (PET_*)"
-SOURCE_CLOUD = "cloud (WORLD_SIZE/RANK)"
-SOURCE_SLURM = "slurm"
-SOURCE_KUBERNETES = "kubernetes (JOB_COMPLETION_INDEX)"
-SOURCE_SKYPILOT = "skypilot"
-SOURCE_SINGLE = "single node"
-SOURCE_ASSUMED = "single node (no scheduler detected; node rank 0 assumed)"
-
-# Set in every process that torchrun (and so accelerate launch) starts.
-_NESTED_LAUNCH_VARS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-# Scheduler job ids tried after the source's own, in this order.
-_JOB_ID_VARS = ("SLURM_JOB_ID", "SKYPILOT_TASK_ID", "MLP_TASK_ID")
-# <job>-master-0, <job>-worker-3, <job>-node-0-0.<service>: pod names of PAI-DLC, Kubeflow.
-_REPLICA_HOST = re.compile(
-    r"^(?P<job>[A-Za-z0-9][A-Za-z0-9-]*?)-(?:master|worker|node)-\d+(?:-\d+)?(?:\..*)?$"
-)
+from .schedulers import (JOB_ID_VARS, LOCALHOST, NESTED_LAUNCH_VARS, SOURCE_ASSUMED, SOURCE_OPTIONS,
+                         SOURCE_SINGLE, check_port, env_int, first_set, from_scheduler, get_var)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +87,7 @@ class Topology:
             raise TopologyError(
                 f"invalid topology: node rank {self.machine_rank} is outside 0..{self.num_machines - 1}"
             )
-        _check_port(self.main_process_port, f"main_process_port {self.main_process_port}")
+        check_port(self.main_process_port, f"main_process_port {self.main_process_port}")
 
     @property
     def gpu_ids(self) -> str:
@@ -125,20 +107,6 @@ class Topology:
             f"{nodes} x {self.gpus_per_machine} GPUs = {self.world_size} processes{rank}, "
             f"main node {self.main_process_ip}:{self.main_process_port}, from {self.source}"
         )
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Found:
-    """What one scheduler's variables say. `*_from` name the variable, for messages."""
-
-    source: str
-    num: int | None = None
-    num_from: str = ""
-    rank: int | None = None
-    rank_from: str = ""
-    addr: str | None = None
-    port: int | None = None
-    job_id: str | None = None
 
 
 def detect_topology(
@@ -168,7 +136,7 @@ def detect_topology(
         found = None  # nothing left for a scheduler to say but the address, read below
     else:
         options = {"num": num_nodes, "rank": node_rank, "addr": master_addr}
-        found = _from_scheduler(env, {name for name, value in options.items() if value is not None})
+        found = from_scheduler(env, {name for name, value in options.items() if value is not None})
 
     # Node count.
     per_node = gpus_per_node or default_gpus_per_node
@@ -228,8 +196,8 @@ def detect_topology(
         addr = LOCALHOST
     elif found is not None and found.addr:
         addr = found.addr
-    elif _get(env, "MASTER_ADDR"):
-        addr = _get(env, "MASTER_ADDR")
+    elif get_var(env, "MASTER_ADDR"):
+        addr = get_var(env, "MASTER_ADDR")
     elif derived and node_rank is None:
         addr = LOCALHOST  # shown by --dry-run; check_local_gpus refuses to launch it
     else:
@@ -242,7 +210,7 @@ def detect_topology(
     elif found is not None and found.port is not None:
         port = found.port
     else:
-        port = _env_int(env, "MASTER_PORT", port=True)
+        port = env_int(env, "MASTER_PORT", port=True)
         port = default_port if port is None else port
 
     if num_nodes is not None or node_rank is not None:
@@ -251,8 +219,8 @@ def detect_topology(
         source = found.source
     else:
         source = SOURCE_ASSUMED if derived else SOURCE_SINGLE
-    fallback = _first_set(env, *_JOB_ID_VARS)
-    job_id = (found.job_id if found is not None else None) or (_get(env, fallback) if fallback else None)
+    fallback = first_set(env, *JOB_ID_VARS)
+    job_id = (found.job_id if found is not None else None) or (get_var(env, fallback) if fallback else None)
     return Topology(
         num_machines=num,
         machine_rank=rank,
@@ -302,154 +270,14 @@ def check_local_gpus(topo: Topology, visible_gpus: int, *, profile: str | None =
     )
 
 
-def slurm_first_host(nodelist: str) -> str:
-    """First host of a compressed SLURM node list ("node[01-04,07]" -> "node01",
-    "gpu-a[1-2],gpu-b3" -> "gpu-a1", "n1,n2" -> "n1", "host" -> "host")."""
-    depth, end = 0, len(nodelist)
-    for i, char in enumerate(nodelist):  # the first comma outside brackets ends the first item
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            end = i
-            break
-    first = nodelist[:end].strip()
-    # Each bracket group "[01-04,07]" contributes its first value, zero padding kept.
-    host = re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0].strip(), first)
-    if not host or "[" in host or "]" in host:
-        raise TopologyError(f"cannot read the first host of the SLURM node list {nodelist!r}: set MASTER_ADDR")
-    return host
-
-
-# --- sources -------------------------------------------------------------------------------
-
-
-def _from_scheduler(env: Mapping[str, str], given: set[str]) -> _Found | None:
-    """The first scheduler whose variables are set. `given` names the fields the options
-    already provide ("num", "rank", "addr"): a source does not insist on those."""
-    if _get(env, "PET_NNODES"):
-        return _from_pet(env, given)
-    if _get(env, "WORLD_SIZE") or _get(env, "RANK"):
-        return _from_cloud(env)
-    nodes_var = _first_set(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-    if nodes_var is not None:
-        found = _from_slurm(env, nodes_var, given)
-        if found is not None:
-            return found
-    if _get(env, "JOB_COMPLETION_INDEX"):
-        return _from_kubernetes(env, given)
-    if _get(env, "SKYPILOT_NUM_NODES"):
-        return _from_skypilot(env, given)
-    return None
-
-
-def _from_pet(env: Mapping[str, str], given: set[str]) -> _Found:
-    raw = _get(env, "PET_NNODES")
-    low, _, high = raw.partition(":")
-    num = _parse_int("PET_NNODES", raw, low, minimum=1)
-    if high and _parse_int("PET_NNODES", raw, high, minimum=1) != num:
-        raise TopologyError(
-            f"PET_NNODES={raw!r} is an elastic node range, which is not supported: "
-            "give the job a fixed node count (min = max replicas) or pass --num-nodes"
-        )
-    rank_var = "PET_NODE_RANK" if _get(env, "PET_NODE_RANK") else "RANK"
-    rank = _env_int(env, rank_var)
-    if rank is None and "rank" not in given and num > 1:
-        raise TopologyError(f"PET_NNODES={raw} is set but PET_NODE_RANK is not: pass --node-rank")
-    addr = _get(env, "PET_MASTER_ADDR") or _get(env, "MASTER_ADDR")
-    port_var = "PET_MASTER_PORT" if _get(env, "PET_MASTER_PORT") else "MASTER_PORT"
-    return _Found(
-        source=SOURCE_PET, num=num, num_from=f"PET_NNODES={raw}", rank=rank, rank_from=f"{rank_var}={rank}",
-        addr=addr, port=_env_int(env, port_var, port=True), job_id=_job_from_host(addr),
-    )
-
-
-def _from_cloud(env: Mapping[str, str]) -> _Found:
-    world, rank = _env_int(env, "WORLD_SIZE", minimum=1), _env_int(env, "RANK")
-    if world is None or rank is None:
-        have, missing = ("WORLD_SIZE", "RANK") if world is not None else ("RANK", "WORLD_SIZE")
-        raise TopologyError(
-            f"{have}={_get(env, have)} is set but {missing} is not: set both (WORLD_SIZE = node count, "
-            f"RANK = this node's rank), unset {have}, or pass --num-nodes and --node-rank"
-        )
-    addr = _get(env, "MASTER_ADDR")
-    return _Found(
-        source=SOURCE_CLOUD, num=world, num_from=f"WORLD_SIZE={world}", rank=rank, rank_from=f"RANK={rank}",
-        addr=addr, port=_env_int(env, "MASTER_PORT", port=True), job_id=_job_from_host(addr),
-    )
-
-
-def _from_slurm(env: Mapping[str, str], nodes_var: str, given: set[str]) -> _Found | None:
-    num = _env_int(env, nodes_var, minimum=1)
-    rank = _env_int(env, "SLURM_NODEID")
-    if num == 1 and rank is None:
-        return None  # a one-node allocation outside a job step: nothing to coordinate
-    if rank is None and "rank" not in given:
-        raise TopologyError(
-            f"SLURM reports {num} nodes but SLURM_NODEID is not set: start taehv-launch once per node "
-            "with `srun --ntasks-per-node=1 taehv-launch ...`"
-        )
-    addr = _get(env, "MASTER_ADDR")
-    if not addr and num > 1 and "addr" not in given:
-        nodelist_var = _first_set(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
-        if nodelist_var is None:
-            raise TopologyError(f"SLURM reports {num} nodes but no node list: set MASTER_ADDR or pass --master-addr")
-        addr = slurm_first_host(_get(env, nodelist_var))
-    return _Found(
-        source=SOURCE_SLURM, num=num, num_from=f"{nodes_var}={num}", rank=rank, rank_from=f"SLURM_NODEID={rank}",
-        addr=addr, port=_env_int(env, "MASTER_PORT", port=True), job_id=_get(env, "SLURM_JOB_ID"),
-    )
-
-
-def _from_kubernetes(env: Mapping[str, str], given: set[str]) -> _Found:
-    rank = _env_int(env, "JOB_COMPLETION_INDEX")
-    nodes_var = "NNODES" if _get(env, "NNODES") else "NUM_NODES"
-    num = _env_int(env, nodes_var, minimum=1)
-    if num is None and "num" not in given:
-        raise TopologyError(
-            f"Kubernetes indexed Job (JOB_COMPLETION_INDEX={rank}) but no node count: set NNODES in the "
-            "Job's env to its completions (= parallelism), or pass --num-nodes"
-        )
-    addr = _get(env, "MASTER_ADDR")
-    if not addr and (num or 0) > 1 and "addr" not in given:
-        raise TopologyError(
-            "Kubernetes indexed Job but MASTER_ADDR is not set: create a headless Service for the Job and set "
-            "MASTER_ADDR=<job>-0.<service> (the index-0 pod), or pass --master-addr"
-        )
-    job = _get(env, "JOB_NAME")
-    host = _get(env, "HOSTNAME")
-    if not job and host and rank is not None and host.endswith(f"-{rank}"):
-        job = host[: -len(f"-{rank}")]
-    return _Found(
-        source=SOURCE_KUBERNETES, num=num, num_from=f"{nodes_var}={num}",
-        rank=rank, rank_from=f"JOB_COMPLETION_INDEX={rank}",
-        addr=addr, port=_env_int(env, "MASTER_PORT", port=True), job_id=job or None,
-    )
-
-
-def _from_skypilot(env: Mapping[str, str], given: set[str]) -> _Found:
-    num = _env_int(env, "SKYPILOT_NUM_NODES", minimum=1)
-    rank = _env_int(env, "SKYPILOT_NODE_RANK")
-    if rank is None and "rank" not in given and num > 1:
-        raise TopologyError("SKYPILOT_NUM_NODES is set but SKYPILOT_NODE_RANK is not: pass --node-rank")
-    ips = (_get(env, "SKYPILOT_NODE_IPS") or "").split()
-    return _Found(
-        source=SOURCE_SKYPILOT, num=num, num_from=f"SKYPILOT_NUM_NODES={num}",
-        rank=rank, rank_from=f"SKYPILOT_NODE_RANK={rank}",
-        addr=_get(env, "MASTER_ADDR") or (ips[0] if ips else None),
-        port=_env_int(env, "MASTER_PORT", port=True), job_id=_get(env, "SKYPILOT_TASK_ID"),
-    )
-
-
-# --- helpers -------------------------------------------------------------------------------
-
-
 def _refuse_nested_launch(env: Mapping[str, str]) -> None:
-    for name in _NESTED_LAUNCH_VARS:
-        if _get(env, name) is not None:
+    for name in NESTED_LAUNCH_VARS:
+        if get_var(env, name) is not None:
             raise TopologyError(
-                f"taehv-launch is running under torchrun or accelerate launch ({name}={_get(env, name)} is set): "
+                f"taehv-launch is running under torchrun or accelerate launch ({name}={get_var(env, name)} is set): "
                 "start it directly, once per node; it starts accelerate itself"
             )
-    tasks, nodes = _env_int(env, "SLURM_STEP_NUM_TASKS"), _env_int(env, "SLURM_STEP_NUM_NODES")
+    tasks, nodes = env_int(env, "SLURM_STEP_NUM_TASKS"), env_int(env, "SLURM_STEP_NUM_NODES")
     if tasks is not None and nodes is not None and tasks > nodes:
         raise TopologyError(
             f"srun started {tasks} tasks on {nodes} nodes, but taehv-launch must run once per node "
@@ -469,12 +297,9 @@ def _check_options(
     if gpus_per_node is not None and gpus_per_node < 1:
         raise TopologyError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if master_port is not None:
-        _check_port(master_port, f"--master-port {master_port}")
+        check_port(master_port, f"--master-port {master_port}")
 
 
-def _check_port(port: int, label: str) -> None:
-    if not 1 <= port <= 65535:
-        raise TopologyError(f"{label} is not a port: use 1-65535 (29500 is the usual one)")
 
 
 def _split_message(gpus: int, num: int, num_from: str, per_node: int, default: int, profile: str) -> str:
@@ -494,39 +319,3 @@ def _either(fixes: list[str]) -> str:
     """Join fixes: "a", "a, or b", "a, b, or c"."""
     return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + ", or " + fixes[-1]
 
-
-def _job_from_host(addr: str | None) -> str | None:
-    match = _REPLICA_HOST.match(addr or "")
-    return match["job"] if match else None
-
-
-def _first_set(env: Mapping[str, str], *names: str) -> str | None:
-    """The first of `names` that is set (not empty) in `env`."""
-    return next((name for name in names if _get(env, name)), None)
-
-
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    """The stripped value of `name`; None when unset or empty."""
-    value = env.get(name)
-    value = value.strip() if value is not None else None
-    return value or None
-
-
-def _env_int(env: Mapping[str, str], name: str, *, minimum: int = 0, port: bool = False) -> int | None:
-    raw = _get(env, name)
-    if raw is None:
-        return None
-    value = _parse_int(name, raw, raw, minimum=minimum)
-    if port:
-        _check_port(value, f"{name}={raw}")
-    return value
-
-
-def _parse_int(name: str, raw: str, text: str, *, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise TopologyError(f"{name}={raw!r} is not an integer: fix or unset {name}") from None
-    if value < minimum:
-        raise TopologyError(f"{name}={raw!r} must be at least {minimum}: fix or unset {name}")
-    return value

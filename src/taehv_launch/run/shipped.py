@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .profiles import PROFILES
-from .schema import KEYS
+from ..plan.profiles import PROFILES
+from ..plan.schema import KEYS
 from .render import render
-from .resolve import resolve
-from .topology import detect_topology
+from ..plan.resolve import resolve
+from ..plan.topology import detect_topology
 
 PLACEHOLDER = Path("/RUN_DIR")
 
@@ -37,7 +37,7 @@ def expected_files() -> dict[str, str]:
 def config_reference() -> str:
     """docs/config.md: every key of schema.KEYS with its type, default and meaning."""
     lines = ["# Config reference", "",
-             "Generated from `src/taehv_launch/schema.py` by `python scripts/generate_configs.py` (a test",
+             "Generated from `src/taehv_launch/plan/schema.py` by `python scripts/generate_configs.py` (a test",
              "checks it is current). Set keys with `--set KEY=VALUE` (a Python literal) or in a config file",
              "(`--config my.py`, seed style `args = EasyDict(); args.KEY = VALUE`).",
              "Precedence: `--set` > `--config` > profile row > profile > these defaults.", "",

@@ -19,7 +19,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError
 
 COMPLETE = "COMPLETE"                 # marker file inside a finished checkpoint
 REQUEUE = "REQUEUE"                   # marker in the run dir: stopped by a signal after saving

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .memory import MemoryPlan, plan_memory
 from .profiles import Profile, Row, get_profile, nccl_timeout_for, row_for
 from .schema import DEFAULTS

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from .commands import Request, build_plan
-from .errors import UserError
-from .resolve import Plan
+from ..commands import Request, build_plan
+from ..errors import UserError
+from ..plan.resolve import Plan
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 ALLREDUCE_FLOOR_GBPS = 50.0     # bus bandwidth below this on one node means no NVLink/P2P path
@@ -43,7 +43,7 @@ def _gpu_plan(plan: Plan) -> bool:
 def check_gpus(plan: Plan, quick: bool) -> list[Check]:
     import torch
 
-    from .topology import check_local_gpus
+    from ..plan.topology import check_local_gpus
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not _gpu_plan(plan):
@@ -177,7 +177,7 @@ def check_communication(plan: Plan, quick: bool) -> list[Check]:
     if n < 2:
         return out + [Check("all-reduce", PASS, "one process on this node: nothing to reduce locally")]
     try:
-        from .preflight_worker import spawn_allreduce
+        from .worker import spawn_allreduce
 
         gbps, secs = spawn_allreduce(n, gpu)
     except Exception as exc:
@@ -196,7 +196,7 @@ def check_communication(plan: Plan, quick: bool) -> list[Check]:
 # ---------------------------------------------------------------- data
 def _demo_asset(kind: str) -> str:
     """Where the cpu demo's assets of `kind` are, or will be made by the first run (not a failure)."""
-    from .train.build import demo_cache_dir
+    from ..train.build import demo_cache_dir
 
     root = demo_cache_dir() / kind
     made = root.is_dir() and any(root.glob("*/.complete"))
@@ -209,7 +209,8 @@ def check_data(plan: Plan, quick: bool) -> list[Check]:
         if _gpu_plan(plan):
             return [Check("data", FAIL, "data_root is not set", "--set data_root=/path/to/videos")]
         return [Check("data", PASS, "built-in synthetic demo set: " + _demo_asset("videos"))]
-    from .train.data import VideoClipDataset, build_index
+    from ..train.data import VideoClipDataset
+    from ..train.index import build_index
 
     with tempfile.TemporaryDirectory() as cache:
         try:
@@ -250,7 +251,7 @@ def check_models(plan: Plan, quick: bool) -> list[Check]:
         else:
             out.append(_check_ref_vae(c, quick))
     if c["pretrained_model_path"]:
-        from .train.model import build_taehv
+        from ..train.model import build_taehv
 
         try:
             build_taehv(c)
@@ -263,7 +264,7 @@ def check_models(plan: Plan, quick: bool) -> list[Check]:
 def _check_ref_vae(c: dict, quick: bool) -> Check:
     import torch
 
-    from .train.refvae import load_reference_vae
+    from ..train.refvae import load_reference_vae
 
     try:
         t0 = time.perf_counter()
@@ -286,8 +287,8 @@ def checkpoint_bytes(plan: Plan) -> int:
     weights + AdamW moments) and the EMA; under ZeRO also DeepSpeed's files (training-precision
     weights, fp32 master copy, moments); per rank, Seraena's discriminator with its AdamW and
     the replay buffer when it is small enough to be saved."""
-    from .train.model import TAEHV, count_params
-    from .train.seraena import PatchDiscWithContext
+    from ..train.model import TAEHV, count_params
+    from ..train.seraena import PatchDiscWithContext
 
     c = plan.config
     p = count_params(TAEHV(latent_channels=c["latent_channels"], patch_size=c["patch_size"]))

@@ -27,11 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import EXIT_ABORTED, LaunchError
+from ..errors import EXIT_ABORTED, LaunchError
 from .render import TRAINER_SCRIPT, Rendered
-from .resolve import Plan
+from ..plan.resolve import Plan
 from .runs import point_latest, status_path
-from .train.stop import RELAY_SIGNAL
+from ..train.stop import RELAY_SIGNAL
 
 MIN_FREE_BYTES = 2 << 30
 
@@ -166,7 +166,7 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
         try:
             if not shutil.which(rendered.argv[0]):
                 raise FileNotFoundError(errno.ENOENT, "not found")
-            child_argv = [sys.executable, "-m", "taehv_launch.agent", *rendered.argv]
+            child_argv = [sys.executable, "-m", "taehv_launch.run.agent", *rendered.argv]
             child = subprocess.Popen(child_argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:

@@ -1,0 +1,138 @@
+"""Opening and decoding video files with OpenCV's FFmpeg backend, safely for broken files.
+
+Every function here survives a missing, empty, truncated or non-video file: it returns None
+or -1 instead of raising, and decoding is bounded so a strange file cannot stall a worker.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import cv2
+import numpy as np
+import torch
+
+MAX_FRAME_HINT = 10_000_000  # a header count above this (or <= 0) is garbage, e.g. no_duration.webm's -1.4e17
+MAX_SCAN_FRAMES = 1_000_000  # bound on counting frames by decoding, so a strange file cannot stall a worker
+SEEK_MIN = 48               # start offsets below this are reached with grab(): exact, and as fast as a seek
+# FFmpeg decoding threads per opened file in a DataLoader worker. None: this process's share of
+# the node's cores (cores / (local ranks x workers), at least 1), so that every worker's FFmpeg
+# together uses the cores without oversubscribing them; FFmpeg's own default (one thread per
+# core in every worker) and one thread each were both slower (docs/benchmarks.md, "Data loader").
+WORKER_DECODE_THREADS: int | None = None
+
+
+def decode_threads() -> int | None:
+    """FFmpeg threads for a capture opened here: None (FFmpeg's default) outside DataLoader workers."""
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return None
+    if WORKER_DECODE_THREADS is not None:
+        return WORKER_DECODE_THREADS
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, cores // (ranks * max(1, info.num_workers)))
+
+
+def capture(path: str, threads: int | None) -> cv2.VideoCapture:
+    """cv2.VideoCapture with `threads` FFmpeg decoding threads (None: FFmpeg's default)."""
+    if threads is None:
+        return cv2.VideoCapture(path)
+    return cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads])
+
+
+def open_video(path: str) -> cv2.VideoCapture | None:
+    """An opened capture, or None (missing, empty, not a video, a directory)."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            return None
+    except OSError:
+        return None
+    try:
+        cap = capture(path, decode_threads())
+    except cv2.error:
+        return None
+    if not cap.isOpened():
+        cap.release()
+        return None
+    return cap
+
+
+def count_frames(path: str) -> int:
+    """Decodable frames, counted with grab() (no colour conversion); 0 if unreadable."""
+    cap = open_video(path)
+    if cap is None:
+        return 0
+    n = 0
+    try:
+        while n < MAX_SCAN_FRAMES and cap.grab():
+            n += 1
+    except cv2.error:
+        pass
+    finally:
+        cap.release()
+    return n
+
+
+def _decode(cap: cv2.VideoCapture, wanted: list[int], seek: bool) -> tuple[dict[int, np.ndarray] | None, int]:
+    """Frames (BGR) at the sorted indices `wanted`, read forward from 0 or from a seek.
+
+    Returns (frames, -1) on success. When the file ends early: (None, frames decoded),
+    which is the file's real length when we read from 0, or (None, -1) after a seek.
+    A seek counts only if the capture then reports the requested position: on some
+    files (no_duration.webm) set() returns True and silently stays on frame 0.
+    """
+    pos = 0
+    if seek and wanted[0] >= SEEK_MIN:
+        if not (cap.set(cv2.CAP_PROP_POS_FRAMES, wanted[0]) and int(cap.get(cv2.CAP_PROP_POS_FRAMES)) == wanted[0]):
+            return None, -1
+        pos = wanted[0]
+    seeked = pos > 0
+    frames: dict[int, np.ndarray] = {}
+    try:
+        for target in wanted:
+            while pos < target:
+                if not cap.grab():
+                    return None, -1 if seeked else pos
+                pos += 1
+            ok, frame = cap.read()
+            if not ok or frame is None:
+                return None, -1 if seeked else pos
+            pos += 1
+            frames[target] = frame
+    except cv2.error:
+        return None, -1 if seeked else pos
+    return frames, -1
+
+
+def _decode_path(path: str, wanted: list[int], allow_seek: bool = True) -> tuple[dict[int, np.ndarray] | None, int]:
+    """_decode on a fresh capture; a failed seek is retried by reading forward from 0."""
+    for seek in (True, False) if allow_seek else (False,):
+        cap = open_video(path)
+        if cap is None:
+            return None, 0
+        try:
+            frames, length = _decode(cap, wanted, seek)
+        finally:
+            cap.release()
+        if frames is not None or length >= 0:
+            return frames, length
+    return None, 0
+
+def header_frame_count(path: str) -> int:
+    """The container's frame count, or -1 when unknown or implausible. Reads the header only."""
+    cap = open_video(path)
+    if cap is None:
+        return -1
+    try:
+        return _plausible(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    finally:
+        cap.release()
+
+
+def _plausible(count: float) -> int:
+    """A frame count hint, or -1 when it is <= 0, not finite or absurdly large."""
+    if not math.isfinite(count) or count <= 0 or count > MAX_FRAME_HINT:
+        return -1
+    return int(count)

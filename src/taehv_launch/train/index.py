@@ -1,0 +1,257 @@
+"""The dataset index and the train/validation split.
+
+Datasets may hold millions of files and some of them are broken, so `build_index` lists files
+once (stat only, never decoding) and caches the list as JSON that every rank and every later
+run reuses; `split_train_val` holds out a deterministic share for validation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import DataError
+from .decode import header_frame_count
+
+log = logging.getLogger(__name__)
+
+VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov")
+INDEX_VERSION = 1
+
+# --- the index --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VideoEntry:
+    """One video file: its absolute path and the container's frame count (-1 = unknown)."""
+
+    path: str
+    frame_count: int = -1
+
+
+class VideoIndex(list):
+    """A list of VideoEntry plus how it was made (missing listed files, cache file used)."""
+
+    missing: int = 0
+    cache_path: str = ""
+    from_cache: bool = False
+
+
+def build_index(
+    data_root: str,
+    annotation_file: str = "",
+    cache_dir: str = "",
+    *,
+    probe_frame_counts: bool = False,
+) -> VideoIndex:
+    """List the videos of data_root (or of annotation_file) once; cache the list in cache_dir.
+
+    The cache key is (data_root, annotation_file, its mtime and size); without an annotation
+    file the scan is keyed on data_root's own mtime, which catches files added at the top
+    level only: delete the cache file to rescan after changes deeper down. Only stat() is
+    used; probe_frame_counts=True also opens each file to read the container's frame count
+    (a hint; the dataset reads it anyway when it opens a file, so it is off by default).
+    """
+    root = _check_root(data_root, annotation_file)
+    key = _index_key(root, annotation_file, probe_frame_counts)
+    if not cache_dir:
+        return _make_index(root, annotation_file, probe_frame_counts)
+    cache_path = os.path.join(cache_dir, f"index-{hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]}.json")
+    cached = _read_index(cache_path, key)
+    if cached is not None:
+        return cached
+    with exclusive_lock(cache_path + ".lock"):
+        cached = _read_index(cache_path, key)  # another rank may have built it while we waited
+        if cached is not None:
+            return cached
+        index = _make_index(root, annotation_file, probe_frame_counts)
+        _write_index(cache_path, key, index)
+    index.cache_path = cache_path
+    return index
+
+
+def _check_root(data_root: str, annotation_file: str) -> str:
+    """The absolute data root; relative annotation paths are joined to it (or to the file's folder)."""
+    if annotation_file and not os.path.isfile(annotation_file):
+        raise DataError(f"annotation_file {annotation_file} not found: fix the path, or set "
+                        f"annotation_file='' to use every video under data_root")
+    if not data_root:
+        if annotation_file:
+            return os.path.dirname(os.path.abspath(annotation_file))
+        raise DataError("data_root is empty: set data_root to a folder of videos")
+    if not os.path.exists(data_root):
+        raise DataError(f"data_root {data_root} does not exist: set data_root to a folder of videos")
+    if not os.path.isdir(data_root):
+        raise DataError(f"data_root {data_root} is not a folder: set data_root to the folder that holds the videos")
+    return os.path.abspath(data_root)
+
+
+def _index_key(root: str, annotation_file: str, probe: bool) -> dict:
+    """What the cached index depends on; any change means a new cache file."""
+    key = {"version": INDEX_VERSION, "data_root": root, "probe": probe}
+    if annotation_file:
+        st = os.stat(annotation_file)
+        key.update(annotation_file=os.path.abspath(annotation_file), mtime_ns=st.st_mtime_ns, size=st.st_size)
+    else:
+        key.update(root_mtime_ns=os.stat(root).st_mtime_ns)
+    return key
+
+
+def _make_index(root: str, annotation_file: str, probe: bool) -> VideoIndex:
+    if annotation_file:
+        paths, missing = _annotated_paths(root, annotation_file)
+    else:
+        paths, missing = _scan(root), 0
+        if not paths:
+            raise DataError(f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
+                            f"your videos or give an annotation_file")
+    index = VideoIndex(VideoEntry(p, header_frame_count(p) if probe else -1) for p in paths)
+    index.missing = missing
+    return index
+
+
+def _scan(root: str) -> list[str]:
+    """Every file with a video extension under root (recursive, symlinks followed once), sorted.
+
+    Directories are never entries, even when named like a video (x.mp4/).
+    """
+    found, stack, seen = [], [root], set()
+    while stack:
+        folder = stack.pop()
+        real = os.path.realpath(folder)
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            with os.scandir(folder) as it:
+                for entry in it:
+                    if entry.is_dir():
+                        stack.append(entry.path)
+                    elif entry.is_file() and entry.name.lower().endswith(VIDEO_EXTENSIONS):
+                        found.append(entry.path)
+        except OSError as err:
+            log.warning("cannot list %s (%s); skipping it", folder, err)
+    return sorted(found)
+
+
+def _annotated_paths(root: str, annotation_file: str) -> tuple[list[str], int]:
+    """The existing files listed in annotation_file ({"list": [{"path": ...}, ...]}), and how many are missing."""
+    listed = _read_annotation(annotation_file)
+    paths = [os.path.normpath(os.path.join(root, p)) for p in listed]
+    existing = [p for p in paths if os.path.isfile(p)]
+    missing = len(paths) - len(existing)
+    if not existing:
+        raise DataError(f"none of the {len(paths)} videos listed in {annotation_file} exist (e.g. {paths[0]}): "
+                        f"relative paths are joined to data_root={root}; fix data_root or the file")
+    if missing:
+        first = next(p for p in paths if not os.path.isfile(p))
+        log.warning("%d of %d videos listed in %s do not exist and are left out (e.g. %s)",
+                    missing, len(paths), annotation_file, first)
+    return existing, missing
+
+
+def _read_annotation(annotation_file: str) -> list[str]:
+    """The "path" strings of the seed annotation format, or one DataError line saying what is wrong."""
+    try:
+        with open(annotation_file, encoding="utf-8") as f:
+            doc = json.load(f)
+    except json.JSONDecodeError as err:
+        raise DataError(f"annotation_file {annotation_file} is not valid JSON ({err.msg}, line {err.lineno}): "
+                        f"fix the file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read annotation_file {annotation_file} ({err}): fix the path or permissions") from None
+    shape = '{"list": [{"path": "relative/or/absolute.mp4"}, ...]}'
+    items = doc.get("list") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise DataError(f"annotation_file {annotation_file} must be {shape}: no \"list\" array found")
+    if not items:
+        raise DataError(f"annotation_file {annotation_file} lists no videos: add entries to its \"list\"")
+    for i, item in enumerate(items):
+        if not (isinstance(item, dict) and isinstance(item.get("path"), str) and item["path"]):
+            raise DataError(f"annotation_file {annotation_file}: entry {i} is {json.dumps(item)[:80]}, "
+                            f"expected {{\"path\": \"...\"}}: fix the file")
+    return [item["path"] for item in items]
+
+
+
+
+def _read_index(cache_path: str, key: dict) -> VideoIndex | None:
+    """The cached index if the file exists, parses and was made for this key; else None."""
+    try:
+        with open(cache_path, encoding="utf-8") as f:
+            doc = json.load(f)
+        if doc.get("key") != key:
+            return None
+        index = VideoIndex(VideoEntry(str(p), int(n)) for p, n in doc["entries"])
+        index.missing = int(doc.get("missing", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    index.cache_path, index.from_cache = cache_path, True
+    return index
+
+
+def _write_index(cache_path: str, key: dict, index: VideoIndex) -> None:
+    """Write the index atomically (tmp file + os.replace); a read-only cache dir only warns."""
+    doc = {"key": key, "missing": index.missing, "entries": [[e.path, e.frame_count] for e in index]}
+    try:
+        os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".tmp", dir=os.path.dirname(cache_path))
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, cache_path)
+    except OSError as err:
+        log.warning("cannot cache the video index in %s (%s); every rank will rescan", cache_path, err)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str):
+    """Exclusive fcntl lock, so one process builds (the index, the demo assets) while the others
+    wait; a no-op if it cannot be taken (the atomic renames behind it are still safe)."""
+    try:
+        import fcntl
+
+        os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+        handle = open(lock_path, "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:  # e.g. a filesystem without locks: the atomic write is still safe
+            pass
+        yield
+
+
+# --- the split --------------------------------------------------------------------------
+
+def split_train_val(
+    entries: Sequence[VideoEntry],
+    validation_fraction: float,
+    max_validation_videos: int,
+    seed: int,
+) -> tuple[list[VideoEntry], list[VideoEntry]]:
+    """Hold out round(fraction * n) videos (at least 1, at most max and n - 1) for validation.
+
+    Membership is decided by a hash of (seed, path), so it is the same on every rank and in
+    every resumed run, and never depends on file order. A single video cannot be split: it
+    is returned as the train set and reused as the validation set. validation_fraction <= 0
+    or max_validation_videos <= 0 turn validation off (empty val).
+    """
+    n = len(entries)
+    if n == 0:
+        raise DataError("no videos to split: the index is empty")
+    if validation_fraction <= 0 or max_validation_videos <= 0:
+        return list(entries), []
+    if n == 1:
+        log.warning("only one video: validation reuses the training video %s", entries[0].path)
+        return list(entries), list(entries)
+    k = min(max(1, round(validation_fraction * n)), max_validation_videos, n - 1)
+    ranked = sorted(range(n), key=lambda i: hashlib.sha1(f"{seed}:{entries[i].path}".encode()).digest())
+    held = set(ranked[:k])
+    return [e for i, e in enumerate(entries) if i not in held], [e for i, e in enumerate(entries) if i in held]

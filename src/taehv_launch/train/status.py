@@ -1,0 +1,26 @@
+"""Which node this trainer process is on, and the exit status it leaves for the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..run.runs import status_path
+
+
+def node_rank() -> int:
+    """This process's node, as torchrun (GROUP_RANK) or a scheduler (NODE_RANK) sets it."""
+    return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
+
+
+def write_status(run_dir: Path, code: int, message: str) -> None:
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    path = status_path(run_dir, node_rank())
+    try:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps({"code": code, "message": message}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
