@@ -20,7 +20,7 @@ args.dataloader_num_workers = 11  # DataLoader worker processes per rank
 args.prefetch_factor = 3  # batches prefetched per worker
 args.index_cache_dir = ''  # where the dataset index is cached (default: <output_dir>/.index)
 args.use_ref_vae = True  # distil from a reference VAE (False: decoder trains on its own encodings)
-args.ref_vae_type = 'cogvideox'  # diffusers reference VAE family
+args.ref_vae_type = 'cogvideox'  # diffusers reference VAE family (plan/families.py)
 args.ref_vae_path = ''  # local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE
 args.ref_vae_dtype = 'bfloat16'  # dtype of the frozen reference VAE
 args.ref_vae_chunk_size = 2  # samples per reference encode call (memory/speed trade-off)

@@ -9,6 +9,7 @@ import torch
 
 from taehv_launch.plan.schema import DEFAULTS
 from taehv_launch.train.loop import lr_at
+from taehv_launch.plan.families import FAMILIES
 from taehv_launch.train.losses import DistillNet, decoder_targets, psnr, ssim
 from taehv_launch.train.model import TAEHV
 
@@ -29,9 +30,9 @@ def test_lr_schedule_counts_optimizer_steps():
     assert lr_at(50, {**cfg, "lr_scheduler": "constant"}) == pytest.approx(1e-3)
 
 
-@pytest.mark.parametrize("skip_trim,latents,expected", [(False, 3, 9), (True, 3, 9), (True, 6, 24), (False, 6, 21)])
-def test_decoder_output_lines_up_with_the_first_input_frames(skip_trim, latents, expected):
-    net = DistillNet(TAEHV(latent_channels=4), cogvideox_skip_trim=skip_trim).eval()
+@pytest.mark.parametrize("family,latents,expected", [("wan", 3, 9), ("cogvideox", 3, 9), ("cogvideox", 6, 24), ("hunyuan", 6, 21)])
+def test_decoder_output_lines_up_with_the_first_input_frames(family, latents, expected):
+    net = DistillNet(TAEHV(latent_channels=4), FAMILIES[family]).eval()
     frames = torch.rand(1, 24, 3, 16, 16)
     with torch.no_grad():
         enc, dec = net(frames[:, : 4 * latents] if latents == 3 else frames, torch.randn(1, latents, 4, 2, 2))

@@ -17,10 +17,11 @@ import torch
 import torch.nn as nn
 
 from taehv_launch.errors import ConfigError, ModelError
-from taehv_launch.train.refvae import causal_frames, load_reference_vae
+from taehv_launch.plan import families
+from taehv_launch.train.refvae import load_reference_vae
 from taehv_launch.train.synthetic import make_tiny_ref_vae
 
-FAMILIES = ("cogvideox", "hunyuan", "wan")
+FAMILIES = tuple(families.FAMILIES)   # every family record is tested
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -198,7 +199,8 @@ def test_loads_folder_without_vae_subfolder(vae_dirs):
 
 
 def test_causal_frames():
-    assert [causal_frames(n) for n in (1, 4, 5, 12, 13, 24)] == [1, 1, 5, 9, 13, 21]
+    for family in families.FAMILIES.values():
+        assert [family.causal_frames(n) for n in (1, 4, 5, 12, 13, 24)] == [1, 1, 5, 9, 13, 21]
 
 
 # --- errors ---------------------------------------------------------------------------

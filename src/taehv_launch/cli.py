@@ -21,6 +21,7 @@ except ImportError:        # older typer uses click itself
     import click
 
 from .errors import EXIT_USAGE, UserError
+from .plan.profiles import PROFILES
 from .plan.resolve import Options
 
 
@@ -45,7 +46,7 @@ app = typer.Typer(cls=DefaultCommandGroup, add_completion=False, no_args_is_help
 
 Gpus = Annotated[str, typer.Argument(help="GPU count (processes on the cpu profile): 1, 8, 16, 48, 64 or any count "
                                           "derived by the documented rule", show_default=False)]
-ProfileArg = Annotated[str, typer.Argument(help="hardware profile: h100, a800, h200 or cpu", show_default=False)]
+ProfileArg = Annotated[str, typer.Argument(help=f"hardware profile: {', '.join(PROFILES)}", show_default=False)]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a config key: KEY=VALUE "
                                                      "(Python literal), repeatable", show_default=False)]
 ConfigOpt = Annotated[Optional[str], typer.Option("--config", help="a Python config file (seed style "

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, LaunchError
+from ..plan.families import get_family
 from .step import _peak_reset, _sync
 
 
@@ -91,7 +92,7 @@ def build_student(cfg: dict[str, Any], device: torch.device, seraena_autocast: t
     from ..train.seraena import VideoSeraena
 
     taehv = build_taehv(cfg).to(device).train()
-    net = DistillNet(taehv, cogvideox_skip_trim=cfg["ref_vae_type"] == "cogvideox")
+    net = DistillNet(taehv, get_family(cfg["ref_vae_type"]))
     ser = VideoSeraena(cfg["latent_channels"], frames_per_group=cfg["n_seraena_frames"], lr=cfg["seraena_lr"],
                        buffer_bytes=cfg["seraena_buffer_mb"] << 20, autocast_dtype=seraena_autocast,
                        seed=cfg["seed"]).to(device) if cfg["use_seraena"] else None
@@ -264,10 +265,10 @@ def make_assets(cfg: dict[str, Any], device: torch.device, workdir: Path, data_r
         if real_arch:   # the family's default (real) architecture, random weights
             import diffusers
 
-            from ..train.refvae import FAMILIES
+            from ..plan.families import get_family
 
             torch.manual_seed(0)
-            getattr(diffusers, FAMILIES[kind])().to(torch.bfloat16).save_pretrained(os.path.join(tmp, "vae"))
+            getattr(diffusers, get_family(kind).class_name)().to(torch.bfloat16).save_pretrained(os.path.join(tmp, "vae"))
         else:
             make_tiny_ref_vae(kind, os.path.join(tmp, "vae"), cfg["latent_channels"])
 

@@ -36,9 +36,10 @@ def real_reference_vae(kind: str, device: torch.device, dtype: torch.dtype):
     the trainer freezes the loaded one."""
     import diffusers
 
-    from ..train.refvae import FAMILIES, freeze
+    from ..plan.families import get_family
+    from ..train.refvae import freeze
 
-    return freeze(getattr(diffusers, FAMILIES[kind])().to(device, dtype))
+    return freeze(getattr(diffusers, get_family(kind).class_name)().to(device, dtype))
 
 
 def time_reference_encode(kind: str, micro: int, chunk: int, n_frames: int, height: int, width: int,

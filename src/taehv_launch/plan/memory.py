@@ -18,21 +18,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .families import get_family
+
 REF_PIXELS = 12 * 480 * 720
 
 # TAEHV + Seraena train step, allocator peak = fixed + per_clip * micro (max fit error 0.005 GiB
 # over micro 1, 2, 4, 8).
 STEP_FIT = {False: (0.281, 6.312), True: (0.249, 4.452)}   # gradient_checkpointing -> (fixed, per clip)
-# Reference encode peak (GiB) for one clip per encode call, and per extra clip in the call.
-REF_ENCODE_GIB = {"cogvideox": 7.32, "hunyuan": 6.09, "wan": 3.07}
-REF_EXTRA_CLIP_GIB = (26.58 - 7.32) / 3       # measured for CogVideoX, chunk 4 vs 1; others scaled alike
+# Reference encode peak for one clip per encode call: the family record's encode_gib (families.py).
+# Each extra clip in the call adds this share of it: measured for CogVideoX (26.58 GiB at chunk 4 vs
+# 7.32 GiB at chunk 1); the other families are assumed to scale alike.
+REF_EXTRA_CLIP_SHARE = (26.58 - 7.32) / 3 / 7.32
 # Real run at micro 8 peaked at 54.1 GiB vs 50.78 GiB for the bare step: DeepSpeed buckets, fp32
 # master weights and AdamW moments, EMA, the Seraena replay buffer, the reference VAE's weights.
 TRAINER_OVERHEAD_GIB = 54.1 - 50.78
 CUDA_CONTEXT_GIB = 1.1                        # total - free after CUDA init, single process
 HEADROOM = 0.90                               # plan to use at most this share of the GPU (10% headroom)
-
-GPU_GIB = {"h100": 80.0, "a800": 80.0, "h200": 140.4}
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,13 @@ def predict_gib(micro: int, n_frames: int, height: int, width: int, checkpointin
     step = fixed + per_clip * micro * scale
     ref = 0.0
     if use_ref_vae:
-        one = REF_ENCODE_GIB[ref_vae_type]
-        extra = REF_EXTRA_CLIP_GIB * one / REF_ENCODE_GIB["cogvideox"]
-        ref = (one + extra * (min(ref_chunk, micro) - 1)) * scale
+        one = get_family(ref_vae_type).encode_gib
+        ref = one * (1 + REF_EXTRA_CLIP_SHARE * (min(ref_chunk, micro) - 1)) * scale
     return TRAINER_OVERHEAD_GIB + max(step, ref) + CUDA_CONTEXT_GIB
 
 
-def plan_memory(profile: str, cfg: dict, world_size: int) -> MemoryPlan:
-    gpu = GPU_GIB.get(profile)
+def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
+    """`gpu`: GiB of one GPU (the profile record's gpu_gib); None where GPU memory does not apply."""
     if gpu is None:
         return MemoryPlan(None, None, None, None, None, "GPU memory does not apply to this profile")
 

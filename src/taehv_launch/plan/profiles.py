@@ -83,6 +83,7 @@ class Profile:
     config: dict                 # training-config keys this profile sets beyond the rows
     alloc_conf: str | None       # PYTORCH_CUDA_ALLOC_CONF, None on CPU
     device: str                  # "cuda" or "cpu"
+    gpu_gib: float | None        # memory of one GPU as torch reports it (GiB); None on CPU
     micro_override: int | None = None   # A800: fixed micro-batch, accumulation raised to compensate
     micro_max: int | None = None        # H200: raise the micro-batch up to this, keeping the global batch
     max_gpus: int = 64
@@ -98,18 +99,19 @@ PROFILES: dict[str, Profile] = {
     # ref_vae_chunk_size 2: the compiled CogVideoX encode of 8 clips took 1280 ms per micro-batch step at
     # chunk 2 vs 1423 ms at chunk 4 (H100), peak 12.8 GiB, far below the step's own (docs/benchmarks.md).
     "h100": Profile(name="h100", description="NVIDIA H100 80GB (the seeds' table)", rows=H100_ROWS,
-                    config=GPU_SHARED | {"ref_vae_chunk_size": 2}, alloc_conf=H100_ALLOC_CONF, device="cuda"),
+                    config=GPU_SHARED | {"ref_vae_chunk_size": 2}, alloc_conf=H100_ALLOC_CONF, device="cuda",
+                    gpu_gib=80.0),
     "a800": Profile(name="a800", description="NVIDIA A800 80GB: micro-batch 2, accumulation keeps the global batch",
                     rows=H100_ROWS, config=GPU_SHARED, alloc_conf=A800_ALLOC_CONF, device="cuda",
-                    micro_override=2),
+                    gpu_gib=80.0, micro_override=2),
     # H200: micro-batch raised to 16 where the global batch allows: measured peak at 12x480x720 is
     # 0.28 + 6.31 GiB per clip (+3.3 GiB trainer overhead), ~105 GiB at 16 (memory.py).
     "h200": Profile(name="h200", description="NVIDIA H200 141GB: the H100 table, micro-batch up to 16 (measured to fit)",
                     rows=H100_ROWS, config=GPU_SHARED | {"ref_vae_chunk_size": 2}, alloc_conf=H100_ALLOC_CONF,
-                    device="cuda", micro_max=16),
+                    device="cuda", gpu_gib=140.4, micro_max=16),
     "cpu": Profile(
         name="cpu", description="built-in CPU demo: synthetic videos, tiny reference VAE, a few dozen steps",
-        rows=_cpu_rows(), alloc_conf=None, device="cpu", max_gpus=2,
+        rows=_cpu_rows(), alloc_conf=None, device="cpu", gpu_gib=None, max_gpus=2,
         config={
             "height": 64, "width": 64, "n_frames": 12, "min_frame_delta": 1, "max_frame_delta": 2,
             "latent_channels": 4, "ref_vae_type": "cogvideox", "ref_vae_dtype": "float32",

@@ -12,12 +12,22 @@ from functools import cached_property
 from typing import Any
 
 from ..errors import ConfigError
+from .families import get_family
 from .memory import MemoryPlan, plan_memory
 from .profiles import Profile, Row, get_profile, nccl_timeout_for, row_for
 from .schema import DEFAULTS
 from .topology import Topology
 
-FRAME_MULTIPLE = 12  # TAEHV temporal stride 4 x Seraena groups of 3 (SPEC.md)
+
+def taehv_strides(c: dict[str, Any]) -> tuple[int, int]:
+    """TAEHV's (time, space) compression as configured: 2 per downscaling stage, 8 x patch_size in space."""
+    return 2 ** sum(c["encoder_time_downscale"]), 8 * c["patch_size"]
+
+
+def frame_multiple(c: dict[str, Any]) -> int:
+    """n_frames must be a multiple of this: TAEHV's temporal stride x Seraena's frames per group
+    (4 x 3 = 12 with the defaults, SPEC.md)."""
+    return taehv_strides(c)[0] * c["n_seraena_frames"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +66,7 @@ class Plan:
     @cached_property
     def memory(self) -> MemoryPlan:
         """Predicted GPU memory per process for this plan (memory.py)."""
-        return plan_memory(self.profile.name, self.config, self.world_size)
+        return plan_memory(self.profile.gpu_gib, self.config, self.world_size)
 
     def batch_arithmetic(self) -> str:
         c = self.config
@@ -104,18 +114,30 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
         if not cond:
             raise ConfigError(msg)
 
-    need(c["n_frames"] >= FRAME_MULTIPLE and c["n_frames"] % FRAME_MULTIPLE == 0,
-         f"n_frames={c['n_frames']} must be a multiple of {FRAME_MULTIPLE} (TAEHV's temporal stride 4 x "
-         f"Seraena's 3-frame groups): use --set n_frames=12 or 24")
-    spatial = 8 * c["patch_size"]
+    for k in ("encoder_time_downscale", "decoder_time_upscale", "decoder_space_upscale"):
+        need(len(c[k]) == 3 and all(isinstance(v, bool) for v in c[k]),
+             f"{k}={c[k]!r} must be three booleans, e.g. (True, True, False)")
+    need(c["n_seraena_frames"] >= 1, f"n_seraena_frames={c['n_seraena_frames']} must be at least 1")
+    need(c["patch_size"] >= 1, f"patch_size={c['patch_size']} must be at least 1")
+    family = get_family(c["ref_vae_type"])
+    time, space = taehv_strides(c)
+    if c["use_ref_vae"]:
+        need((time, space) == (family.time_stride, family.space_stride),
+             f"TAEHV compresses {time}x in time and {space}x in space (encoder_time_downscale, patch_size) but "
+             f"the {family.name} reference VAE compresses {family.time_stride}x and {family.space_stride}x: "
+             f"set them to match the reference VAE")
+    multiple = frame_multiple(c)
+    need(c["n_frames"] >= multiple and c["n_frames"] % multiple == 0,
+         f"n_frames={c['n_frames']} must be a multiple of {multiple} (TAEHV's temporal stride {time} x "
+         f"Seraena's {c['n_seraena_frames']}-frame groups): use --set n_frames={multiple} or {2 * multiple}")
     for k in ("height", "width"):
-        need(c[k] >= spatial and c[k] % spatial == 0,
-             f"{k}={c[k]} must be a positive multiple of {spatial} (TAEHV downsamples 8x x patch_size)")
+        need(c[k] >= space and c[k] % space == 0,
+             f"{k}={c[k]} must be a positive multiple of {space} (TAEHV downsamples 8x x patch_size)")
     need(1 <= c["min_frame_delta"] <= c["max_frame_delta"],
          f"need 1 <= min_frame_delta ({c['min_frame_delta']}) <= max_frame_delta ({c['max_frame_delta']})")
     for k in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "checkpointing_steps",
               "validation_steps", "log_every", "checkpoints_total_limit", "validation_batch_size",
-              "ref_vae_chunk_size", "nccl_timeout", "n_seraena_frames", "latent_channels", "patch_size"):
+              "ref_vae_chunk_size", "nccl_timeout", "latent_channels"):
         need(c[k] >= 1, f"{k}={c[k]} must be at least 1")
     for k in ("dataloader_num_workers", "lr_warmup_steps", "max_validation_batches", "num_sample_clips"):
         need(c[k] >= 0, f"{k}={c[k]} must not be negative")
@@ -124,9 +146,6 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
     need(0.0 <= c["ema_decay"] < 1.0, f"ema_decay={c['ema_decay']} must be in [0, 1)")
     need(0.0 <= c["validation_fraction"] < 1.0, f"validation_fraction={c['validation_fraction']} must be in [0, 1)")
     need(c["max_grad_norm"] > 0, f"max_grad_norm={c['max_grad_norm']} must be positive")
-    for k in ("encoder_time_downscale", "decoder_time_upscale", "decoder_space_upscale"):
-        need(len(c[k]) == 3 and all(isinstance(v, bool) for v in c[k]),
-             f"{k}={c[k]!r} must be three booleans, e.g. (True, True, False)")
     need(len(c["ref_latent_mean"]) == len(c["ref_latent_std"]),
          "ref_latent_mean and ref_latent_std must have the same length (one value per latent channel)")
     if profile.device == "cpu":

@@ -9,7 +9,9 @@ Profiles (profiles.py) override a subset of these per hardware and GPU count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection
+
+from .families import FAMILIES
 
 
 @dataclass(frozen=True)
@@ -17,7 +19,7 @@ class Key:
     default: Any
     type: type
     help: str
-    choices: tuple = ()
+    choices: Collection = ()   # a live mapping (FAMILIES) is fine: `in` and iteration
 
 
 # (name -> Key). Types: int, float, bool, str, tuple. An int is accepted where a float
@@ -40,7 +42,7 @@ KEYS: dict[str, Key] = {
     "index_cache_dir": Key("", str, "where the dataset index is cached (default: <output_dir>/.index)"),
     # --- reference VAE ----------------------------------------------------------------
     "use_ref_vae": Key(True, bool, "distil from a reference VAE (False: decoder trains on its own encodings)"),
-    "ref_vae_type": Key("cogvideox", str, "diffusers reference VAE family", ("cogvideox", "hunyuan", "wan")),
+    "ref_vae_type": Key("cogvideox", str, "diffusers reference VAE family (plan/families.py)", FAMILIES),
     "ref_vae_path": Key("", str, "local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE"),
     "ref_vae_dtype": Key("bfloat16", str, "dtype of the frozen reference VAE", ("float32", "bfloat16", "float16")),
     "ref_vae_chunk_size": Key(1, int, "samples per reference encode call (memory/speed trade-off)"),

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..errors import EXIT_OK, EXIT_RESUMABLE, UserError
+from ..plan.families import get_family
 from ..run.runs import REQUEUE
 from . import build
 from .checkpoint import TrainState, export_model, load_checkpoint, rotate, save_checkpoint
@@ -79,7 +80,7 @@ class Trainer:
                  f"frames_to_trim {taehv.frames_to_trim}; processes {self.world}, "
                  f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, "
                  f"device {self.device}")
-        net = DistillNet(taehv, cogvideox_skip_trim=cfg["ref_vae_type"] == "cogvideox")
+        net = DistillNet(taehv, get_family(cfg["ref_vae_type"]))
         self.ema = EMA(taehv, cfg["ema_decay"], zero_stage=0)   # before partitioning: a full copy
         self.ema.model.to(self.device)
         self._compile(taehv)
@@ -321,8 +322,8 @@ class Trainer:
             frames = self.val_ds[idx]["frames"][None].to(self.device).float().div_(255.0)
             with eager_reference(self.ref):    # batch 1: no compile for a shape used only here
                 latents = self.ref.encode(frames) if self.ref is not None else ema.encode_video(frames)
-            trim = not (cfg["ref_vae_type"] == "cogvideox" and latents.shape[1] % 2 == 0)
-            dec = ema.decode_video(latents.float(), trim=trim, clamp=True)
+            dec = ema.decode_video(latents.float(), trim=get_family(cfg["ref_vae_type"]).trims(latents.shape[1]),
+                                   clamp=True)
             target = decoder_targets(frames, dec)
             sums += torch.tensor([psnr(dec, target), ssim(dec, target), 1.0], device=self.device, dtype=torch.float64)
             if len(samples) < cfg["num_sample_clips"]:

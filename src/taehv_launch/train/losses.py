@@ -3,27 +3,29 @@
 Frame alignment (SPEC.md "Frame alignment"): n input frames -> n/4 reference latents; the
 decoder turns them into n frames and drops the first `frames_to_trim` (3), so its output
 lines up with input frames [0, n-3). CogVideoX decodes an even latent count to all 4T
-frames (upstream's skip_trim quirk), so then nothing is trimmed and the targets are all frames.
+frames (upstream's skip_trim quirk), so then nothing is trimmed and the targets are all frames
+(the family record's `trims` rule, plan/families.py).
 """
 
 from __future__ import annotations
-
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..plan.families import Family
+
 
 class DistillNet(nn.Module):
     """TAEHV behind one forward(), so DDP and DeepSpeed see every parameter used in one call."""
 
-    def __init__(self, taehv: nn.Module, cogvideox_skip_trim: bool):
+    def __init__(self, taehv: nn.Module, family: Family):
         super().__init__()
         self.taehv = taehv
-        self.cogvideox_skip_trim = cogvideox_skip_trim
+        self.family = family
 
     def trims(self, n_latents: int) -> bool:
-        return not (self.cogvideox_skip_trim and n_latents % 2 == 0)
+        return self.family.trims(n_latents)
 
     def forward(self, frames: torch.Tensor, latents: torch.Tensor | None):
         """frames NTCHW RGB in [0, 1]; latents NTCHW reference latents (raw), or None to decode

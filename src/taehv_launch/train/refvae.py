@@ -25,29 +25,14 @@ from typing import Sequence
 import torch
 
 from ..errors import ConfigError, ModelError
+from ..plan.families import Family, family_of_class, get_family
 
-FAMILIES = {
-    "cogvideox": "AutoencoderKLCogVideoX",
-    "hunyuan": "AutoencoderKLHunyuanVideo",
-    "wan": "AutoencoderKLWan",
-}
-_KIND_OF_CLASS = {cls: kind for kind, cls in FAMILIES.items()}
 _WEIGHT_FILES = (
     "diffusion_pytorch_model.safetensors",
     "diffusion_pytorch_model.bin",
     "diffusion_pytorch_model.safetensors.index.json",
     "diffusion_pytorch_model.bin.index.json",
 )
-TIME_STRIDE = 4   # every supported family: 1 + 4k frames -> 1 + k latents
-SPACE_STRIDE = 8  # every supported family: 8x8 pixels -> one latent
-
-
-def causal_frames(n_frames: int) -> int:
-    """The largest 1 + 4k <= n_frames: the frames a causal reference VAE can encode."""
-    assert n_frames >= 1, f"need at least one frame, got {n_frames}"
-    return 1 + TIME_STRIDE * ((n_frames - 1) // TIME_STRIDE)
-
-
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """Accept the config's strings ("bfloat16") as well as torch dtypes."""
     if isinstance(dtype, torch.dtype):
@@ -81,10 +66,10 @@ def _check_folder(folder: str, kind: str) -> None:
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot read {cfg_path} ({err}): re-download the reference VAE") from None
     found = cfg.get("_class_name") if isinstance(cfg, dict) else None
-    expected = FAMILIES[kind]
+    expected = get_family(kind).class_name
     if found and found != expected:
-        other = _KIND_OF_CLASS.get(found)
-        hint = f"set ref_vae_type={other}" if other else f"use a {expected} folder"
+        other = family_of_class(found)
+        hint = f"set ref_vae_type={other.name}" if other else f"use a {expected} folder"
         raise ModelError(f"{folder} is an {found}, not the {expected} that ref_vae_type={kind} needs: {hint}")
     if not any(os.path.isfile(os.path.join(folder, name)) for name in _WEIGHT_FILES):
         raise ModelError(f"no weights (diffusion_pytorch_model.safetensors) in {folder}: re-download the reference VAE")
@@ -94,7 +79,7 @@ def _from_pretrained(kind: str, path: str, subfolder: str | None, dtype: torch.d
     """diffusers from_pretrained, local only, with every missing or mismatched weight an error."""
     import diffusers
 
-    cls = getattr(diffusers, FAMILIES[kind])
+    cls = getattr(diffusers, get_family(kind).class_name)
     kwargs = {"torch_dtype": dtype, "local_files_only": True, "output_loading_info": True}
     if subfolder:
         kwargs["subfolder"] = subfolder
@@ -156,19 +141,18 @@ class ReferenceVAE:
     latent_std: torch.Tensor | None = None
 
     @property
+    def family(self) -> Family:
+        return get_family(self.kind)
+
+    @property
     def latent_channels(self) -> int:
-        cfg = self.model.config
-        return int(cfg["z_dim"] if self.kind == "wan" else cfg["latent_channels"])
+        return int(self.model.config[self.family.channels_key])
 
     def latent_frames(self, n_frames: int) -> int:
-        """Latent frames for n_frames input frames: 1 + (n - 1) // 4 for every family."""
-        return 1 + (n_frames - 1) // TIME_STRIDE
+        return self.family.latent_frames(n_frames)
 
     def decoded_frames(self, n_latents: int) -> int:
-        """Frames `decode` returns: 1 + 4(L - 1), except CogVideoX with an even L gives 4L."""
-        if self.kind == "cogvideox" and n_latents % 2 == 0:
-            return TIME_STRIDE * n_latents
-        return 1 + TIME_STRIDE * (n_latents - 1)
+        return self.family.decoded_frames(n_latents)
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor) -> torch.Tensor:
@@ -180,11 +164,12 @@ class ReferenceVAE:
         """
         assert frames.ndim == 5 and frames.shape[2] == 3, f"expected NTCHW RGB, got {tuple(frames.shape)}"
         n, t, _, h, w = frames.shape
-        assert h % SPACE_STRIDE == 0 and w % SPACE_STRIDE == 0, f"H, W must be multiples of 8, got {h}x{w}"
-        frames = frames[:, : causal_frames(t)]
+        s = self.family.space_stride
+        assert h % s == 0 and w % s == 0, f"H, W must be multiples of {s}, got {h}x{w}"
+        frames = frames[:, : self.family.causal_frames(t)]
         chunks = [self._encode_chunk(c) for c in frames.split(self._chunk(n))]
         latents = torch.cat(chunks)
-        assert latents.shape == (n, self.latent_frames(t), self.latent_channels, h // 8, w // 8), latents.shape
+        assert latents.shape == (n, self.latent_frames(t), self.latent_channels, h // s, w // s), latents.shape
         return self._normalise(latents)
 
     @torch.no_grad()
@@ -245,8 +230,7 @@ def load_reference_vae(
     Raises ModelError for a missing folder or config, another family's folder, missing
     weights or weights that do not fit; never returns a randomly initialised model.
     """
-    if kind not in FAMILIES:
-        raise ConfigError(f"ref_vae_type={kind!r} is not supported: use one of {', '.join(FAMILIES)}")
+    get_family(kind)
     folder, subfolder = _model_dir(path)
     _check_folder(folder, kind)
     torch_dtype = _as_dtype(dtype)

@@ -25,20 +25,6 @@ MARKER = ".complete"
 DEMO_FPS = 12
 
 
-def tiny_vae_config(kind: str, latent_channels: int = 4) -> dict:
-    """Constructor kwargs of a tiny VAE that keeps the family's real 4x time / 8x space compression."""
-    if kind in ("cogvideox", "hunyuan"):
-        cfg = dict(block_out_channels=(8, 8, 8, 8), latent_channels=latent_channels,
-                   layers_per_block=1, norm_num_groups=4)
-        if kind == "hunyuan":
-            cfg["mid_block_add_attention"] = True
-        return cfg
-    if kind == "wan":
-        return dict(base_dim=8, z_dim=latent_channels, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
-                    latents_mean=[0.0] * latent_channels, latents_std=[1.0] * latent_channels)
-    raise ValueError(f"unknown reference VAE family {kind!r}: use cogvideox, hunyuan or wan")
-
-
 def make_tiny_ref_vae(kind: str, path: str, latent_channels: int = 4, seed: int = 0) -> str:
     """Save a seeded, randomly initialised tiny `kind` VAE with save_pretrained into `path`.
 
@@ -48,12 +34,13 @@ def make_tiny_ref_vae(kind: str, path: str, latent_channels: int = 4, seed: int 
     import diffusers
     import torch
 
-    from .refvae import FAMILIES
+    from ..plan.families import get_family
 
-    cls = getattr(diffusers, FAMILIES[kind])
+    family = get_family(kind)
+    cls = getattr(diffusers, family.class_name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = cls(**tiny_vae_config(kind, latent_channels))
+        model = cls(**family.demo_config(latent_channels))
     model.save_pretrained(path)
     return str(path)
 
