@@ -126,3 +126,21 @@ def test_a_bad_config_file_is_one_line(tmp_path):
     crash = tmp_path / "crash.py"
     crash.write_text("raise RuntimeError('boom')\n")
     assert_one_line_error(run_cli("8", "h100", "--config", str(crash), "--dry-run"), "failed to run.*boom")
+
+
+def test_dry_run_of_a_plan_the_launch_refuses_exits_non_zero():
+    proc = run_cli("8", "h100", "--set", "n_frames=24", "--dry-run")
+    assert proc.returncode == 2 and "DOES NOT FIT" in proc.stdout
+    assert proc.stderr.strip().startswith("error: this plan will not fit in GPU memory") and "\n" not in proc.stderr.strip()
+    assert run_cli("8", "h100", "--set", "n_frames=24", "--set", "train_batch_size=4",
+                   "--set", "gradient_accumulation_steps=4", "--dry-run").returncode == 0   # the README's example
+
+
+def test_dry_run_names_the_demo_assets_and_the_resume_checkpoint(tmp_path):
+    env = clean_env(TAEHV_CACHE=str(tmp_path / "cache"))
+    plan = json.loads(run_cli("1", "cpu", "--dry-run", "--json", env=env).stdout)
+    assert plan["config"]["data_root"] == str(tmp_path / "cache" / "demo" / "videos" / "n16_96x128_t48")
+    assert plan["config"]["ref_vae_path"] == str(tmp_path / "cache" / "demo" / "ref_vae" / "cogvideox_c4")
+    proc = run_cli("1", "cpu", "--dry-run", "--json", "--resume", "auto", "--set", f"output_dir='{tmp_path}'", env=env)
+    plan = json.loads(proc.stdout)
+    assert plan["resume"] is None and any("fresh" in n or "no complete checkpoint" in n for n in plan["notes"]), plan["notes"]

@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from .plan.configfile import load_config_file, parse_sets
+from .plan.demo import demo_cache_dir, demo_paths
 from .plan.profiles import get_profile
-from .errors import EXIT_RESUMABLE, ConfigError, LaunchError
+from .errors import EXIT_RESUMABLE, EXIT_USAGE, ConfigError, LaunchError
 from .run.render import Rendered, render
 from .plan.resolve import Options, Plan, resolve
 from .run.runs import layout_change_note, resolve_resume, run_id_for
 from .plan.schema import KEYS
 from .plan.topology import check_local_gpus, detect_topology
+
+NO_FIT = "this plan will not fit in GPU memory: "
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +47,7 @@ def parse_gpus(text: str) -> int:
 
 
 def build_plan(req: Request, env: dict[str, str] | None = None) -> Plan:
+    """Everything the run will use, decided once: `--dry-run`, validate-env and the launch all call this."""
     env = dict(os.environ if env is None else env)
     gpus = parse_gpus(req.gpus)
     file_values, notes = load_config_file(req.config) if req.config else ({}, [])
@@ -52,13 +56,32 @@ def build_plan(req: Request, env: dict[str, str] | None = None) -> Plan:
     topology = detect_topology(gpus, env, num_nodes=req.num_nodes, node_rank=req.node_rank,
                                master_addr=req.master_addr, master_port=req.master_port,
                                gpus_per_node=req.gpus_per_node, profile=req.profile)
-    return resolve(gpus, req.profile, topology, file_values=file_values, set_values=set_values,
+    plan = resolve(gpus, req.profile, topology, file_values=file_values, set_values=set_values,
                    options=req.options, notes=tuple(notes))
+    return settle(plan, env)
 
 
-def run_dir_for(plan: Plan) -> tuple[Path, str]:
+def settle(plan: Plan, env: dict[str, str]) -> Plan:
+    """The decisions that read the disk or the environment: the run directory, the checkpoint that
+    `--resume` continues (and so the run it belongs to), the demo assets' paths on the cpu profile."""
     run_id, source = run_id_for(plan.options.run_name, plan.topology.job_id)
-    return Path(plan.config["output_dir"]).expanduser().resolve() / run_id, source
+    run_dir = Path(plan.config["output_dir"]).expanduser().resolve() / run_id
+    notes, options, config = list(plan.notes), plan.options, plan.config
+    if options.resume:
+        explicit_run = source != "timestamp"
+        ckpt, resume_notes = resolve_resume(options.resume, run_dir.parent, run_dir if explicit_run else None)
+        notes += resume_notes
+        if ckpt is not None:
+            note = layout_change_note(ckpt, plan.world_size, config)
+            notes += [note] if note else []
+            if not explicit_run:
+                run_dir, source = ckpt.parent, "resumed run"     # continue the run the checkpoint belongs to
+        options = replace(options, resume=str(ckpt) if ckpt else None)
+    if plan.profile.device == "cpu":
+        data, vae = demo_paths(demo_cache_dir(env), config["ref_vae_type"], config["latent_channels"])
+        config = {**config, "data_root": config["data_root"] or data,
+                  "ref_vae_path": config["ref_vae_path"] or (vae if config["use_ref_vae"] else "")}
+    return replace(plan, run_dir=run_dir, run_id_source=source, options=options, config=config, notes=tuple(notes))
 
 
 def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
@@ -80,27 +103,33 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "env_kept": {k: v.value for k, v in rendered.env.items() if v.kept},
         "command": rendered.argv,
         "memory": asdict(plan.memory),
+        "resume": plan.options.resume,
+        "files": rendered.files,          # exactly what the launch writes into run_dir
         "notes": list(plan.notes),
     }
 
 
 def dry_run(req: Request, as_json: bool) -> int:
     plan = build_plan(req)
-    run_dir, _ = run_dir_for(plan)
+    run_dir = plan.run_dir
     rendered = render(plan, run_dir)
     if as_json:
         sys.stdout.write(json.dumps(plan_json(plan, rendered, run_dir), indent=2) + "\n")
     else:
         print_plan(plan, rendered, run_dir)
         print("\n(dry run: nothing was written or started)")
+    if plan.memory.fits is False:     # the launch would refuse this plan: so does its dry run
+        print(f"error: {NO_FIT}{plan.memory.detail}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
 
 
 def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
     topo, c = plan.topology, plan.config
     on_cpu = plan.profile.device == "cpu"
-    default = "built-in tiny demo VAE" if on_cpu else "NOT SET: --set ref_vae_path=... is required on GPUs"
-    default_data = "built-in synthetic demo videos" if on_cpu else "NOT SET: --set data_root=... is required on GPUs"
+    demo_data, demo_vae = demo_paths(demo_cache_dir(), c["ref_vae_type"], c["latent_channels"]) if on_cpu else ("", "")
+    default = "NOT SET: --set ref_vae_path=... is required on GPUs"
+    default_data = "NOT SET: --set data_root=... is required on GPUs"
     out = [
         f"taehv-launch {plan.gpus} {plan.profile.name}: {plan.profile.description}",
         f"  rows      {plan.row_source}",
@@ -111,8 +140,8 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
         f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
         f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
         f"  clips     {c['n_frames']} frames of {c['height']}x{c['width']}, stride {c['min_frame_delta']}-"
-        f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default})",
-        f"  data      {c['data_root'] or default_data}",
+        f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default}{' = built-in tiny demo VAE' if c['ref_vae_path'] == demo_vae else ''})",
+        f"  data      {c['data_root'] or default_data}{' (built-in synthetic demo videos)' if c['data_root'] == demo_data else ''}",
         f"  timeouts  process group {c['nccl_timeout']} s; checkpoint every {c['checkpointing_steps']}, "
         f"validate every {c['validation_steps']}, log every {c['log_every']}",
         f"  run dir   {run_dir}",
@@ -133,21 +162,9 @@ def launch(req: Request) -> int:
 
     plan = build_plan(req)
     if plan.memory.fits is False:
-        raise ConfigError(f"this plan will not fit in GPU memory: {plan.memory.detail}")
-    run_dir, source = run_dir_for(plan)
-    notes = list(plan.notes)
-    if plan.options.resume:
-        explicit_run = source != "timestamp"
-        ckpt, resume_notes = resolve_resume(plan.options.resume, run_dir.parent,
-                                            run_dir if explicit_run else None)
-        notes += resume_notes
-        if ckpt is not None:
-            note = layout_change_note(ckpt, plan.world_size, plan.config)
-            notes += [note] if note else []
-        if ckpt is not None and not explicit_run:
-            run_dir = ckpt.parent          # continue the run the checkpoint belongs to
-        plan = replace(plan, options=replace(plan.options, resume=str(ckpt) if ckpt else None))
-    if plan.topology.num_machines > 1 and source == "timestamp" and plan.options.run_name is None:
+        raise ConfigError(NO_FIT + plan.memory.detail)
+    run_dir, notes = plan.run_dir, []
+    if plan.topology.num_machines > 1 and plan.run_id_source == "timestamp" and plan.options.run_name is None:
         raise LaunchError("a multi-node run needs one run name on every node: pass the same --run-name "
                           "on each node (no scheduler job id was found)")
     if plan.profile.device == "cuda":
@@ -160,8 +177,8 @@ def launch(req: Request) -> int:
     check_accelerate_yaml(run_dir / "accelerate.yaml")
     if rendered.deepspeed is not None:
         check_deepspeed_config(rendered.deepspeed, plan.world_size)
-    print_plan(plan, rendered, run_dir)
-    for note in notes:
+    print_plan(plan, rendered, run_dir)     # with the plan's notes (config file, resume)
+    for note in notes:                      # and what writing the run's files found
         print(f"  note      {note}")
     sys.stdout.flush()
     code = edge.run(plan, rendered, run_dir)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -50,6 +51,10 @@ class Plan:
     config: dict[str, Any]
     options: Options
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Decided after resolve() by commands.settle (they read the disk): the run directory and where its
+    # name came from ("--run-name", "scheduler job id", "timestamp", "resumed run").
+    run_dir: Path | None = None
+    run_id_source: str = ""
 
     @property
     def world_size(self) -> int:

@@ -21,6 +21,7 @@ from typing import Callable
 
 from ..commands import Request, build_plan
 from ..errors import UserError
+from ..plan.demo import demo_cache_dir, demo_paths
 from ..plan.resolve import Plan
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -194,21 +195,22 @@ def check_communication(plan: Plan, quick: bool) -> list[Check]:
 
 
 # ---------------------------------------------------------------- data
-def _demo_asset(kind: str) -> str:
-    """Where the cpu demo's assets of `kind` are, or will be made by the first run (not a failure)."""
-    from ..train.build import demo_cache_dir
-
-    root = demo_cache_dir() / kind
-    made = root.is_dir() and any(root.glob("*/.complete"))
-    return f"present in {root}" if made else f"will be created in {root} by the first run"
+def _demo_asset(plan: Plan, which: int) -> str | None:
+    """For the cpu demo's data (0) or reference VAE (1): where it is, or will be made by the first
+    run (not a failure); None when the config names other assets."""
+    c = plan.config
+    path = demo_paths(demo_cache_dir(), c["ref_vae_type"], c["latent_channels"])[which]
+    if plan.profile.device != "cpu" or (c["data_root"], c["ref_vae_path"])[which] != path:
+        return None
+    return f"present in {path}" if (Path(path) / ".complete").is_file() else f"will be created in {path} by the first run"
 
 
 def check_data(plan: Plan, quick: bool) -> list[Check]:
     c = plan.config
     if not c["data_root"]:
-        if _gpu_plan(plan):
-            return [Check("data", FAIL, "data_root is not set", "--set data_root=/path/to/videos")]
-        return [Check("data", PASS, "built-in synthetic demo set: " + _demo_asset("videos"))]
+        return [Check("data", FAIL, "data_root is not set", "--set data_root=/path/to/videos")]
+    if demo := _demo_asset(plan, 0):
+        return [Check("data", PASS, "built-in synthetic demo set: " + demo)]
     from ..train.data import VideoClipDataset
     from ..train.index import build_index
 
@@ -243,11 +245,9 @@ def check_models(plan: Plan, quick: bool) -> list[Check]:
     c, out = plan.config, []
     if c["use_ref_vae"]:
         if not c["ref_vae_path"]:
-            if _gpu_plan(plan):
-                out.append(Check("reference VAE", FAIL, "ref_vae_path is not set", "--set ref_vae_path=/path/to/vae"))
-            else:
-                out.append(Check("reference VAE", PASS,
-                                 f"built-in tiny {c['ref_vae_type']} VAE: " + _demo_asset("ref_vae")))
+            out.append(Check("reference VAE", FAIL, "ref_vae_path is not set", "--set ref_vae_path=/path/to/vae"))
+        elif demo := _demo_asset(plan, 1):
+            out.append(Check("reference VAE", PASS, f"built-in tiny {c['ref_vae_type']} VAE: " + demo))
         else:
             out.append(_check_ref_vae(c, quick))
     if c["pretrained_model_path"]:

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from ..errors import DataError, ModelError
+from ..plan.demo import demo_cache_dir, demo_paths
 
 
 def make_accelerator(cfg: dict[str, Any]):
@@ -39,15 +40,12 @@ def make_accelerator(cfg: dict[str, Any]):
     return Accelerator(**kwargs)
 
 
-def demo_cache_dir() -> Path:
-    root = os.environ.get("TAEHV_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "taehv-launch")
-    return Path(root) / "demo"
-
-
 def resolve_demo_paths(cfg: dict[str, Any], device: torch.device, log) -> dict[str, Any]:
-    """On CPU, an empty data_root / ref_vae_path means the built-in demo assets (made on first run)."""
-    need_data, need_vae = not cfg["data_root"], cfg["use_ref_vae"] and not cfg["ref_vae_path"]
+    """On CPU, the demo assets' paths (the launcher puts them in the config: plan/demo.py) or an
+    empty data_root / ref_vae_path mean the built-in demo assets, made here on first use."""
+    demo_data, demo_vae = demo_paths(demo_cache_dir(), cfg["ref_vae_type"], cfg["latent_channels"])
+    need_data = cfg["data_root"] in ("", demo_data)
+    need_vae = cfg["use_ref_vae"] and cfg["ref_vae_path"] in ("", demo_vae)
     if not (need_data or need_vae):
         return cfg
     if device.type != "cpu":
@@ -56,7 +54,7 @@ def resolve_demo_paths(cfg: dict[str, Any], device: torch.device, log) -> dict[s
             f"{what} is empty: on GPUs set --set {what}=/path (the built-in demo assets are for the cpu profile)")
     from .synthetic import ensure_demo_assets
 
-    data_root, vae_path = ensure_demo_assets(demo_cache_dir(), latent_channels=cfg["latent_channels"],
+    data_root, vae_path = ensure_demo_assets(str(demo_cache_dir()), latent_channels=cfg["latent_channels"],
                                              ref_vae_type=cfg["ref_vae_type"])
     out = dict(cfg)
     if need_data:

@@ -21,6 +21,8 @@ import tempfile
 
 import numpy as np
 
+from ..plan.demo import DEMO_FRAMES, DEMO_SIZE, DEMO_VIDEOS, demo_paths
+
 MARKER = ".complete"
 DEMO_FPS = 12
 
@@ -47,17 +49,16 @@ def make_tiny_ref_vae(kind: str, path: str, latent_channels: int = 4, seed: int 
 
 def ensure_demo_assets(
     cache_dir: str,
-    n_videos: int = 16,
-    size: tuple[int, int] = (96, 128),
-    n_frames: int = 48,
+    n_videos: int = DEMO_VIDEOS,
+    size: tuple[int, int] = DEMO_SIZE,
+    n_frames: int = DEMO_FRAMES,
     latent_channels: int = 4,
     ref_vae_type: str = "cogvideox",
 ) -> tuple[str, str]:
-    """Make (once) and return (data_root, ref_vae_path) for the CPU demo. size is (H, W)."""
+    """Make (once) and return (data_root, ref_vae_path) for the CPU demo (paths: plan/demo.py). size is (H, W)."""
     height, width = size
     os.makedirs(cache_dir, exist_ok=True)
-    data_root = os.path.join(cache_dir, "videos", f"n{n_videos}_{height}x{width}_t{n_frames}")
-    ref_path = os.path.join(cache_dir, "ref_vae", f"{ref_vae_type}_c{latent_channels}")
+    data_root, ref_path = demo_paths(cache_dir, ref_vae_type, latent_channels, n_videos, size, n_frames)
     from .index import exclusive_lock
 
     with exclusive_lock(os.path.join(cache_dir, ".demo.lock")):
