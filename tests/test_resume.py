@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from taehv_launch.errors import CheckpointError
-from taehv_launch.run.runs import COMPLETE, newest_complete, resolve_resume
+from taehv_launch.run.checkpoints import COMPLETE, newest_complete
+from taehv_launch.run.runs import resolve_resume
 from trainrun import launch, ok, scalars, trainer_state
 
 
@@ -45,7 +46,7 @@ def test_explicit_incomplete_checkpoint_is_refused(tmp_path):
 
 
 def test_rotation_keeps_the_newest_and_the_best(tmp_path):
-    from taehv_launch.train.checkpoint import rotate
+    from taehv_launch.run.checkpoints import rotate
 
     for step in (10, 20, 30, 40, 50):
         fake_checkpoint(tmp_path, step)
@@ -119,7 +120,7 @@ def test_checkpoint_without_portable_state_on_another_layout_is_refused_before_a
 
 
 def test_layout_change_note_says_what_carries_over(tmp_path):
-    from taehv_launch.run.runs import layout_change_note
+    from taehv_launch.run.checkpoints import layout_change_note
 
     ck = fake_checkpoint(tmp_path, 4)
     cfg = {"train_batch_size": 2, "gradient_accumulation_steps": 3, "learning_rate": 2e-4}
@@ -232,7 +233,7 @@ def real_checkpoint(run: Path, step: int) -> Path:
     write_complete the trainer uses."""
     from safetensors.torch import save_file
 
-    from taehv_launch.run.runs import write_complete
+    from taehv_launch.run.checkpoints import write_complete
 
     ck = run / f"checkpoint-{step}"
     (ck / "deepspeed").mkdir(parents=True)
@@ -254,7 +255,7 @@ def flip_a_byte(path: Path, offset: int = 4096) -> None:
 def test_complete_marker_records_size_and_checksum_of_every_file(tmp_path):
     import zlib
 
-    from taehv_launch.run.runs import checksum_problem
+    from taehv_launch.run.checkpoints import checksum_problem
 
     ck = real_checkpoint(tmp_path, 3)
     meta = json.loads((ck / COMPLETE).read_text())

@@ -15,7 +15,8 @@ from .plan.profiles import get_profile
 from .errors import EXIT_RESUMABLE, EXIT_USAGE, ConfigError, LaunchError
 from .run.render import Rendered, render
 from .plan.resolve import Options, Plan, resolve
-from .run.runs import layout_change_note, resolve_resume, run_id_for
+from .run.checkpoints import layout_change_note
+from .run.runs import resolve_resume, run_id_for
 from .plan.schema import KEYS
 from .plan.topology import check_local_gpus, detect_topology
 

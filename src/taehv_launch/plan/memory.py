@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .families import get_family
+from .schema import global_batch
 
 REF_PIXELS = 12 * 480 * 720
 
@@ -72,7 +73,7 @@ def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
     if peak <= budget:
         return MemoryPlan(peak, gpu, True, micro, cfg["gradient_accumulation_steps"],
                           f"predicted peak {peak:.1f} GiB of {gpu:.0f} GiB per GPU (micro {micro})")
-    target = micro * world_size * cfg["gradient_accumulation_steps"]
+    target = global_batch(cfg, world_size)
     fitting = [m for m in range(1, micro) if need(m) <= budget]
     exact = [m for m in fitting if target % (m * world_size) == 0]     # keeps the global batch exactly
     best = max(exact or fitting, default=None)

@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from .families import get_family
 from .memory import MemoryPlan, plan_memory
 from .profiles import Profile, Row, get_profile, nccl_timeout_for, row_for
-from .schema import DEFAULTS
+from .schema import DEFAULTS, global_batch
 from .topology import Topology
 
 
@@ -62,7 +62,7 @@ class Plan:
 
     @property
     def global_batch_size(self) -> int:
-        return self.config["train_batch_size"] * self.world_size * self.config["gradient_accumulation_steps"]
+        return global_batch(self.config, self.world_size)
 
     @property
     def uses_deepspeed(self) -> bool:

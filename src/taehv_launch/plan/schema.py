@@ -102,3 +102,8 @@ KEYS: dict[str, Key] = {
 }
 
 DEFAULTS: dict[str, Any] = {name: key.default for name, key in KEYS.items()}
+
+
+def global_batch(cfg: dict[str, Any], world_size: int) -> int:
+    """Clips per optimizer step: micro-batch x processes x accumulation (the one formula)."""
+    return int(cfg["train_batch_size"]) * int(world_size) * int(cfg["gradient_accumulation_steps"])

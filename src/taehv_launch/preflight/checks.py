@@ -283,20 +283,16 @@ def _check_ref_vae(c: dict, quick: bool) -> Check:
 
 # ---------------------------------------------------------------- resources
 def checkpoint_bytes(plan: Plan) -> int:
-    """An upper bound on one checkpoint (train/checkpoint.py): the world-size-free state (fp32
-    weights + AdamW moments) and the EMA; under ZeRO also DeepSpeed's files (training-precision
-    weights, fp32 master copy, moments); per rank, Seraena's discriminator with its AdamW and
-    the replay buffer when it is small enough to be saved."""
+    """One checkpoint of this plan (run/checkpoints.py's estimate, with this model's sizes)."""
+    from ..run.checkpoints import estimate_bytes
     from ..train.model import TAEHV, count_params
     from ..train.seraena import PatchDiscWithContext
 
     c = plan.config
-    p = count_params(TAEHV(latent_channels=c["latent_channels"], patch_size=c["patch_size"]))
-    d = count_params(PatchDiscWithContext(3 * c["n_seraena_frames"], c["latent_channels"]))
-    model = 4 * p * (3 + 1) + (4 * p * 4 if plan.uses_deepspeed else 0)
-    buffer = min(c["seraena_buffer_mb"], c["seraena_checkpoint_buffer_mb"]) << 20
-    seraena = (12 * d + buffer) * plan.world_size if c["use_seraena"] else 0
-    return model + seraena
+    return estimate_bytes(count_params(TAEHV(latent_channels=c["latent_channels"], patch_size=c["patch_size"])),
+                          count_params(PatchDiscWithContext(3 * c["n_seraena_frames"], c["latent_channels"])),
+                          deepspeed=plan.uses_deepspeed, world_size=plan.world_size, use_seraena=c["use_seraena"],
+                          seraena_buffer_bytes=min(c["seraena_buffer_mb"], c["seraena_checkpoint_buffer_mb"]) << 20)
 
 
 def check_resources(plan: Plan, quick: bool) -> list[Check]:

@@ -1,7 +1,7 @@
 """Checkpoints that are complete or absent, and exports of the EMA TAEHV.
 
 A checkpoint is written into `.tmp-checkpoint-<step>/`, then every file is listed in a
-COMPLETE marker with its size and CRC-32 (runs.write_complete; a resume verifies them), then the
+COMPLETE marker with its size and CRC-32 (run/checkpoints.py, the format; a resume verifies them), then the
 folder is renamed to `checkpoint-<step>/`; a crash at any point leaves either the previous
 checkpoints or a temp folder that resume ignores. A write that fails (disk full) is one error line
 and removes the temp folder. Assumes the run
@@ -33,8 +33,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..errors import EXIT_FAILED, CheckpointError
-from ..run.runs import layout_change_problem, list_checkpoints, write_complete
+from ..errors import CheckpointError
+from ..run.checkpoints import (DEEPSPEED_DIR, EMA_FILE, STATE_FILE, CheckpointMismatch, CheckpointWriteError,
+                               checkpoint_dir, layout_change_problem, list_checkpoints, rng_file, seraena_file,
+                               write_complete, writing_dir)
 from . import portable
 
 
@@ -71,12 +73,6 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
     np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), int(state["numpy_pos"][0])))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-class CheckpointWriteError(CheckpointError):
-    """A checkpoint could not be written (disk full, quota, file size limit, I/O error)."""
-
-    exit_code = EXIT_FAILED
 
 
 @contextlib.contextmanager
@@ -127,8 +123,8 @@ def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, 
 
     A write that fails (disk full ...) raises CheckpointWriteError on the rank that saw it; the
     temporary folder is removed and the previous checkpoints are untouched."""
-    final = run_dir / f"checkpoint-{state.step}"
-    tmp = run_dir / f".tmp-checkpoint-{state.step}"
+    final = checkpoint_dir(run_dir, state.step)
+    tmp = writing_dir(run_dir, state.step)
     rank = accelerator.process_index
     if accelerator.is_main_process:
         with _writing(run_dir, tmp, state.step):
@@ -138,18 +134,18 @@ def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, 
     accelerator.wait_for_everyone()
     if accelerator.state.deepspeed_plugin is not None:
         with _writing(run_dir, tmp, state.step):
-            model.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+            model.save_checkpoint(str(tmp / DEEPSPEED_DIR), tag="state", save_latest=False)
     full = portable.gather(accelerator, model, optimizer)
     with _writing(run_dir, tmp, state.step):
         if full is not None:
             portable.save(tmp, full)
-        torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+        torch.save(rng_state(), tmp / rng_file(rank))
         if seraena is not None:
             torch.save(seraena.state_dict_for_checkpoint(include_buffer=include_buffer),
-                       tmp / f"seraena_rank{rank}.pt")
+                       tmp / seraena_file(rank))
         if accelerator.is_main_process:
-            save_file(_contiguous(ema.state_dict()), str(tmp / "ema.safetensors"))
-            (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+            save_file(_contiguous(ema.state_dict()), str(tmp / EMA_FILE))
+            (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         with _writing(run_dir, tmp, state.step):
@@ -165,9 +161,9 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
                     zero_stage: int) -> TrainState:
     """Collective. Restores everything save_checkpoint wrote; says clearly what does not fit."""
     try:
-        state = TrainState(**json.loads((path / "trainer_state.json").read_text()))
+        state = TrainState(**json.loads((path / STATE_FILE).read_text()))
     except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint {path} has no readable trainer_state.json ({exc}): "
+        raise CheckpointError(f"checkpoint {path} has no readable {STATE_FILE} ({exc}): "
                               f"pass another checkpoint") from None
     problem = layout_change_problem(state.world_size, state.zero_stage, world_size, zero_stage, path)
     if problem:
@@ -175,26 +171,27 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
     same_layout = state.world_size == world_size and state.zero_stage == zero_stage
     try:
         if accelerator.state.deepspeed_plugin is not None and same_layout:
-            load_path, _ = model.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)
+            load_path, _ = model.load_checkpoint(str(path / DEEPSPEED_DIR), tag="state", load_module_strict=True)
             if load_path is None:
-                raise CheckpointError(f"DeepSpeed found no state in {path / 'deepspeed'}: the checkpoint is damaged")
+                raise CheckpointError(f"DeepSpeed found no state in {path / DEEPSPEED_DIR}: the checkpoint is damaged")
         else:
             portable.load(path, accelerator, model, optimizer, zero_stage)
-        ema.load_state_dict(load_file(str(path / "ema.safetensors")))   # copied onto the EMA model's device
+        ema.load_state_dict(load_file(str(path / EMA_FILE)))   # copied onto the EMA model's device
     except (OSError, SafetensorError) as exc:
         raise CheckpointError(f"checkpoint {path} is damaged ({str(exc).splitlines()[0]}): pass an older "
                               f"checkpoint of the run") from None
-    except RuntimeError as exc:
-        if not any(s in str(exc) for s in ("state_dict", "size mismatch")):
+    except (CheckpointMismatch, RuntimeError) as exc:
+        # DeepSpeed's own load reports a mismatch with torch's load_state_dict error (a RuntimeError)
+        if not isinstance(exc, CheckpointMismatch) and "Error(s) in loading state_dict" not in str(exc):
             raise           # not a shape mismatch (e.g. another rank failed): the full error
-        raise CheckpointError(f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]}): "
-                              f"resume with the config it was written with (see its trainer_state.json)") from None
+        raise CheckpointMismatch(f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]}): "
+                                 f"resume with the config it was written with (see its {STATE_FILE})") from None
     rank = accelerator.process_index
-    rng_file = path / f"rng_rank{rank}.pt"
-    if rng_file.exists() and state.world_size == world_size:
-        set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
+    rng_path = path / rng_file(rank)
+    if rng_path.exists() and state.world_size == world_size:
+        set_rng_state(torch.load(rng_path, map_location="cpu", weights_only=True))
     # Seraena's discriminator is the same on every rank; a rank beyond the old world takes the last one's buffer
-    ser_file = path / f"seraena_rank{min(rank, state.world_size - 1)}.pt"
+    ser_file = path / seraena_file(min(rank, state.world_size - 1))
     if seraena is not None and ser_file.exists():
         # "cpu", not accelerate's torch.device("cpu", 0), which torch.load cannot map to
         where = "cpu" if accelerator.device.type == "cpu" else accelerator.device
@@ -205,17 +202,6 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
     return state
 
 
-def rotate(run_dir: Path, keep: int, best_step: int) -> list[str]:
-    """Delete the oldest complete checkpoints beyond `keep`; never the newest or the best one."""
-    complete = [(s, p) for s, p, why in list_checkpoints(run_dir) if why is None]
-    protected = {complete[-1][0] if complete else None, best_step}
-    removable = [(s, p) for s, p in complete if s not in protected]
-    excess = len(complete) - keep
-    removed = []
-    for s, p in removable[:max(0, excess)]:
-        shutil.rmtree(p, ignore_errors=True)
-        removed.append(p.name)
-    return removed
 
 
 def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[str, Any]) -> None:

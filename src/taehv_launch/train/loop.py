@@ -22,9 +22,11 @@ import torch.nn.functional as F
 
 from ..errors import EXIT_OK, EXIT_RESUMABLE, UserError
 from ..plan.families import get_family
+from ..plan.schema import global_batch
 from ..run.runs import REQUEUE
 from . import build
-from .checkpoint import TrainState, export_model, load_checkpoint, rotate, save_checkpoint
+from ..run.checkpoints import rotate
+from .checkpoint import TrainState, export_model, load_checkpoint, save_checkpoint
 from .ema import EMA
 from .losses import DistillNet, decoder_targets, psnr, psnr_t, ssim
 from .seraena import seraena_crop
@@ -301,7 +303,7 @@ class Trainer:
         self.scalar("train/learning_rate", lr, step)
         self.scalar("train/samples_per_second", samples_per_s, step)
         self.scalar("train/gpu_memory_gb", mem, step)
-        eta = (total - step) * self.cfg["train_batch_size"] * self.cfg["gradient_accumulation_steps"] * self.world \
+        eta = (total - step) * global_batch(self.cfg, self.world) \
             / max(samples_per_s, 1e-9)
         self.log(f"step {step}/{total} | loss {means.get('loss', float('nan')):.4f} | rec "
                  f"{means.get('reconstruction_loss', float('nan')):.4f} | enc {means.get('encoder_loss', float('nan')):.4f}"

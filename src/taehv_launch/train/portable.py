@@ -22,12 +22,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import CheckpointError
-from ..run.runs import PORTABLE_FILES
+from ..run.checkpoints import MODEL_FILE, OPTIMIZER_FILE, CheckpointMismatch
 from .ema import gathered
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 FORMAT = "taehv-launch portable optimizer v1"
-MODEL_FILE, OPTIMIZER_FILE = PORTABLE_FILES
 
 
 def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:
@@ -86,12 +85,12 @@ def load(folder: Path, accelerator, model, optimizer, zero_stage: int) -> None:
     missing = sorted(set(params) - set(weights)) + sorted(set(buffers) - set(weights))
     unexpected = sorted(set(weights) - set(params) - set(buffers))
     if missing or unexpected:
-        raise RuntimeError(f"Error(s) in loading state_dict: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise CheckpointMismatch(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
     for name, p in params.items():
         shape = p.ds_shape if hasattr(p, "ds_shape") else p.shape      # ZeRO-3 holds a partition
         if tuple(weights[name].shape) != tuple(shape):
-            raise RuntimeError(f"size mismatch for {name}: copying a param with shape {tuple(weights[name].shape)} "
-                               f"from checkpoint, the shape in current model is {tuple(shape)}")
+            raise CheckpointMismatch(f"{name} has shape {tuple(weights[name].shape)} in the checkpoint, "
+                                     f"{tuple(shape)} in this model")
     device = accelerator.device
     if accelerator.state.deepspeed_plugin is None:
         if moments:

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..plan.schema import global_batch
+
 
 class PhaseTimer:
     """Wall time per phase of a step (synchronising CUDA), for --profile's table.
@@ -102,7 +104,7 @@ class SpeedLog:
             self.t1 = time.perf_counter()
         secs = self.t1 - self.t0
         steps = self.last_step - self.begin_step
-        clips = steps * self.cfg["train_batch_size"] * self.cfg["gradient_accumulation_steps"] * self.world
+        clips = steps * global_batch(self.cfg, self.world)
         out: dict[str, Any] = {"steps": steps, "from_step": self.begin_step, "seconds": secs,
                                "clips_per_s": clips / secs, "clips_per_s_per_gpu": clips / secs / self.world,
                                "world_size": self.world, "device": str(self.device), "phases": phases}
