@@ -59,14 +59,14 @@ case $mode in
     assets
     # same micro-batch on 1, 2, 4 GPUs: samples/s per GPU side by side in one run
     for n in 1 2 4; do
-      $T $n h200 --run-name s$n "${common[@]}" --set train_batch_size=8 --set max_train_steps=15 \
+      $T $n h200 --run-name s$n "${common[@]}" --set micro_batch_size=8 --set max_train_steps=15 \
         --set validation_steps=15 --set checkpointing_steps=15 2>&1 | grep -E "^step|error" | tee "$out/scale_$n.txt"
     done
-    $T 4 h200 --run-name s4 --resume auto "${common[@]}" --set train_batch_size=8 --set max_train_steps=20 \
+    $T 4 h200 --run-name s4 --resume auto "${common[@]}" --set micro_batch_size=8 --set max_train_steps=20 \
       --set validation_steps=20 --set checkpointing_steps=20 2>&1 | grep -E "^step|resumed|error" | tee "$out/resume_4.txt"
     # the multi-node path on one machine: 2 "nodes" x 2 GPUs, each launcher sees its own GPUs
     split=(4 h200 --num-nodes 2 --gpus-per-node 2 --master-addr 127.0.0.1 --master-port 29611 --run-name split
-           "${common[@]}" --set train_batch_size=8 --set max_train_steps=15 --set validation_steps=15
+           "${common[@]}" --set micro_batch_size=8 --set max_train_steps=15 --set validation_steps=15
            --set checkpointing_steps=15)
     CUDA_VISIBLE_DEVICES=0,1 $T "${split[@]}" --node-rank 0 > "$out/split_node0.txt" 2>&1 &
     CUDA_VISIBLE_DEVICES=2,3 $T "${split[@]}" --node-rank 1 > "$out/split_node1.txt" 2>&1
@@ -75,7 +75,7 @@ case $mode in
     ;;
   layout)
     assets
-    L=(--run-name lay "${common[@]}" --set train_batch_size=4 --set log_every=1 --set validation_steps=1000)
+    L=(--run-name lay "${common[@]}" --set micro_batch_size=4 --set log_every=1 --set validation_steps=1000)
     $T 2 h200 "${L[@]}" --set zero_stage=2 --set max_train_steps=10 --set checkpointing_steps=10 2>&1 \
       | grep -E "^step 10|processes|exited|error" | tee "$out/layout_1.txt"
     # one more step each at a negligible LR: the next checkpoint shows what the resume loaded
@@ -95,7 +95,7 @@ PY
     ;;
   curve)
     assets
-    S=("${common[@]}" --set train_batch_size=4 --set log_every=1 --set validation_steps=1000 --set checkpointing_steps=10
+    S=("${common[@]}" --set micro_batch_size=4 --set log_every=1 --set validation_steps=1000 --set checkpointing_steps=10
        --set lr_scheduler=constant --set seraena_checkpoint_buffer_mb=${BUFFER_MB:-1024})   # 1024: the replay buffer is saved
     $T 2 h200 --run-name full "${S[@]}" --set zero_stage=2 --set max_train_steps=20 2>&1 | grep -E "exited|error"
     for run in z3 z2; do

@@ -384,7 +384,7 @@ def test_mixed_dataset_skips_broken_files_and_trains(tmp_path: Path) -> None:
     # one batch of all training videos: each is the first choice of one sample, so every broken one is hit
     proc = run_cli("1", "cpu", "--run-name", "t", "--master-port", str(free_port()),
                    "--set", f"output_dir='{tmp_path / 'output'}'", "--set", f"data_root='{data}'",
-                   "--set", "validation_fraction=0.2", "--set", "seed=42", "--set", f"train_batch_size={len(train)}",
+                   "--set", "validation_fraction=0.2", "--set", "seed=42", "--set", f"micro_batch_size={len(train)}",
                    "--set", "max_train_steps=2", "--set", "dataloader_num_workers=0", "--set", "log_every=1",
                    "--set", "validation_steps=1", "--set", "checkpointing_steps=2", "--set", "max_validation_batches=1",
                    env=clean_env(TAEHV_CACHE=str(cache_dir(tmp_path)), OMP_NUM_THREADS="1"), cwd=tmp_path, timeout=600)

@@ -22,7 +22,7 @@ def test_16_h100_dry_run_json():
     d = dry_json("16", "h100")
     t, c = d["topology"], d["config"]
     assert (t["num_machines"], t["gpus_per_machine"], t["gpu_ids"]) == (2, 8, "0,1,2,3,4,5,6,7")
-    assert (c["train_batch_size"], c["gradient_accumulation_steps"], d["global_batch_size"]) == (8, 1, 128)
+    assert (c["micro_batch_size"], c["gradient_accumulation_steps"], d["global_batch_size"]) == (8, 1, 128)
     assert d["deepspeed"]["zero_optimization"]["stage"] == 3 and c["nccl_timeout"] == 7200
     for key in ("gpus", "profile", "config", "accelerate", "deepspeed", "env", "command"):
         assert key in d
@@ -33,7 +33,7 @@ def test_16_h100_dry_run_json():
 @pytest.mark.parametrize("gpus,micro,glob,lr,timeout", [("48", 5, 240, 1.8e-4, 10800), ("64", 4, 256, 2e-4, 14400)])
 def test_large_rows_dry_run(gpus, micro, glob, lr, timeout):
     d = dry_json(gpus, "h100")
-    assert (d["config"]["train_batch_size"], d["global_batch_size"], d["config"]["nccl_timeout"]) == (micro, glob, timeout)
+    assert (d["config"]["micro_batch_size"], d["global_batch_size"], d["config"]["nccl_timeout"]) == (micro, glob, timeout)
     assert d["config"]["learning_rate"] == pytest.approx(lr)
 
 
@@ -59,9 +59,11 @@ def test_human_dry_run_spells_out_the_batch_arithmetic():
 
 def test_set_and_config_reach_the_plan(tmp_path):
     cfg = tmp_path / "mine.py"
-    cfg.write_text("from easydict import EasyDict\nargs = EasyDict()\nargs.n_frames = 24\nargs.learning_rate = 1e-3\n")
+    cfg.write_text("from easydict import EasyDict\nargs = EasyDict()\nargs.n_frames = 24\nargs.learning_rate = 1e-3\n"
+                   "args.train_batch_size = 4\nargs.gradient_accumulation_steps = 4\n")   # the seeds' name for the micro-batch
     d = dry_json("8", "h100", "--config", str(cfg), "--set", "learning_rate=2e-4")
     assert d["config"]["n_frames"] == 24 and d["config"]["learning_rate"] == 2e-4
+    assert d["config"]["micro_batch_size"] == 4 and d["deepspeed"]["train_batch_size"] == 128
 
 
 def test_dry_run_is_fast_and_imports_nothing_heavy():
@@ -132,7 +134,7 @@ def test_dry_run_of_a_plan_the_launch_refuses_exits_non_zero():
     proc = run_cli("8", "h100", "--set", "n_frames=24", "--dry-run")
     assert proc.returncode == 2 and "DOES NOT FIT" in proc.stdout
     assert proc.stderr.strip().startswith("error: this plan will not fit in GPU memory") and "\n" not in proc.stderr.strip()
-    assert run_cli("8", "h100", "--set", "n_frames=24", "--set", "train_batch_size=4",
+    assert run_cli("8", "h100", "--set", "n_frames=24", "--set", "micro_batch_size=4",
                    "--set", "gradient_accumulation_steps=4", "--dry-run").returncode == 0   # the README's example
 
 

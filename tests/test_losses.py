@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from taehv_launch.plan.schema import DEFAULTS
+from taehv_launch.plan.schema import make_config
 from taehv_launch.train.loop import lr_at
 from taehv_launch.plan.families import FAMILIES
 from taehv_launch.train.losses import DistillNet, decoder_targets, psnr, ssim
@@ -23,11 +24,11 @@ def test_psnr_and_ssim():
 
 
 def test_lr_schedule_counts_optimizer_steps():
-    cfg = {**DEFAULTS, "learning_rate": 1e-3, "lr_warmup_steps": 10, "max_train_steps": 110, "min_lr_ratio": 0.1}
+    cfg = make_config({"learning_rate": 1e-3, "lr_warmup_steps": 10, "max_train_steps": 110, "min_lr_ratio": 0.1})
     assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
     assert lr_at(60, cfg) == pytest.approx(1e-4 + 0.9e-3 * 0.5)        # half-way down the cosine
     assert lr_at(110, cfg) == pytest.approx(1e-4)                      # floor = min_lr_ratio
-    assert lr_at(50, {**cfg, "lr_scheduler": "constant"}) == pytest.approx(1e-3)
+    assert lr_at(50, replace(cfg, lr_scheduler="constant")) == pytest.approx(1e-3)
 
 
 @pytest.mark.parametrize("family,latents,expected", [("wan", 3, 9), ("cogvideox", 3, 9), ("cogvideox", 6, 24), ("hunyuan", 6, 21)])

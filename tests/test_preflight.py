@@ -41,7 +41,7 @@ def test_gpu_plan_on_a_cpu_machine_fails_clearly(tmp_path):
 def test_memory_plan_fails_when_the_micro_batch_cannot_fit(tmp_path):
     code, c = checks("1", "h100", "--quick", "--set", "n_frames=24", "--set", f"output_dir='{tmp_path}'")
     assert code == 1 and c["memory plan"]["status"] == "FAIL"
-    assert "train_batch_size=4" in c["memory plan"]["detail"]
+    assert "micro_batch_size=4" in c["memory plan"]["detail"]
 
 
 def test_data_checks_decode_real_files(tmp_path, videos):

@@ -34,7 +34,7 @@ def test_h100_rows_match_the_seed_table(gpus):
     plan = plan_for(gpus)
     c = plan.config
     assert plan.topology.num_machines == nodes
-    assert (c["train_batch_size"], c["gradient_accumulation_steps"], plan.global_batch_size) == (micro, accum, glob)
+    assert (c["micro_batch_size"], c["gradient_accumulation_steps"], plan.global_batch_size) == (micro, accum, glob)
     assert c["learning_rate"] == pytest.approx(lr)
     assert (c["lr_warmup_steps"], c["zero_stage"], c["checkpointing_steps"], c["validation_steps"],
             c["log_every"], c["dataloader_num_workers"], c["prefetch_factor"], c["nccl_timeout"]) == \
@@ -52,7 +52,7 @@ def test_table_has_exactly_the_seed_rows():
                                                 (48, 3, 288, 2.16e-4), (64, 2, 256, 2e-4)])
 def test_a800_keeps_the_global_batch_with_micro_2(gpus, accum, glob, lr):
     plan = plan_for(gpus, "a800")
-    assert plan.config["train_batch_size"] == 2
+    assert plan.config["micro_batch_size"] == 2
     assert plan.config["gradient_accumulation_steps"] == accum
     assert plan.global_batch_size == glob
     assert plan.config["learning_rate"] == pytest.approx(lr)
@@ -64,7 +64,7 @@ def test_a800_keeps_the_global_batch_with_micro_2(gpus, accum, glob, lr):
                                                         (32, 8, 1, 256, 3), (24, 8, 1, 192, 3)])
 def test_other_counts_follow_the_documented_rule(gpus, micro, accum, glob, zero):
     plan = plan_for(gpus)
-    assert (plan.config["train_batch_size"], plan.config["gradient_accumulation_steps"]) == (micro, accum)
+    assert (plan.config["micro_batch_size"], plan.config["gradient_accumulation_steps"]) == (micro, accum)
     assert plan.global_batch_size == glob
     assert plan.config["zero_stage"] == zero
     assert plan.config["learning_rate"] == pytest.approx(1e-4 * glob / 128, rel=1e-3)
@@ -94,7 +94,7 @@ def test_precedence_set_over_file_over_profile(tmp_path):
     plan = plan_for(8, file_values=file_values, set_values=dict([parse_set("learning_rate=2e-4")]))
     assert plan.config["learning_rate"] == 2e-4            # --set wins
     assert plan.config["n_frames"] == 24                   # file beats profile
-    assert plan.config["train_batch_size"] == 8            # profile row kept
+    assert plan.config["micro_batch_size"] == 8            # profile row kept
 
 
 def test_plain_assignment_config_file(tmp_path):
@@ -126,7 +126,7 @@ def test_set_never_evaluates_code():
     ({"n_frames": 20}, "multiple of 12"),
     ({"height": 100}, "multiple of 8"),
     ({"min_frame_delta": 3, "max_frame_delta": 2}, "min_frame_delta"),
-    ({"train_batch_size": 0}, "at least 1"),
+    ({"micro_batch_size": 0}, "at least 1"),
     ({"decoder_time_upscale": (True,)}, "three booleans"),
 ])
 def test_cross_field_checks(sets, match):
@@ -164,3 +164,16 @@ def test_every_profile_key_is_a_schema_key():
 def test_debug_shortens_the_run():
     plan = plan_for(1, "cpu", options=Options(debug=True))
     assert plan.config["max_train_steps"] <= 20 and plan.config["log_every"] == 1
+
+
+def test_the_seeds_train_batch_size_is_micro_batch_size(tmp_path):
+    from taehv_launch.errors import ConfigError
+    from taehv_launch.plan.configfile import load_config_file, parse_sets
+
+    assert parse_sets(["train_batch_size=4"]) == {"micro_batch_size": 4}
+    seed = tmp_path / "seed.py"
+    seed.write_text("from easydict import EasyDict\nargs = EasyDict()\nargs.train_batch_size = 2\n")
+    assert load_config_file(seed)[0] == {"micro_batch_size": 2}
+    seed.write_text("args = dict(train_batch_size=2, micro_batch_size=4)\n")
+    with pytest.raises(ConfigError, match="train_batch_size=2 and micro_batch_size=4, two names for one key"):
+        load_config_file(seed)

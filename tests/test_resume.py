@@ -123,7 +123,7 @@ def test_layout_change_note_says_what_carries_over(tmp_path):
     from taehv_launch.run.checkpoints import layout_change_note
 
     ck = fake_checkpoint(tmp_path, 4)
-    cfg = {"train_batch_size": 2, "gradient_accumulation_steps": 3, "learning_rate": 2e-4}
+    cfg = {"micro_batch_size": 2, "gradient_accumulation_steps": 3, "learning_rate": 2e-4}
     (ck / "trainer_state.json").write_text(json.dumps({"step": 4, "world_size": 2, "zero_stage": 2, "config": cfg}))
     for f in ("model.safetensors", "optimizer.safetensors"):
         (ck / f).write_bytes(b"")

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError, LaunchError
 from ..plan.families import get_family
+from ..plan.schema import make_config
 from .step import _peak_reset, _sync
 
 
@@ -75,7 +76,7 @@ def time_steps(step: Callable[[], Any], device: torch.device, steps: int, warmup
 def make_clips(cfg: dict[str, Any], device: torch.device, n_batches: int = 2) -> list[torch.Tensor]:
     """Random uint8 NTCHW clips already on the device (no loader cost)."""
     g = torch.Generator().manual_seed(0)
-    shape = (cfg["train_batch_size"], cfg["n_frames"], 3, cfg["height"], cfg["width"])
+    shape = (cfg["micro_batch_size"], cfg["n_frames"], 3, cfg["height"], cfg["width"])
     return [torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device) for _ in range(n_batches)]
 
 
@@ -147,7 +148,7 @@ def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: i
     t_step = time_steps(step, device, steps)
     flops = count_flops(encode) + count_flops(student_fwd_bwd)
     out = {"what": "naive", "encode_s": t_encode, "step_s": t_step, "seconds": t_encode + t_step,
-           "clips_per_s": cfg["train_batch_size"] / (t_encode + t_step), "flops_per_batch": flops, **meter.peaks()}
+           "clips_per_s": cfg["micro_batch_size"] / (t_encode + t_step), "flops_per_batch": flops, **meter.peaks()}
     del ref, taehv, net, ser, opt, clips, state
     return out
 
@@ -216,7 +217,7 @@ def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: 
         warm = time.perf_counter() - t0
         secs = time_steps(step, device, steps, warmup=1)
         rows.append({"what": name, "detail": detail, "chunk": chunk, "seconds": secs,
-                     "clips_per_s": cfg["train_batch_size"] / secs, "first_call_s": warm, **meter.peaks()})
+                     "clips_per_s": cfg["micro_batch_size"] / secs, "first_call_s": warm, **meter.peaks()})
         peak = rows[-1]["peak_allocated_gib"]
         log(f"  lever {name:<28} {detail:<34} {secs * 1000:8.1f} ms / micro-batch ({warm:.0f} s first call"
             + (f", peak {peak:.1f} GiB)" if peak is not None else ")"))
@@ -264,8 +265,6 @@ def make_assets(cfg: dict[str, Any], device: torch.device, workdir: Path, data_r
     def build(tmp: str) -> None:
         if real_arch:   # the family's default (real) architecture, random weights
             import diffusers
-
-            from ..plan.families import get_family
 
             torch.manual_seed(0)
             getattr(diffusers, get_family(kind).class_name)().to(torch.bfloat16).save_pretrained(os.path.join(tmp, "vae"))
@@ -331,12 +330,12 @@ def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], cr
     if want_gpu and cfg["compile"] != "none":
         from ..train.speed import enable_compile_cache
 
-        enable_compile_cache(cfg | {"output_dir": str(work / "output")})   # shared with the trainer run below
+        enable_compile_cache(make_config(cfg | {"output_dir": str(work / "output")}))   # shared with the trainer run below
     gpu = torch.cuda.get_device_name(device) if want_gpu else "cpu"
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "device": gpu, "torch": torch.__version__,
         "versions": _versions(), "command": "taehv-launch " + " ".join(sys.argv[1:]),
-        "shape": f"micro {cfg['train_batch_size']} x {cfg['n_frames']} x {cfg['height']}x{cfg['width']}",
+        "shape": f"micro {cfg['micro_batch_size']} x {cfg['n_frames']} x {cfg['height']}x{cfg['width']}",
         "ref_vae_type": cfg["ref_vae_type"], "rows": []}
     log(f"bench --compare on {gpu}: {report['shape']}, {cfg['ref_vae_type']} reference VAE")
     naive = naive_row(cfg, ref_path, device, steps)
@@ -355,7 +354,7 @@ def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], cr
         prof = trainer_row(req.gpus, req.profile, req.sets, work, data, ref_path, max(12, trainer_steps // 2),
                            True, log)
         ours["phases"] = prof.get("phases")
-    flops_per_clip = naive["flops_per_batch"] / cfg["train_batch_size"]
+    flops_per_clip = naive["flops_per_batch"] / cfg["micro_batch_size"]
     for r in report["rows"]:
         r["ratio_vs_naive"] = r["clips_per_s"] / naive["clips_per_s"]
         r["tflops"] = flops_per_clip * r["clips_per_s"] / 1e12

@@ -131,6 +131,7 @@ def decode_rate(name: str, plans: list[tuple[str, list[int]]], procs: int) -> fl
 def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int | None, seconds: float) -> float:
     """Clips/s of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
     from ..train import data, decode
+    from ..plan.schema import make_config
     from ..train.build import ShardedInfiniteSampler, make_loader
 
     decode.WORKER_DECODE_THREADS = threads
@@ -138,7 +139,7 @@ def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: in
                                min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
                                random_flip=True, seed=0, train=True)
     sampler = ShardedInfiniteSampler(len(ds), 0, 1, seed=0)
-    loader = make_loader(ds, cfg["train_batch_size"], sampler, cfg | {"dataloader_num_workers": workers})
+    loader = make_loader(ds, cfg["micro_batch_size"], sampler, make_config(cfg | {"dataloader_num_workers": workers}))
     it = iter(loader)
     for _ in range(max(1, workers)):          # every worker has started and delivered once
         next(it)
@@ -157,7 +158,7 @@ def run(data_root: str, height: int, width: int, n_frames: int, micro: int, work
 
     files = _videos(data_root)
     cfg = {"height": height, "width": width, "n_frames": n_frames, "min_frame_delta": 1, "max_frame_delta": 2,
-           "train_batch_size": micro, "prefetch_factor": 2}
+           "micro_batch_size": micro, "prefetch_factor": 2}
     plans = clip_plans(files, clips, n_frames, 2)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: print(m, flush=True))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import ConfigError
-from .schema import KEYS
+from .schema import ALIASES, KEYS
 
 # Keys the seed configs carry that this trainer does not use. Accepted in config files so
 # seed files load; each is reported as ignored, with what to use instead.
@@ -30,7 +30,7 @@ SEED_ONLY_KEYS: dict[str, str] = {
     "master_port": "use --master-port or MASTER_PORT",
     "use_zero3_save": "ZeRO-3 exports are gathered automatically",
     "frames_target": "derived: n_frames - frames_to_trim",
-    "per_gpu_batch_size": "use train_batch_size",
+    "per_gpu_batch_size": "use micro_batch_size",
 }
 
 
@@ -40,7 +40,9 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
 
 
 def check_value(name: str, value: Any, origin: str) -> Any:
-    """Return `value` checked (and tuple-normalised) for key `name`; raise ConfigError otherwise."""
+    """Return `value` checked (and tuple-normalised) for key `name` (an alias is checked as the key it
+    names); raise ConfigError otherwise."""
+    name = ALIASES.get(name, name)
     if name not in KEYS:
         raise ConfigError(f"unknown config key {name!r} in {origin}{suggest(name, KEYS)}; "
                           f"`taehv-launch keys` lists them all")
@@ -69,10 +71,11 @@ def parse_set(item: str) -> tuple[str, Any]:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw  # unquoted strings: --set data_root=/data/videos
-    return name, check_value(name, value, f"--set {item}")
+    return ALIASES.get(name, name), check_value(name, value, f"--set {item}")
 
 
 def parse_sets(items: Iterable[str]) -> dict[str, Any]:
+    """Later --set of a key (under either of its names) wins, as with any repeated --set."""
     return dict(parse_set(item) for item in items)
 
 
@@ -98,7 +101,12 @@ def load_config_file(path: str | Path) -> tuple[dict[str, Any], list[str]]:
         if name in SEED_ONLY_KEYS:
             notes.append(f"{path.name}: ignoring seed key {name!r}: {SEED_ONLY_KEYS[name]}")
             continue
-        values[name] = check_value(name, value, str(path))
+        key, value = ALIASES.get(name, name), check_value(name, value, str(path))
+        if key in values and values[key] != value:
+            other = next(n for n in raw if n != name and ALIASES.get(n, n) == key)
+            raise ConfigError(f"{path} sets {other}={values[key]!r} and {name}={value!r}, two names for one key "
+                              f"({key}): keep one")
+        values[key] = value
     return values, notes
 
 

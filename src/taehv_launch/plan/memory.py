@@ -68,7 +68,7 @@ def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
         return predict_gib(micro, cfg["n_frames"], cfg["height"], cfg["width"], cfg["gradient_checkpointing"],
                            cfg["ref_vae_type"], cfg["ref_vae_chunk_size"], cfg["use_ref_vae"])
 
-    micro, budget = cfg["train_batch_size"], gpu * HEADROOM
+    micro, budget = cfg["micro_batch_size"], gpu * HEADROOM
     peak = need(micro)
     if peak <= budget:
         return MemoryPlan(peak, gpu, True, micro, cfg["gradient_accumulation_steps"],
@@ -79,7 +79,7 @@ def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
     best = max(exact or fitting, default=None)
     accum = max(1, round(target / (best * world_size))) if best else None
     if best:
-        fix = (f"use --set train_batch_size={best} --set gradient_accumulation_steps={accum} "
+        fix = (f"use --set micro_batch_size={best} --set gradient_accumulation_steps={accum} "
                f"(global batch {best * world_size * accum})")
     elif not cfg["gradient_checkpointing"]:
         fix = "set --set gradient_checkpointing=True, or lower n_frames / height / width"

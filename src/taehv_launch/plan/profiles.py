@@ -21,7 +21,7 @@ class Row:
     """One line of a profile table: everything that varies with the GPU count."""
 
     gpus: int
-    micro: int               # train_batch_size: micro-batch per GPU
+    micro: int               # micro_batch_size: micro-batch per GPU
     accum: int               # gradient_accumulation_steps
     learning_rate: float
     warmup: int

@@ -75,7 +75,7 @@ class Plan:
 
     def batch_arithmetic(self) -> str:
         c = self.config
-        return (f"global batch {self.global_batch_size} = micro {c['train_batch_size']} x "
+        return (f"global batch {self.global_batch_size} = micro {c['micro_batch_size']} x "
                 f"{self.world_size} {'processes' if self.profile.device == 'cpu' else 'GPUs'} x "
                 f"accumulation {c['gradient_accumulation_steps']}; "
                 f"{self.global_batch_size * c['n_frames']} frames of {c['height']}x{c['width']} per optimizer step")
@@ -84,7 +84,7 @@ class Plan:
 def row_config(row: Row, topology: Topology) -> dict[str, Any]:
     """The training keys a profile row sets."""
     return {
-        "train_batch_size": row.micro,
+        "micro_batch_size": row.micro,
         "gradient_accumulation_steps": row.accum,
         "learning_rate": row.learning_rate,
         "lr_warmup_steps": row.warmup,
@@ -140,7 +140,7 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
              f"{k}={c[k]} must be a positive multiple of {space} (TAEHV downsamples 8x x patch_size)")
     need(1 <= c["min_frame_delta"] <= c["max_frame_delta"],
          f"need 1 <= min_frame_delta ({c['min_frame_delta']}) <= max_frame_delta ({c['max_frame_delta']})")
-    for k in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "checkpointing_steps",
+    for k in ("micro_batch_size", "gradient_accumulation_steps", "max_train_steps", "checkpointing_steps",
               "validation_steps", "log_every", "checkpoints_total_limit", "validation_batch_size",
               "ref_vae_chunk_size", "nccl_timeout", "latent_channels"):
         need(c[k] >= 1, f"{k}={c[k]} must be at least 1")

@@ -2,13 +2,15 @@
 
 One table, read by the launcher (to type-check `--set` and config files and to render
 `config.py`) and by the trainer (to read the rendered file back). Key names follow the
-seed configs (`args.train_batch_size = 8` ...), so seed-style files load unchanged.
+seed configs (`args.learning_rate = 1e-4` ...), so seed-style files load unchanged; the seeds'
+names for a concept that has another name here are accepted as ALIASES.
 Profiles (profiles.py) override a subset of these per hardware and GPU count.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, make_dataclass
 from typing import Any, Collection
 
 from .families import FAMILIES
@@ -68,7 +70,8 @@ KEYS: dict[str, Key] = {
     "seraena_crop": Key(0, int, "Seraena trains and corrects on one random square crop of this many pixels per "
                                 "micro-batch (multiple of 8; 0 = the whole frame)"),
     # --- optimisation -----------------------------------------------------------------
-    "train_batch_size": Key(8, int, "micro-batch per GPU (DeepSpeed's train_micro_batch_size_per_gpu)"),
+    "micro_batch_size": Key(8, int, "clips per GPU per forward pass (DeepSpeed's train_micro_batch_size_per_gpu; "
+                                    "the seeds' train_batch_size)"),
     "gradient_accumulation_steps": Key(1, int, "micro-batches per optimizer step"),
     "learning_rate": Key(1e-4, float, "peak AdamW learning rate"),
     "lr_scheduler": Key("cosine", str, "schedule after warmup", ("cosine", "constant", "linear")),
@@ -103,7 +106,35 @@ KEYS: dict[str, Key] = {
 
 DEFAULTS: dict[str, Any] = {name: key.default for name, key in KEYS.items()}
 
+# The seeds' name -> ours. `train_batch_size` meant the micro-batch in the seed configs, beside
+# DeepSpeed's key of the same name that means the global batch: here it is micro_batch_size.
+ALIASES: dict[str, str] = {"train_batch_size": "micro_batch_size"}
 
-def global_batch(cfg: dict[str, Any], world_size: int) -> int:
-    """Clips per optimizer step: micro-batch x processes x accumulation (the one formula)."""
-    return int(cfg["train_batch_size"]) * int(world_size) * int(cfg["gradient_accumulation_steps"])
+
+# The trainer's config: one typed, frozen attribute per key above (`cfg.n_frames`), generated from
+# KEYS so that a key is declared once. The launcher's Plan holds the same values as a dict.
+Config = make_dataclass("Config", [(name, key.type, field(default=key.default)) for name, key in KEYS.items()],
+                        frozen=True)
+
+
+def make_config(values: Mapping[str, Any]) -> Any:
+    """A Config from a mapping of keys (missing keys take their defaults); unknown keys are a bug here:
+    config files are checked by configfile.py before they reach this point."""
+    unknown = sorted(set(values) - set(KEYS))
+    assert not unknown, f"not config keys: {unknown}"
+    return Config(**{k: tuple(v) if KEYS[k].type is tuple else v for k, v in values.items()})
+
+
+def config_dict(cfg: Any) -> dict[str, Any]:
+    """A Config (or a mapping) as a plain JSON-able dict (tuples as lists)."""
+    items = cfg.items() if isinstance(cfg, Mapping) else asdict(cfg).items()
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in items}
+
+
+def global_batch(cfg: Any, world_size: int) -> int:
+    """Clips per optimizer step: micro-batch x processes x accumulation (the one formula).
+    `cfg`: a Config or the Plan's dict."""
+    if isinstance(cfg, Mapping):      # a checkpoint's config from before the rename says train_batch_size
+        micro = cfg["micro_batch_size"] if "micro_batch_size" in cfg else cfg["train_batch_size"]
+        return int(micro) * int(world_size) * int(cfg["gradient_accumulation_steps"])
+    return int(cfg.micro_batch_size) * int(world_size) * int(cfg.gradient_accumulation_steps)

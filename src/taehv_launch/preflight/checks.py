@@ -80,7 +80,7 @@ def check_gpus(plan: Plan, quick: bool) -> list[Check]:
         ok = free >= mem.predicted_gib
         out.append(Check("gpu memory free", PASS if ok else FAIL,
                          f"{free:.1f} GiB free, plan needs about {mem.predicted_gib:.1f} GiB",
-                         "" if ok else "stop other processes on these GPUs (nvidia-smi) or lower train_batch_size"))
+                         "" if ok else "stop other processes on these GPUs (nvidia-smi) or lower micro_batch_size"))
     return out
 
 
@@ -308,7 +308,7 @@ def check_resources(plan: Plan, quick: bool) -> list[Check]:
     workers = c["dataloader_num_workers"]
     if workers:
         clip = c["n_frames"] * 3 * c["height"] * c["width"]
-        shm_need = 2 * workers * c["prefetch_factor"] * c["train_batch_size"] * clip * topo.gpus_per_machine
+        shm_need = 2 * workers * c["prefetch_factor"] * c["micro_batch_size"] * clip * topo.gpus_per_machine
         try:
             shm = shutil.disk_usage("/dev/shm").total
             ok = shm >= shm_need

@@ -59,7 +59,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any] | None:
                  "stage3_gather_16bit_weights_on_model_save": False}
     return {
         "train_batch_size": plan.global_batch_size,
-        "train_micro_batch_size_per_gpu": c["train_batch_size"],
+        "train_micro_batch_size_per_gpu": c["micro_batch_size"],
         "gradient_accumulation_steps": c["gradient_accumulation_steps"],
         "gradient_clipping": c["max_grad_norm"],
         "bf16": {"enabled": c["mixed_precision"] == "bf16"},

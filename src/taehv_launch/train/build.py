@@ -6,6 +6,7 @@ Each function builds one thing from the config; the loop in loop.py only uses th
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
@@ -14,10 +15,11 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from ..errors import DataError, ModelError
+from ..plan.schema import Config
 from ..plan.demo import demo_cache_dir, demo_paths
 
 
-def make_accelerator(cfg: dict[str, Any]):
+def make_accelerator(cfg: Config):
     """Accelerator with the process-group timeout from nccl_timeout (NCCL ignores an env var for it).
 
     On CPU the backend is gloo, which DeepSpeed on CPU needs explicitly (PLATFORM.md).
@@ -32,20 +34,20 @@ def make_accelerator(cfg: dict[str, Any]):
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False   # skip a 30 s JIT build on CPU
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    pg = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg["nccl_timeout"]),
+    pg = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.nccl_timeout),
                                 backend=("nccl" if on_gpu else "gloo") if distributed else None)
     kwargs: dict[str, Any] = {"kwargs_handlers": [pg]}
     if not use_ds:   # under DeepSpeed the accumulation comes from deepspeed.json
-        kwargs["gradient_accumulation_steps"] = cfg["gradient_accumulation_steps"]
+        kwargs["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
     return Accelerator(**kwargs)
 
 
-def resolve_demo_paths(cfg: dict[str, Any], device: torch.device, log) -> dict[str, Any]:
+def resolve_demo_paths(cfg: Config, device: torch.device, log) -> dict[str, Any]:
     """On CPU, the demo assets' paths (the launcher puts them in the config: plan/demo.py) or an
     empty data_root / ref_vae_path mean the built-in demo assets, made here on first use."""
-    demo_data, demo_vae = demo_paths(demo_cache_dir(), cfg["ref_vae_type"], cfg["latent_channels"])
-    need_data = cfg["data_root"] in ("", demo_data)
-    need_vae = cfg["use_ref_vae"] and cfg["ref_vae_path"] in ("", demo_vae)
+    demo_data, demo_vae = demo_paths(demo_cache_dir(), cfg.ref_vae_type, cfg.latent_channels)
+    need_data = cfg.data_root in ("", demo_data)
+    need_vae = cfg.use_ref_vae and cfg.ref_vae_path in ("", demo_vae)
     if not (need_data or need_vae):
         return cfg
     if device.type != "cpu":
@@ -54,15 +56,15 @@ def resolve_demo_paths(cfg: dict[str, Any], device: torch.device, log) -> dict[s
             f"{what} is empty: on GPUs set --set {what}=/path (the built-in demo assets are for the cpu profile)")
     from .synthetic import ensure_demo_assets
 
-    data_root, vae_path = ensure_demo_assets(str(demo_cache_dir()), latent_channels=cfg["latent_channels"],
-                                             ref_vae_type=cfg["ref_vae_type"])
-    out = dict(cfg)
+    data_root, vae_path = ensure_demo_assets(str(demo_cache_dir()), latent_channels=cfg.latent_channels,
+                                             ref_vae_type=cfg.ref_vae_type)
+    out = cfg
     if need_data:
-        out["data_root"] = data_root
+        out = replace(out, data_root=data_root)
         log(f"demo: data_root is the built-in synthetic set ({data_root}): moving shapes, not real video")
     if need_vae:
-        out["ref_vae_path"] = vae_path
-        log(f"demo: reference VAE is a tiny randomly initialised {cfg['ref_vae_type']} ({vae_path}); "
+        out = replace(out, ref_vae_path=vae_path)
+        log(f"demo: reference VAE is a tiny randomly initialised {cfg.ref_vae_type} ({vae_path}); "
             f"its latents carry no meaning beyond this demo")
     return out
 
@@ -88,65 +90,65 @@ class ShardedInfiniteSampler(Sampler[int]):
             offset, epoch = 0, epoch + 1
 
 
-def build_datasets(cfg: dict[str, Any], accelerator, log):
+def build_datasets(cfg: Config, accelerator, log):
     from .data import VideoClipDataset, probe_first_usable, usable_entries
     from .index import build_index, split_train_val
 
-    cache = Path(cfg["index_cache_dir"] or Path(cfg["output_dir"]).expanduser() / ".index")
+    cache = Path(cfg.index_cache_dir or Path(cfg.output_dir).expanduser() / ".index")
     if accelerator.is_main_process:     # index once; the other ranks read the cache
-        entries = build_index(cfg["data_root"], cfg["annotation_file"], cache)
+        entries = build_index(cfg.data_root, cfg.annotation_file, cache)
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
-        entries = build_index(cfg["data_root"], cfg["annotation_file"], cache)
-    train_e, val_e = split_train_val(entries, cfg["validation_fraction"], cfg["max_validation_videos"], cfg["seed"])
-    first, _ = probe_first_usable(train_e, cfg["n_frames"], max_tries=min(len(train_e), 32))
+        entries = build_index(cfg.data_root, cfg.annotation_file, cache)
+    train_e, val_e = split_train_val(entries, cfg.validation_fraction, cfg.max_validation_videos, cfg.seed)
+    first, _ = probe_first_usable(train_e, cfg.n_frames, max_tries=min(len(train_e), 32))
     # The validation set has no other videos to fall back on: leave its broken files out up front
     # (else the first validation stops the run), and validate on a usable training video if none is left.
-    val_ok = usable_entries(val_e, cfg["n_frames"])
+    val_ok = usable_entries(val_e, cfg.n_frames)
     if len(val_ok) < len(val_e):
         bad = next(e.path for e in val_e if e not in val_ok)
         log(f"data: leaving out {len(val_e) - len(val_ok)} of {len(val_e)} validation videos, unreadable or unusable "
             f"(e.g. {bad})" + ("" if val_ok else f"; validating on training video {train_e[first].path}"))
-    common = dict(height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
-                  min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
-                  seed=cfg["seed"])
-    train_ds = VideoClipDataset(train_e, random_flip=cfg["random_flip"], train=True, **common)
+    common = dict(height=cfg.height, width=cfg.width, n_frames=cfg.n_frames,
+                  min_frame_delta=cfg.min_frame_delta, max_frame_delta=cfg.max_frame_delta,
+                  seed=cfg.seed)
+    train_ds = VideoClipDataset(train_e, random_flip=cfg.random_flip, train=True, **common)
     val_ds = VideoClipDataset(val_ok or [train_e[first]], random_flip=False, train=False, **common)
-    log(f"data: {len(entries)} videos under {cfg['data_root']} ({len(train_e)} train, {len(val_e)} validation)")
+    log(f"data: {len(entries)} videos under {cfg.data_root} ({len(train_e)} train, {len(val_e)} validation)")
     return train_ds, val_ds
 
 
-def make_loader(dataset, batch_size: int, sampler, cfg: dict[str, Any]) -> DataLoader:
+def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
     from .data import collate, worker_init_fn
 
-    workers = cfg["dataloader_num_workers"]
-    extra = dict(prefetch_factor=cfg["prefetch_factor"], persistent_workers=True) if workers > 0 else {}
+    workers = cfg.dataloader_num_workers
+    extra = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True) if workers > 0 else {}
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
                       worker_init_fn=worker_init_fn, pin_memory=torch.cuda.is_available(), drop_last=True, **extra)
 
 
-def load_reference(cfg: dict[str, Any], device: torch.device):
-    if not cfg["use_ref_vae"]:
+def load_reference(cfg: Config, device: torch.device):
+    if not cfg.use_ref_vae:
         return None
     from .refvae import load_reference_vae
 
-    dtype = getattr(torch, cfg["ref_vae_dtype"])
-    ref = load_reference_vae(cfg["ref_vae_type"], cfg["ref_vae_path"], dtype=dtype, device=device,
-                             chunk_size=cfg["ref_vae_chunk_size"], latent_mean=cfg["ref_latent_mean"],
-                             latent_std=cfg["ref_latent_std"])
-    if ref.latent_channels != cfg["latent_channels"]:
-        raise ModelError(f"the reference VAE at {cfg['ref_vae_path']} has {ref.latent_channels} latent channels "
-                         f"but latent_channels={cfg['latent_channels']}: set --set "
+    dtype = getattr(torch, cfg.ref_vae_dtype)
+    ref = load_reference_vae(cfg.ref_vae_type, cfg.ref_vae_path, dtype=dtype, device=device,
+                             chunk_size=cfg.ref_vae_chunk_size, latent_mean=cfg.ref_latent_mean,
+                             latent_std=cfg.ref_latent_std)
+    if ref.latent_channels != cfg.latent_channels:
+        raise ModelError(f"the reference VAE at {cfg.ref_vae_path} has {ref.latent_channels} latent channels "
+                         f"but latent_channels={cfg.latent_channels}: set --set "
                          f"latent_channels={ref.latent_channels}")
     return ref
 
 
-def build_seraena(cfg: dict[str, Any], device: torch.device, rank: int):
-    if not cfg["use_seraena"]:
+def build_seraena(cfg: Config, device: torch.device, rank: int):
+    if not cfg.use_seraena:
         return None
     from .seraena import VideoSeraena
 
-    autocast = torch.bfloat16 if (cfg["mixed_precision"] == "bf16" and device.type == "cuda") else None
-    return VideoSeraena(cfg["latent_channels"], frames_per_group=cfg["n_seraena_frames"], lr=cfg["seraena_lr"],
-                        buffer_bytes=cfg["seraena_buffer_mb"] << 20, autocast_dtype=autocast,
-                        seed=cfg["seed"] + rank).to(device)
+    autocast = torch.bfloat16 if (cfg.mixed_precision == "bf16" and device.type == "cuda") else None
+    return VideoSeraena(cfg.latent_channels, frames_per_group=cfg.n_seraena_frames, lr=cfg.seraena_lr,
+                        buffer_bytes=cfg.seraena_buffer_mb << 20, autocast_dtype=autocast,
+                        seed=cfg.seed + rank).to(device)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import EXIT_OK, EXIT_RESUMABLE, UserError
 from ..plan.families import get_family
-from ..plan.schema import global_batch
+from ..plan.schema import Config, config_dict, global_batch
 from ..run.runs import REQUEUE
 from . import build
 from ..run.checkpoints import rotate
@@ -47,61 +47,61 @@ class PeerFailure(UserError):
     exit_code = 1
 
 
-def lr_at(step: int, cfg: dict[str, Any]) -> float:
+def lr_at(step: int, cfg: Config) -> float:
     """Learning rate for optimizer step `step` (0-based): linear warmup, then the schedule."""
-    peak, warm, total = cfg["learning_rate"], cfg["lr_warmup_steps"], cfg["max_train_steps"]
+    peak, warm, total = cfg.learning_rate, cfg.lr_warmup_steps, cfg.max_train_steps
     if step < warm:
         return peak * (step + 1) / warm
-    if cfg["lr_scheduler"] == "constant":
+    if cfg.lr_scheduler == "constant":
         return peak
     progress = min(1.0, (step - warm) / max(1, total - warm))
-    floor = peak * cfg["min_lr_ratio"]
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg["lr_scheduler"] == "cosine" else 1 - progress
+    floor = peak * cfg.min_lr_ratio
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_scheduler == "cosine" else 1 - progress
     return floor + (peak - floor) * shape
 
 
 class Trainer:
-    def __init__(self, cfg: dict[str, Any], run_dir: Path, resume: str | None, debug: bool, profile: bool):
+    def __init__(self, cfg: Config, run_dir: Path, resume: str | None, debug: bool, profile: bool):
         self.run_dir, self.debug, self.profile = run_dir, debug, profile
         self.acc = build.make_accelerator(cfg)
         self.device = self.acc.device
         self.cfg = cfg = build.resolve_demo_paths(cfg, self.device, self.log)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
-        self.zero = cfg["zero_stage"] if self.acc.state.deepspeed_plugin is not None else 0
+        self.zero = cfg.zero_stage if self.acc.state.deepspeed_plugin is not None else 0
         if debug:
             torch.autograd.set_detect_anomaly(True)
         from accelerate.utils import set_seed
 
-        set_seed(cfg["seed"] + self.rank)
+        set_seed(cfg.seed + self.rank)
         self.stop = StopFlag()
         self.ref = build.load_reference(cfg, self.device)
         from .model import build_taehv, count_params
 
         taehv = build_taehv(cfg)
-        self.log(f"model: TAEHV {count_params(taehv) / 1e6:.2f}M parameters, latent_channels {cfg['latent_channels']}, "
+        self.log(f"model: TAEHV {count_params(taehv) / 1e6:.2f}M parameters, latent_channels {cfg.latent_channels}, "
                  f"frames_to_trim {taehv.frames_to_trim}; processes {self.world}, "
                  f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, "
                  f"device {self.device}")
-        net = DistillNet(taehv, get_family(cfg["ref_vae_type"]))
-        self.ema = EMA(taehv, cfg["ema_decay"], zero_stage=0)   # before partitioning: a full copy
+        net = DistillNet(taehv, get_family(cfg.ref_vae_type))
+        self.ema = EMA(taehv, cfg.ema_decay, zero_stage=0)   # before partitioning: a full copy
         self.ema.model.to(self.device)
         self._compile(taehv)
-        fused = self.device.type == "cuda" and cfg["fused_optimizer"]
-        optimizer = torch.optim.AdamW(net.parameters(), lr=lr_at(0, cfg), betas=(cfg["adam_beta1"], cfg["adam_beta2"]),
-                                      weight_decay=cfg["adam_weight_decay"], **({"fused": True} if fused else {}))
+        fused = self.device.type == "cuda" and cfg.fused_optimizer
+        optimizer = torch.optim.AdamW(net.parameters(), lr=lr_at(0, cfg), betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                      weight_decay=cfg.adam_weight_decay, **({"fused": True} if fused else {}))
         self.model, self.optimizer = self.acc.prepare(net, optimizer)
         self.ema.zero_stage = self.zero
         self.seraena = build.build_seraena(cfg, self.device, self.rank)
-        self.state = TrainState(world_size=self.world, zero_stage=self.zero, config=_jsonable(cfg))
+        self.state = TrainState(world_size=self.world, zero_stage=self.zero, config=config_dict(cfg))
         if resume:
             self.state = load_checkpoint(Path(resume), self.acc, self.model, self.optimizer, self.ema, self.seraena,
                                          self.world, self.zero)
-            self.state.config = _jsonable(cfg)
+            self.state.config = config_dict(cfg)
             self.log(f"resumed from {resume} at step {self.state.step}")
         train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
-        sampler = build.ShardedInfiniteSampler(len(train_ds), self.rank, self.world, cfg["seed"],
+        sampler = build.ShardedInfiniteSampler(len(train_ds), self.rank, self.world, cfg.seed,
                                                start=self.state.samples_seen)
-        self.loader = build.make_loader(train_ds, cfg["train_batch_size"], sampler, cfg)
+        self.loader = build.make_loader(train_ds, cfg.micro_batch_size, sampler, cfg)
         self.writer = None
         if self.acc.is_main_process:
             from torch.utils.tensorboard import SummaryWriter
@@ -114,16 +114,16 @@ class Trainer:
 
     def _compile(self, taehv) -> None:
         """torch.compile where it measured faster (docs/benchmarks.md): GPU only, after the EMA copy."""
-        if self.cfg["compile"] == "none" or self.device.type != "cuda":
+        if self.cfg.compile == "none" or self.device.type != "cuda":
             return
         cache = enable_compile_cache(self.cfg)
         what = []
         if self.ref is not None:
             compile_reference(self.ref)
             what.append("reference VAE encoder")
-        if self.cfg["compile"] == "all" and self.zero == 3:   # ZeRO-3's gathering hooks: stay eager
+        if self.cfg.compile == "all" and self.zero == 3:   # ZeRO-3's gathering hooks: stay eager
             self.log("compile: TAEHV stays eager under ZeRO-3")
-        elif self.cfg["compile"] == "all":
+        elif self.cfg.compile == "all":
             compile_taehv(taehv)
             what.append("TAEHV encode/decode")
         if what:
@@ -175,15 +175,15 @@ class Trainer:
             ser_loss, disc_loss = dec.new_zeros(()), 0.0
             if self.seraena is not None:
                 with t("Seraena (disc + correction)"):
-                    real, fake, ctx = seraena_crop(target, dec, latents, cfg["seraena_crop"], self.seraena.gen)
+                    real, fake, ctx = seraena_crop(target, dec, latents, cfg.seraena_crop, self.seraena.gen)
                     corrected, stats = self.seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
                 ser_loss, disc_loss = F.mse_loss(fake, corrected), stats["disc_loss"]
-            loss = (cfg["reconstruction_loss_weight"] * rec_loss + cfg["encoder_loss_weight"] * enc_loss
-                    + cfg["seraena_loss_weight"] * ser_loss)
+            loss = (cfg.reconstruction_loss_weight * rec_loss + cfg.encoder_loss_weight * enc_loss
+                    + cfg.seraena_loss_weight * ser_loss)
             with t("backward + optimizer"):
                 self.acc.backward(loss)
                 if self.acc.sync_gradients and self.acc.state.deepspeed_plugin is None:
-                    self.acc.clip_grad_norm_(self.model.parameters(), cfg["max_grad_norm"])
+                    self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss.detach(), "reconstruction_loss": rec_loss.detach(), "encoder_loss": enc_loss.detach(),
@@ -198,7 +198,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> int:
         cfg, st = self.cfg, self.state
-        micro, accum, total = cfg["train_batch_size"], cfg["gradient_accumulation_steps"], cfg["max_train_steps"]
+        micro, accum, total = cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.max_train_steps
         global_batch = micro * accum * self.world
         self.log(f"training: steps {st.step} -> {total}, global batch {global_batch} = micro {micro} x "
                  f"{self.world} processes x accumulation {accum}")
@@ -226,7 +226,7 @@ class Trainer:
                         st.bad_steps_total += 1
                         self.log(f"step {st.step}: non-finite loss on some rank; micro-batch skipped on all ranks "
                                  f"({self.bad_in_a_row} in a row)")
-                        if self.bad_in_a_row >= cfg["max_consecutive_bad_steps"]:
+                        if self.bad_in_a_row >= cfg.max_consecutive_bad_steps:
                             raise TooManyBadSteps(
                                 f"{self.bad_in_a_row} non-finite losses in a row at step {st.step}: lower "
                                 f"learning_rate or check the data; the last good checkpoint is intact")
@@ -242,21 +242,21 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                 self.speed.step(st.step)
-                if st.step % cfg["log_every"] == 0 or st.step == total:
+                if st.step % cfg.log_every == 0 or st.step == total:
                     dt = time.perf_counter() - t_window
                     means = self._log_window(window, samples_window / max(dt, 1e-9), st.step, total, start_step)
                     if bar is not None:
                         bar.set_postfix(loss=f"{means.get('loss', float('nan')):.4f}", refresh=False)
                     window.clear()
                     t_window, samples_window = time.perf_counter(), 0
-                if st.step % cfg["validation_steps"] == 0 or st.step == total:
+                if st.step % cfg.validation_steps == 0 or st.step == total:
                     self.validate()
                 if vote is None:
                     stopping = self.stop.local
                 else:   # the vote cast after the previous step: no host sync while this step runs
                     stopping = vote.result()
                     vote.cast(self.stop.local)
-                if stopping or st.step % cfg["checkpointing_steps"] == 0 or st.step == total:
+                if stopping or st.step % cfg.checkpointing_steps == 0 or st.step == total:
                     self.checkpoint()
                 if stopping:
                     return self._preempted(bar)
@@ -316,7 +316,7 @@ class Trainer:
     def validate(self) -> float:
         """EMA model on the held-out clips, sharded over ranks; every rank runs the same count."""
         cfg, ema = self.cfg, self.ema.model
-        n_batches = max(1, min(cfg["max_validation_batches"], math.ceil(len(self.val_ds) / self.world)))
+        n_batches = max(1, min(cfg.max_validation_batches, math.ceil(len(self.val_ds) / self.world)))
         sums = torch.zeros(3, device=self.device, dtype=torch.float64)
         samples = []
         for b in range(n_batches):
@@ -324,11 +324,11 @@ class Trainer:
             frames = self.val_ds[idx]["frames"][None].to(self.device).float().div_(255.0)
             with eager_reference(self.ref):    # batch 1: no compile for a shape used only here
                 latents = self.ref.encode(frames) if self.ref is not None else ema.encode_video(frames)
-            dec = ema.decode_video(latents.float(), trim=get_family(cfg["ref_vae_type"]).trims(latents.shape[1]),
+            dec = ema.decode_video(latents.float(), trim=get_family(cfg.ref_vae_type).trims(latents.shape[1]),
                                    clamp=True)
             target = decoder_targets(frames, dec)
             sums += torch.tensor([psnr(dec, target), ssim(dec, target), 1.0], device=self.device, dtype=torch.float64)
-            if len(samples) < cfg["num_sample_clips"]:
+            if len(samples) < cfg.num_sample_clips:
                 samples.append((target[0].cpu(), dec[0].cpu()))
         if self.world > 1:
             dist.all_reduce(sums)
@@ -350,25 +350,25 @@ class Trainer:
     def checkpoint(self) -> None:
         st = self.state
         st.skipped_files = sorted(self.skipped_seen)[:1000]
-        include = self.seraena is not None and self.seraena.buffer_nbytes <= self.cfg["seraena_checkpoint_buffer_mb"] << 20
+        include = self.seraena is not None and self.seraena.buffer_nbytes <= self.cfg.seraena_checkpoint_buffer_mb << 20
         path = save_checkpoint(self.run_dir, self.acc, self.model, self.optimizer, self.ema, self.seraena, st,
                                include_buffer=include)
         if self.acc.is_main_process:
-            removed = rotate(self.run_dir, self.cfg["checkpoints_total_limit"], st.best_step)
+            removed = rotate(self.run_dir, self.cfg.checkpoints_total_limit, st.best_step)
             self.log(f"checkpoint: {path.name}" + (f" (removed {', '.join(removed)})" if removed else ""))
 
     def export(self, name: str) -> None:
         if self.acc.is_main_process:
             meta = {"step": self.state.step, "val_psnr": self.state.best_psnr if name == "best_model" else None,
-                    "latent_channels": self.cfg["latent_channels"], "patch_size": self.cfg["patch_size"],
-                    "ref_vae_type": self.cfg["ref_vae_type"], "ema_decay": self.cfg["ema_decay"]}
+                    "latent_channels": self.cfg.latent_channels, "patch_size": self.cfg.patch_size,
+                    "ref_vae_type": self.cfg.ref_vae_type, "ema_decay": self.cfg.ema_decay}
             export_model(self.ema.state_dict(), self.run_dir / name, meta)
 
     def _profiler(self):
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        steps = self.cfg["profile_steps"]
+        steps = self.cfg.profile_steps
         return profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
                        on_trace_ready=tensorboard_trace_handler(str(self.run_dir / "logs" / "profile")),
                        record_shapes=False, profile_memory=True)
@@ -383,11 +383,7 @@ def _hms(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def _jsonable(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
-
-
-def train(cfg: dict[str, Any], run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:
+def train(cfg: Config, run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:
 
 
     trainer = Trainer(cfg, run_dir, resume, debug, profile)

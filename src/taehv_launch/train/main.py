@@ -42,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         from taehv_launch.plan.configfile import read_rendered_config
+        from taehv_launch.plan.schema import make_config
         from taehv_launch.train.loop import train
 
-        cfg = read_rendered_config(args.config)
+        cfg = make_config(read_rendered_config(args.config))
         code, message = train(cfg, run_dir, args.resume, args.debug, args.profile), "ok"
     except UserError as err:
         code, message = err.exit_code, str(err)

@@ -22,12 +22,14 @@ from typing import Any, Iterator
 
 import torch
 
-
-def compile_cache_dir(cfg: dict[str, Any]) -> Path:
-    return Path(cfg["compile_cache_dir"] or Path(cfg["output_dir"]).expanduser() / ".compile-cache")
+from ..plan.schema import Config
 
 
-def enable_compile_cache(cfg: dict[str, Any]) -> Path:
+def compile_cache_dir(cfg: Config) -> Path:
+    return Path(cfg.compile_cache_dir or Path(cfg.output_dir).expanduser() / ".compile-cache")
+
+
+def enable_compile_cache(cfg: Config) -> Path:
     """Point Inductor's on-disk caches (FX graphs, autotuning, Triton kernels) at a kept folder.
 
     Must run before the first torch.compile call of the process. A value the user or site

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..plan.schema import global_batch
+from ..plan.schema import Config, global_batch
 
 
 class PhaseTimer:
@@ -66,7 +66,7 @@ class SpeedLog:
     10 steps, or half the run when it is shorter than 20 steps. One CUDA sync at each end of
     the window; `taehv-launch bench --compare` reads the file."""
 
-    def __init__(self, run_dir: Path, device: torch.device, world: int, cfg: dict[str, Any], main: bool):
+    def __init__(self, run_dir: Path, device: torch.device, world: int, cfg: Config, main: bool):
         self.run_dir, self.device, self.world, self.cfg, self.main = run_dir, device, world, cfg, main
         self.begin_step = self.t0 = None
         self.last_step, self.t1 = None, None
@@ -77,7 +77,7 @@ class SpeedLog:
             torch.cuda.synchronize(self.device)
 
     def start(self, step: int) -> None:
-        remaining = self.cfg["max_train_steps"] - step
+        remaining = self.cfg.max_train_steps - step
         self.begin_step = step + (10 if remaining >= 20 else max(1, remaining // 2))
 
     def step(self, step: int) -> None:
@@ -87,11 +87,11 @@ class SpeedLog:
             self.t0 = time.perf_counter()
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
-        if self.device.type == "cuda" and step % self.cfg["log_every"] == 0:
+        if self.device.type == "cuda" and step % self.cfg.log_every == 0:
             free, _ = torch.cuda.mem_get_info(self.device)
             self.min_free_gib = min(self.min_free_gib, free / 2**30)
         self.last_step = step
-        if step == self.cfg["max_train_steps"] and self.t0 is not None:   # before the final validation
+        if step == self.cfg.max_train_steps and self.t0 is not None:   # before the final validation
             self._sync()
             self.t1 = time.perf_counter()
 
