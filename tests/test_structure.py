@@ -78,3 +78,21 @@ def test_the_cycle_finder_finds_one():
 def test_no_module_is_too_long():
     long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these modules (over {MAX_LINES} lines): {long}"
+
+
+PRIVATE = ("_terminate_process_handler", "__compatible_ops__", "_lazy_init_hp_params_optimizer_state",
+           "mock.patch", ".step -= 1", "from unittest import mock")
+
+
+def test_library_internals_are_touched_only_in_compat():
+    users = {str(p.relative_to(PKG)): [s for s in PRIVATE if s in p.read_text()]
+             for p in PKG.rglob("*.py") if p.name != "compat.py"}
+    assert not {k: v for k, v in users.items() if v}, "move these uses of library internals into compat.py"
+
+
+def test_errors_are_in_the_family():
+    """The package raises no bare ValueError/RuntimeError for users to read: UserError subclasses
+    (errors.py) or assertions for our own bugs."""
+    bare = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py")
+            if (n := len([l for l in p.read_text().splitlines() if "raise RuntimeError(" in l or "raise ValueError(" in l]))}
+    assert not bare, bare

@@ -225,7 +225,10 @@ def main() -> None:
         code = 0
     except SystemExit as exc:
         code = exc.code
-    sys.exit(code if isinstance(code, int) else 0)
+    if isinstance(code, str):            # SystemExit("message") from a library: a failure with a message
+        print(f"error: {code}", file=sys.stderr)
+        code = 1
+    sys.exit(code or 0)
 
 
 if __name__ == "__main__":

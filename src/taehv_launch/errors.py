@@ -43,3 +43,15 @@ class CheckpointError(UserError):
 
 class LaunchError(UserError):
     """The environment cannot run the launch (port in use, output not writable, disk full)."""
+
+
+class TooManyBadSteps(UserError):
+    """Non-finite losses for max_consecutive_bad_steps steps in a row: the run stops."""
+
+    exit_code = EXIT_FAILED
+
+
+class PeerFailure(UserError):
+    """Another rank died; this one stops with a message naming it (not a transport traceback)."""
+
+    exit_code = EXIT_FAILED

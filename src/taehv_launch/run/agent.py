@@ -26,22 +26,10 @@ def _hold(_signum, _frame) -> None:
 
 def _patch_torchrun() -> None:
     """torchrun registers its own handler for SIGTERM/SIGINT when it starts the ranks (elastic
-    multiprocessing `PContext.start`); make that handler ignore the held signals."""
-    try:
-        from torch.distributed.elastic.multiprocessing import api
-    except ImportError:      # no torch.distributed: accelerate runs one process, nothing to patch
-        return
-    original = getattr(api, "_terminate_process_handler", None)
-    if original is None or getattr(original, "_taehv_held", False):
-        return
+    multiprocessing `PContext.start`); make that handler ignore the held signals (compat.py)."""
+    from ..compat import hold_elastic_stop_signals
 
-    def handler(signum, frame):
-        if signum in HELD:
-            return
-        original(signum, frame)
-
-    handler._taehv_held = True
-    api._terminate_process_handler = handler
+    hold_elastic_stop_signals(HELD)
 
 
 def main(argv: list[str] | None = None) -> int:

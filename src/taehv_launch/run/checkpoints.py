@@ -240,8 +240,8 @@ def layout_change_note(ckpt: Path, new_world: int, new_cfg: dict) -> str | None:
                 changes.append(f"global batch {global_batch(old_cfg, old_world)} -> {global_batch(new_cfg, new_world)}")
             if float(old_cfg["learning_rate"]) != float(new_cfg["learning_rate"]):
                 changes.append(f"learning rate {old_cfg['learning_rate']:g} -> {new_cfg['learning_rate']:g}")
-        except (KeyError, TypeError, ValueError):
-            pass
+        except (KeyError, TypeError, ValueError):     # written by an older version with other keys
+            changes.append("its config could not be compared with this one")
     return note + (f" ({', '.join(changes)})" if changes else "")
 
 

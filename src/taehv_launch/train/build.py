@@ -30,9 +30,9 @@ def make_accelerator(cfg: Config):
     on_gpu = torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true")
     use_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     if use_ds and not on_gpu:
-        import deepspeed.ops
+        from ..compat import skip_deepspeed_shm_build
 
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False   # skip a 30 s JIT build on CPU
+        skip_deepspeed_shm_build()          # a 30 s JIT build that gloo on CPU does not need
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     pg = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.nccl_timeout),
                                 backend=("nccl" if on_gpu else "gloo") if distributed else None)

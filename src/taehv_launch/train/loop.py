@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..errors import EXIT_OK, EXIT_RESUMABLE, UserError
+from ..compat import uncount_micro_batch
+from ..errors import EXIT_OK, EXIT_RESUMABLE, PeerFailure, TooManyBadSteps, UserError
 from ..plan.families import get_family
 from ..plan.schema import Config, config_dict, global_batch
 from ..run.runs import REQUEUE
@@ -35,16 +36,6 @@ from .status import node_rank, write_status
 from .stop import StopFlag
 from .timing import PhaseTimer, SpeedLog
 from .watchdog import Watchdog, abort_job, stop_message
-
-
-class TooManyBadSteps(UserError):
-    exit_code = 1
-
-
-class PeerFailure(UserError):
-    """Another rank died; this one stops with a message naming it (not a transport traceback)."""
-
-    exit_code = 1
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -170,7 +161,7 @@ class Trainer:
             rec_loss = F.mse_loss(dec, target)
             enc_loss = F.mse_loss(enc.float(), latents) if (enc is not None and self.ref is not None) else dec.new_zeros(())
             if not self.all_finite(rec_loss, enc_loss):
-                self.acc.step -= 1     # this micro-batch does not count towards accumulation
+                uncount_micro_batch(self.acc)     # this micro-batch does not count towards accumulation
                 return None
             ser_loss, disc_loss = dec.new_zeros(()), 0.0
             if self.seraena is not None:

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 
 from ..errors import CheckpointError
 from ..run.checkpoints import MODEL_FILE, OPTIMIZER_FILE, CheckpointMismatch
+from ..compat import init_zero_optimizer_state
 from .ema import gathered
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -152,8 +153,7 @@ def _materialise_adam_state(zero_opt, step: int) -> None:
             if key not in st:
                 st[key] = torch.zeros_like(flat, memory_format=torch.preserve_format)
         st["step"] = torch.tensor(float(step))
-    if hasattr(zero_opt, "_lazy_init_hp_params_optimizer_state"):
-        zero_opt._lazy_init_hp_params_optimizer_state()
+    init_zero_optimizer_state(zero_opt)
 
 
 def carried_over(before: Path, after: Path, beta1: float, beta2: float) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from ..run.runs import status_path
@@ -22,5 +23,5 @@ def write_status(run_dir: Path, code: int, message: str) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps({"code": code, "message": message}))
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except OSError as exc:      # the launcher then reports accelerate's code instead: say why
+        print(f"warning: cannot record the exit status in {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)

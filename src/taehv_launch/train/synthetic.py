@@ -21,6 +21,7 @@ import tempfile
 
 import numpy as np
 
+from ..errors import DataError
 from ..plan.demo import DEMO_FRAMES, DEMO_SIZE, DEMO_VIDEOS, demo_paths
 
 MARKER = ".complete"
@@ -76,7 +77,8 @@ def write_demo_videos(folder: str, n_videos: int, height: int, width: int, n_fra
         path = os.path.join(folder, f"demo_{i:03d}.mp4")
         writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), DEMO_FPS, (width, height))
         if not writer.isOpened():
-            raise RuntimeError(f"OpenCV cannot write mp4v video {path}: is opencv-python-headless installed?")
+            raise DataError(f"OpenCV cannot write the demo video {path}: reinstall opencv-python-headless "
+                            f"(its FFmpeg lacks the mp4v encoder) or pass --set data_root=/path/to/videos")
         for frame in synthetic_frames(i, height, width, n_frames):
             writer.write(frame)
         writer.release()
