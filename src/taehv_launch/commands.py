@@ -159,6 +159,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
 
 def launch(req: Request) -> int:
     from .run import launch as edge
+    from .run.host import visible_gpus
     from .run.toolcheck import check_accelerate_yaml, check_deepspeed_config
 
     plan = build_plan(req)
@@ -169,7 +170,7 @@ def launch(req: Request) -> int:
         raise LaunchError("a multi-node run needs one run name on every node: pass the same --run-name "
                           "on each node (no scheduler job id was found)")
     if plan.profile.device == "cuda":
-        check_local_gpus(plan.topology, _visible_gpus())
+        check_local_gpus(plan.topology, visible_gpus())
     rendered = render(plan, run_dir)
     edge.check_port_free(plan)     # before writing: a launch that cannot start must not repoint `latest`
     edge.prepare_run_dir(plan, run_dir)
@@ -189,12 +190,6 @@ def launch(req: Request) -> int:
     if code not in (0, EXIT_RESUMABLE):
         print(f"error: {status.get('message') or 'the trainer failed: see ' + str(log)}", file=sys.stderr)
     return code
-
-
-def _visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def list_keys() -> int:

@@ -21,6 +21,7 @@ from typing import Callable
 
 from ..commands import Request, build_plan
 from ..errors import UserError
+from ..run.host import port_free, visible_gpus
 from ..plan.demo import demo_cache_dir, demo_paths
 from ..plan.resolve import Plan
 
@@ -46,7 +47,7 @@ def check_gpus(plan: Plan, quick: bool) -> list[Check]:
 
     from ..plan.topology import check_local_gpus
 
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n = visible_gpus()
     if not _gpu_plan(plan):
         return [Check("gpus", PASS, f"cpu profile: {plan.topology.gpus_per_machine} process(es), no GPU needed"
                       + (f" ({n} GPU(s) visible, unused)" if n else ""))]
@@ -153,14 +154,11 @@ def check_communication(plan: Plan, quick: bool) -> list[Check]:
     topo, out = plan.topology, []
     if topo.num_machines > 1:
         if topo.machine_rank == 0:
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("", topo.main_process_port))
-                    out.append(Check("master port", PASS, f"port {topo.main_process_port} is free on the master"))
-                except OSError:
-                    out.append(Check("master port", FAIL, f"port {topo.main_process_port} is in use",
-                                     "pass --master-port with a free port"))
+            if port_free(topo.main_process_port):
+                out.append(Check("master port", PASS, f"port {topo.main_process_port} is free on the master"))
+            else:
+                out.append(Check("master port", FAIL, f"port {topo.main_process_port} is in use",
+                                 "pass --master-port with a free port"))
         else:
             try:
                 socket.create_connection((topo.main_process_ip, topo.main_process_port), timeout=5).close()
@@ -264,19 +262,19 @@ def check_models(plan: Plan, quick: bool) -> list[Check]:
 def _check_ref_vae(c: dict, quick: bool) -> Check:
     import torch
 
-    from ..train.refvae import load_reference_vae
+    from ..train.refvae import ChannelMismatch, load_reference_vae
 
     try:
         t0 = time.perf_counter()
-        ref = load_reference_vae(c["ref_vae_type"], c["ref_vae_path"], dtype=torch.float32, device="cpu")
-        if ref.latent_channels != c["latent_channels"]:
-            return Check("reference VAE", FAIL, f"{ref.latent_channels} latent channels, config says "
-                         f"{c['latent_channels']}", f"--set latent_channels={ref.latent_channels}")
+        ref = load_reference_vae(c["ref_vae_type"], c["ref_vae_path"], dtype=torch.float32, device="cpu",
+                                 expect_channels=c["latent_channels"])
         if quick:
             return Check("reference VAE", PASS, f"{c['ref_vae_type']} loads ({ref.latent_channels} latent channels)")
         lat = ref.encode(torch.rand(1, 12, 3, 64, 64))
         return Check("reference VAE", PASS, f"{c['ref_vae_type']} loads and encodes 12x64x64 -> {tuple(lat.shape)} "
                      f"in {time.perf_counter() - t0:.1f} s")
+    except ChannelMismatch as err:
+        return Check("reference VAE", FAIL, str(err), f"--set latent_channels={err.channels}")
     except UserError as err:
         return Check("reference VAE", FAIL, str(err), "fix ref_vae_path / ref_vae_type")
 

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import EXIT_FAILED, CheckpointError
+from ..files import write_atomic
 from ..plan.schema import global_batch
 
 COMPLETE = "COMPLETE"                 # marker file inside a finished checkpoint
@@ -151,9 +152,7 @@ def write_complete(folder: Path, step: int) -> dict:
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE)
     meta = {"step": step, "files": files, "sizes": {f: _size(folder / f) for f in files},
             "checksum": CHECKSUM, "checksums": _checksums(folder, files)}
-    tmp = folder / f".{COMPLETE}.tmp"
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, folder / COMPLETE)
+    write_atomic(folder / COMPLETE, json.dumps(meta))
     return meta
 
 

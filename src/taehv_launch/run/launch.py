@@ -21,13 +21,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ..errors import EXIT_ABORTED, LaunchError
+from ..files import write_atomic
+from .host import port_free
 from .render import TRAINER_SCRIPT, Rendered
 from ..plan.resolve import Plan
 from .runs import point_latest, status_path
@@ -49,9 +50,7 @@ def write_files(run_dir: Path, files: dict[str, str]) -> list[str]:
                 n += 1
             path.rename(backup)
             notes.append(f"{name} changed since the last launch of this run; the old one is {backup.name}")
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     return notes
 
 
@@ -79,13 +78,9 @@ def check_port_free(plan: Plan) -> None:
     topo = plan.topology
     if topo.machine_rank != 0 or topo.world_size == 1:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", topo.main_process_port))
-        except OSError:
-            raise LaunchError(f"port {topo.main_process_port} is in use on this node: pass --master-port "
-                              f"with a free port (or stop the process holding it)") from None
+    if not port_free(topo.main_process_port):
+        raise LaunchError(f"port {topo.main_process_port} is in use on this node: pass --master-port "
+                          f"with a free port (or stop the process holding it)")
 
 
 def env_record(plan: Plan, rendered: Rendered) -> str:

@@ -135,11 +135,7 @@ def load_reference(cfg: Config, device: torch.device):
     dtype = getattr(torch, cfg.ref_vae_dtype)
     ref = load_reference_vae(cfg.ref_vae_type, cfg.ref_vae_path, dtype=dtype, device=device,
                              chunk_size=cfg.ref_vae_chunk_size, latent_mean=cfg.ref_latent_mean,
-                             latent_std=cfg.ref_latent_std)
-    if ref.latent_channels != cfg.latent_channels:
-        raise ModelError(f"the reference VAE at {cfg.ref_vae_path} has {ref.latent_channels} latent channels "
-                         f"but latent_channels={cfg.latent_channels}: set --set "
-                         f"latent_channels={ref.latent_channels}")
+                             latent_std=cfg.ref_latent_std, expect_channels=cfg.latent_channels)
     return ref
 
 

@@ -12,11 +12,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import DataError
+from ..files import write_atomic
 from .decode import header_frame_count
 
 log = logging.getLogger(__name__)
@@ -200,10 +200,7 @@ def _write_index(cache_path: str, key: dict, index: VideoIndex) -> None:
     doc = {"key": key, "missing": index.missing, "entries": [[e.path, e.frame_count] for e in index]}
     try:
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".tmp", dir=os.path.dirname(cache_path))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(tmp, cache_path)
+        write_atomic(cache_path, json.dumps(doc))
     except OSError as err:
         log.warning("cannot cache the video index in %s (%s); every rank will rescan", cache_path, err)
 

@@ -33,6 +33,14 @@ _WEIGHT_FILES = (
     "diffusion_pytorch_model.safetensors.index.json",
     "diffusion_pytorch_model.bin.index.json",
 )
+class ChannelMismatch(ModelError):
+    """The reference VAE's latent channel count differs from the config's latent_channels."""
+
+    def __init__(self, message: str, channels: int):
+        super().__init__(message)
+        self.channels = channels
+
+
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """Accept the config's strings ("bfloat16") as well as torch dtypes."""
     if isinstance(dtype, torch.dtype):
@@ -224,6 +232,7 @@ def load_reference_vae(
     chunk_size: int = 1,
     latent_mean: Sequence[float] = (),
     latent_std: Sequence[float] = (),
+    expect_channels: int | None = None,
 ) -> ReferenceVAE:
     """Load a frozen reference VAE from a local diffusers folder (path/vae or path itself).
 
@@ -237,6 +246,10 @@ def load_reference_vae(
     device = torch.device(device)
     model = freeze(_from_pretrained(kind, path, subfolder, torch_dtype).to(device))
     vae = ReferenceVAE(kind=kind, model=model, dtype=torch_dtype, device=device, chunk_size=int(chunk_size))
+    if expect_channels is not None and vae.latent_channels != expect_channels:   # the config's latent_channels
+        raise ChannelMismatch(f"the reference VAE at {path} has {vae.latent_channels} latent channels but "
+                              f"latent_channels={expect_channels}: set --set latent_channels={vae.latent_channels}",
+                              vae.latent_channels)
     vae.latent_mean = _per_channel(latent_mean, vae.latent_channels, "ref_latent_mean")
     vae.latent_std = _per_channel(latent_std, vae.latent_channels, "ref_latent_std")
     return vae

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..files import write_atomic
 from ..run.runs import status_path
 
 
@@ -20,8 +21,6 @@ def write_status(run_dir: Path, code: int, message: str) -> None:
         return
     path = status_path(run_dir, node_rank())
     try:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"code": code, "message": message}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"code": code, "message": message}))
     except OSError as exc:      # the launcher then reports accelerate's code instead: say why
         print(f"warning: cannot record the exit status in {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)

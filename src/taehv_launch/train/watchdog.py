@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EXIT_FAILED
+from ..files import write_atomic
 
 
 class Watchdog:
@@ -48,9 +49,7 @@ class Watchdog:
 
     def _beat(self) -> None:
         info = {"rank": self.rank, "node": self.node, "host": socket.gethostname(), "pid": os.getpid()}
-        tmp = self._path(self.rank, f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, self._path(self.rank))
+        write_atomic(self._path(self.rank), json.dumps(info))
 
     def _problem(self, peer: int, now: float) -> str | None:
         if self._path(peer, ".done").exists():
