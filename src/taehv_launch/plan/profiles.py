@@ -21,30 +21,36 @@ class Row:
     """One line of a profile table: everything that varies with the GPU count."""
 
     gpus: int
-    micro: int               # micro_batch_size: micro-batch per GPU
-    accum: int               # gradient_accumulation_steps
+    # the training-config keys a row sets, under their config names (resolve.row_config)
+    micro_batch_size: int
+    gradient_accumulation_steps: int
     learning_rate: float
-    warmup: int
-    zero: int
-    ckpt_every: int
-    val_every: int
+    lr_warmup_steps: int
+    zero_stage: int
+    checkpointing_steps: int
+    validation_steps: int
     log_every: int
-    workers: int
-    prefetch: int
-    bucket: float = 5e8      # DeepSpeed reduce/allgather bucket size
+    dataloader_num_workers: int
+    prefetch_factor: int
+    bucket: float = 5e8      # DeepSpeed reduce/allgather bucket size (rendered into deepspeed.json)
 
     @property
     def global_batch(self) -> int:
-        return self.micro * self.gpus * self.accum
+        return self.micro_batch_size * self.gpus * self.gradient_accumulation_steps
 
 
 # fmt: off
 H100_ROWS = (
-    Row(gpus=1,  micro=8, accum=16, learning_rate=1e-4,   warmup=2000, zero=2, ckpt_every=2000, val_every=1000, log_every=50, workers=4,  prefetch=2),
-    Row(gpus=8,  micro=8, accum=2,  learning_rate=1e-4,   warmup=2000, zero=2, ckpt_every=2000, val_every=1000, log_every=25, workers=8,  prefetch=2),
-    Row(gpus=16, micro=8, accum=1,  learning_rate=1e-4,   warmup=1500, zero=3, ckpt_every=1000, val_every=500,  log_every=20, workers=12, prefetch=3),
-    Row(gpus=48, micro=5, accum=1,  learning_rate=1.8e-4, warmup=1200, zero=3, ckpt_every=750,  val_every=500,  log_every=15, workers=11, prefetch=3, bucket=7.5e8),
-    Row(gpus=64, micro=4, accum=1,  learning_rate=2e-4,   warmup=1000, zero=3, ckpt_every=500,  val_every=500,  log_every=10, workers=12, prefetch=4, bucket=1e9),
+    Row(gpus=1, micro_batch_size=8, gradient_accumulation_steps=16, learning_rate=1e-4, lr_warmup_steps=2000, zero_stage=2,
+        checkpointing_steps=2000, validation_steps=1000, log_every=50, dataloader_num_workers=4, prefetch_factor=2),
+    Row(gpus=8, micro_batch_size=8, gradient_accumulation_steps=2, learning_rate=1e-4, lr_warmup_steps=2000, zero_stage=2,
+        checkpointing_steps=2000, validation_steps=1000, log_every=25, dataloader_num_workers=8, prefetch_factor=2),
+    Row(gpus=16, micro_batch_size=8, gradient_accumulation_steps=1, learning_rate=1e-4, lr_warmup_steps=1500, zero_stage=3,
+        checkpointing_steps=1000, validation_steps=500, log_every=20, dataloader_num_workers=12, prefetch_factor=3),
+    Row(gpus=48, micro_batch_size=5, gradient_accumulation_steps=1, learning_rate=1.8e-4, lr_warmup_steps=1200, zero_stage=3,
+        checkpointing_steps=750, validation_steps=500, log_every=15, dataloader_num_workers=11, prefetch_factor=3, bucket=7.5e8),
+    Row(gpus=64, micro_batch_size=4, gradient_accumulation_steps=1, learning_rate=2e-4, lr_warmup_steps=1000, zero_stage=3,
+        checkpointing_steps=500, validation_steps=500, log_every=10, dataloader_num_workers=12, prefetch_factor=4, bucket=1e9),
 )
 # fmt: on
 
@@ -90,8 +96,8 @@ class Profile:
 
 
 def _cpu_rows() -> tuple[Row, ...]:
-    row = dict(micro=1, accum=1, learning_rate=5e-4, warmup=5, zero=0, ckpt_every=20,
-               val_every=20, log_every=5, workers=1, prefetch=2)
+    row = dict(micro_batch_size=1, gradient_accumulation_steps=1, learning_rate=5e-4, lr_warmup_steps=5, zero_stage=0,
+               checkpointing_steps=20, validation_steps=20, log_every=5, dataloader_num_workers=1, prefetch_factor=2)
     return (Row(gpus=1, **row), Row(gpus=2, **row))
 
 
@@ -168,20 +174,21 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
         row, how = exact[0], "table row"
     else:
         base = max((r for r in profile.rows if r.gpus < gpus), key=lambda r: r.gpus)
-        accum = _closest_accum(BASE_GLOBAL_BATCH, base.micro * gpus)
-        global_batch = base.micro * gpus * accum
-        row = replace(base, gpus=gpus, accum=accum,
+        accum = _closest_accum(BASE_GLOBAL_BATCH, base.micro_batch_size * gpus)
+        global_batch = base.micro_batch_size * gpus * accum
+        row = replace(base, gpus=gpus, gradient_accumulation_steps=accum,
                       learning_rate=_round_lr(BASE_LEARNING_RATE * global_batch / BASE_GLOBAL_BATCH))
-        how = (f"derived from the {base.gpus}-GPU row: micro {base.micro}, accumulation {accum} "
+        how = (f"derived from the {base.gpus}-GPU row: micro {base.micro_batch_size}, accumulation {accum} "
                f"for a global batch near {BASE_GLOBAL_BATCH}, LR scaled linearly to {global_batch}")
     if profile.micro_max is not None:
         per_gpu = row.global_batch // gpus
-        micro = max((m for m in range(row.micro, profile.micro_max + 1) if per_gpu % m == 0), default=row.micro)
-        if micro != row.micro:
+        micro = max((m for m in range(row.micro_batch_size, profile.micro_max + 1) if per_gpu % m == 0),
+                    default=row.micro_batch_size)
+        if micro != row.micro_batch_size:
             accum = row.global_batch // (micro * gpus)
             how += f"; {profile.name}: micro {micro}, accumulation {accum} keeps the global batch {row.global_batch}"
-            row = replace(row, micro=micro, accum=accum)
-    if profile.micro_override is not None and row.micro != profile.micro_override:
+            row = replace(row, micro_batch_size=micro, gradient_accumulation_steps=accum)
+    if profile.micro_override is not None and row.micro_batch_size != profile.micro_override:
         target = row.global_batch
         micro = profile.micro_override
         accum = _closest_accum(target, micro * gpus)
@@ -190,7 +197,7 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
         how += (f"; {profile.name}: micro {micro}, accumulation {accum} "
                 + ("keeps" if global_batch == target else f"gives {global_batch} instead of")
                 + f" the global batch {target}" + ("" if global_batch == target else f", LR scaled to {lr:g}"))
-        row = replace(row, micro=micro, accum=accum, learning_rate=lr)
+        row = replace(row, micro_batch_size=micro, gradient_accumulation_steps=accum, learning_rate=lr)
     return row, how
 
 

@@ -7,7 +7,7 @@ carried in the Plan, so `--dry-run`, the rendered files and the trainer all see 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -82,20 +82,9 @@ class Plan:
 
 
 def row_config(row: Row, topology: Topology) -> dict[str, Any]:
-    """The training keys a profile row sets."""
-    return {
-        "micro_batch_size": row.micro,
-        "gradient_accumulation_steps": row.accum,
-        "learning_rate": row.learning_rate,
-        "lr_warmup_steps": row.warmup,
-        "zero_stage": row.zero,
-        "checkpointing_steps": row.ckpt_every,
-        "validation_steps": row.val_every,
-        "log_every": row.log_every,
-        "dataloader_num_workers": row.workers,
-        "prefetch_factor": row.prefetch,
-        "nccl_timeout": nccl_timeout_for(topology.num_machines, row.gpus),
-    }
+    """The training keys a profile row sets (its fields are named after them), and the NCCL timeout."""
+    keys = [f.name for f in fields(Row) if f.name in DEFAULTS]
+    return {**{k: getattr(row, k) for k in keys}, "nccl_timeout": nccl_timeout_for(topology.num_machines, row.gpus)}
 
 
 def resolve(gpus: int, profile_name: str, topology: Topology, *, file_values: dict[str, Any] | None = None,
