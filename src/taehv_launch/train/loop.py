@@ -29,9 +29,10 @@ from . import build
 from ..run.checkpoints import rotate
 from .checkpoint import TrainState, export_model, load_checkpoint, save_checkpoint
 from .ema import EMA
-from .losses import DistillNet, decoder_targets, psnr, psnr_t, ssim
+from .evaluate import evaluate
+from .losses import DistillNet, decoder_targets, psnr_t
 from .seraena import seraena_crop
-from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, eager_reference, enable_compile_cache
+from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, enable_compile_cache
 from .status import node_rank, write_status
 from .stop import StopFlag
 from .timing import PhaseTimer, SpeedLog
@@ -306,24 +307,8 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> float:
         """EMA model on the held-out clips, sharded over ranks; every rank runs the same count."""
-        cfg, ema = self.cfg, self.ema.model
-        n_batches = max(1, min(cfg.max_validation_batches, math.ceil(len(self.val_ds) / self.world)))
-        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
-        samples = []
-        for b in range(n_batches):
-            idx = (b * self.world + self.rank) % len(self.val_ds)
-            frames = self.val_ds[idx]["frames"][None].to(self.device).float().div_(255.0)
-            with eager_reference(self.ref):    # batch 1: no compile for a shape used only here
-                latents = self.ref.encode(frames) if self.ref is not None else ema.encode_video(frames)
-            dec = ema.decode_video(latents.float(), trim=get_family(cfg.ref_vae_type).trims(latents.shape[1]),
-                                   clamp=True)
-            target = decoder_targets(frames, dec)
-            sums += torch.tensor([psnr(dec, target), ssim(dec, target), 1.0], device=self.device, dtype=torch.float64)
-            if len(samples) < cfg.num_sample_clips:
-                samples.append((target[0].cpu(), dec[0].cpu()))
-        if self.world > 1:
-            dist.all_reduce(sums)
-        val_psnr, val_ssim = (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+        val_psnr, val_ssim, samples = evaluate(self.ema.model, self.ref, self.val_ds, self.cfg, self.device,
+                                               self.rank, self.world)
         step = self.state.step
         self.scalar("val/psnr", val_psnr, step)
         self.scalar("val/ssim", val_ssim, step)
