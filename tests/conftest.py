@@ -72,3 +72,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def run_cli_here(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`taehv-launch ARGS` in this process (for commands that fail before starting anything): the same
+    main() with the same environment, exit code, stdout and stderr as run_cli, without a new
+    interpreter's start-up. Real subprocesses stay for everything that launches."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from taehv_launch import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with mock.patch.dict(os.environ, env or clean_env(), clear=True), \
+                mock.patch.object(sys, "argv", ["taehv-launch", *args]), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(old_cwd)
+    return subprocess.CompletedProcess(["taehv-launch", *args], code, out.getvalue(), err.getvalue())

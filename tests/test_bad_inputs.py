@@ -27,7 +27,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli
+from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli, run_cli_here
 from conftest import testdata_videos as videos_dir   # (not collected as a test)
 
 # Nothing may train for long: one step, no worker processes.
@@ -254,8 +254,9 @@ def cache_dir(tmp: Path) -> Path:
     return tmp.parent / "taehv-cache"     # shared by every test of the session (as trainrun.launch does)
 
 
-def run_case(case: Case, tmp: Path) -> tuple[subprocess.CompletedProcess, dict, dict]:
-    """Set up, run the CLI; return (process, snapshot of output/ before, snapshot of output/old before)."""
+def run_case(case: Case, tmp: Path, here: bool = False) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    """Set up, run the CLI (in this process if `here`); return (process, snapshot of output/ before,
+    snapshot of output/old before)."""
     output = tmp / "output"
     make_old_run(output)
     if case.setup:
@@ -265,7 +266,8 @@ def run_case(case: Case, tmp: Path) -> tuple[subprocess.CompletedProcess, dict, 
     common = ["--run-name", case.run_name, "--set", f"output_dir='{output}'", *FAST]
     argv = [*common, *argv] if argv[0] == "--" else [*argv[:2], *common, *argv[2:]]
     env = clean_env(TAEHV_CACHE=str(cache_dir(tmp)), OMP_NUM_THREADS="1", **case.env)
-    return run_cli(*argv, env=env, cwd=tmp, timeout=300), *before
+    proc = run_cli_here(*argv, env=env, cwd=tmp) if here else run_cli(*argv, env=env, cwd=tmp, timeout=300)
+    return proc, *before
 
 
 def check(case: Case, proc: subprocess.CompletedProcess, before_all: dict, before_old: dict, output: Path,
@@ -276,8 +278,20 @@ def check(case: Case, proc: subprocess.CompletedProcess, before_all: dict, befor
         assert snapshot(output) == before_all, "a launch that failed before starting wrote into output/"
 
 
+# Launcher cases fail before anything starts: they run in this process (the same main(), environment and
+# streams); these few also run as real subprocesses, for the interpreter's own exit code and streams.
+SUBPROCESS_CASES = {"gpus-word", "set-typo", "world-size-2-for-8-h100", "config-raises", "resume-damaged-checkpoint",
+                    "gpu-profile-without-gpu"}
+
+
 @pytest.mark.parametrize("case", LAUNCHER_CASES, ids=lambda c: c.id)
 def test_launcher_rejects(case: Case, tmp_path: Path) -> None:
+    proc, before_all, before_old = run_case(case, tmp_path, here=True)
+    check(case, proc, before_all, before_old, tmp_path / "output", launcher=True)
+
+
+@pytest.mark.parametrize("case", [c for c in LAUNCHER_CASES if c.id in SUBPROCESS_CASES], ids=lambda c: c.id)
+def test_launcher_rejects_as_a_process(case: Case, tmp_path: Path) -> None:
     proc, before_all, before_old = run_case(case, tmp_path)
     check(case, proc, before_all, before_old, tmp_path / "output", launcher=True)
 
