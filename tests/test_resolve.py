@@ -89,7 +89,8 @@ def test_precedence_set_over_file_over_profile(tmp_path):
     cfg = tmp_path / "my.py"
     cfg.write_text("from easydict import EasyDict\nargs = EasyDict()\nargs.learning_rate = 3e-4\n"
                    "args.n_frames = 24\nargs.use_flash_attention = True\n")
-    file_values, notes = load_config_file(cfg)
+    loaded = load_config_file(cfg)
+    file_values, notes = loaded.values, loaded.notes
     assert any("use_flash_attention" in n for n in notes)
     plan = plan_for(8, file_values=file_values, set_values=dict([parse_set("learning_rate=2e-4")]))
     assert plan.config["learning_rate"] == 2e-4            # --set wins
@@ -100,7 +101,7 @@ def test_precedence_set_over_file_over_profile(tmp_path):
 def test_plain_assignment_config_file(tmp_path):
     cfg = tmp_path / "plain.py"
     cfg.write_text("learning_rate = 5e-5\nheight = 256\nimport os\n")
-    values, _ = load_config_file(cfg)
+    values = load_config_file(cfg).values
     assert values == {"learning_rate": 5e-5, "height": 256}
 
 
@@ -138,8 +139,8 @@ def test_rendered_config_round_trips(tmp_path):
     plan = plan_for(16, set_values={"learning_rate": 3e-4})
     path = tmp_path / "config.py"
     path.write_text(render_config_file(plan.config, header="test"))
-    values, notes = load_config_file(path)
-    assert values == plan.config and not notes
+    loaded = load_config_file(path)
+    assert loaded.values == plan.config and not loaded.notes
 
 
 def test_shipped_configs_match_the_table():
@@ -173,7 +174,7 @@ def test_the_seeds_train_batch_size_is_micro_batch_size(tmp_path):
     assert parse_sets(["train_batch_size=4"]) == {"micro_batch_size": 4}
     seed = tmp_path / "seed.py"
     seed.write_text("from easydict import EasyDict\nargs = EasyDict()\nargs.train_batch_size = 2\n")
-    assert load_config_file(seed)[0] == {"micro_batch_size": 2}
+    assert load_config_file(seed).values == {"micro_batch_size": 2}
     seed.write_text("args = dict(train_batch_size=2, micro_batch_size=4)\n")
-    with pytest.raises(ConfigError, match="train_batch_size=2 and micro_batch_size=4, two names for one key"):
+    with pytest.raises(ConfigError, match="train_batch_size=2 and micro_batch_size=4 are two names for one key"):
         load_config_file(seed)

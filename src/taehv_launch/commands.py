@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .plan.configfile import load_config_file, parse_sets
+from .plan.configfile import ConfigFile, load_config_file, parse_sets
 from .plan.demo import demo_cache_dir, demo_paths
 from .plan.profiles import get_profile
 from .errors import EXIT_RESUMABLE, EXIT_USAGE, ConfigError, LaunchError
@@ -51,15 +51,37 @@ def build_plan(req: Request, env: dict[str, str] | None = None) -> Plan:
     """Everything the run will use, decided once: `--dry-run`, validate-env and the launch all call this."""
     env = dict(os.environ if env is None else env)
     gpus = parse_gpus(req.gpus)
-    file_values, notes = load_config_file(req.config) if req.config else ({}, [])
+    file = load_config_file(req.config) if req.config else ConfigFile({}, [], {})
     set_values = parse_sets(req.sets)
     get_profile(req.profile)   # an unknown profile is the first thing to report
+    if "world_size" in file.launch and file.launch["world_size"] != gpus:
+        raise ConfigError(f"{req.config} says world_size={file.launch['world_size']} but the command asks for {gpus} "
+                          f"GPUs: run `taehv-launch {file.launch['world_size']} {req.profile} ...` or drop world_size")
+    master_port = req.master_port if req.master_port is not None else file.launch.get("master_port")
     topology = detect_topology(gpus, env, num_nodes=req.num_nodes, node_rank=req.node_rank,
-                               master_addr=req.master_addr, master_port=req.master_port,
+                               master_addr=req.master_addr, master_port=master_port,
                                gpus_per_node=req.gpus_per_node, profile=req.profile)
-    plan = resolve(gpus, req.profile, topology, file_values=file_values, set_values=set_values,
-                   options=req.options, notes=tuple(notes))
+    env_values, notes = environment_values(env), list(file.notes)
+    if env_values and "nccl_timeout" not in {**file.values, **set_values}:
+        notes.append(f"NCCL_TIMEOUT={env['NCCL_TIMEOUT']} from the environment sets nccl_timeout")
+    plan = resolve(gpus, req.profile, topology, file_values=file.values, set_values=set_values,
+                   env_values=env_values, options=req.options, notes=tuple(notes))
     return settle(plan, env)
+
+
+def environment_values(env: dict[str, str]) -> dict[str, int]:
+    """Config keys the seeds set through the environment: NCCL_TIMEOUT (seconds) is nccl_timeout."""
+    raw = env.get("NCCL_TIMEOUT")
+    if raw is None or raw == "":
+        return {}
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"NCCL_TIMEOUT={raw!r} is not a whole number of seconds: unset it or use "
+                          f"--set nccl_timeout=SECONDS") from None
+    if value < 1:
+        raise ConfigError(f"NCCL_TIMEOUT={raw} must be at least 1 second: unset it or use --set nccl_timeout=SECONDS")
+    return {"nccl_timeout": value}
 
 
 def settle(plan: Plan, env: dict[str, str]) -> Plan:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import difflib
 import runpy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -19,16 +20,19 @@ from .schema import ALIASES, KEYS
 # Keys the seed configs carry that this trainer does not use. Accepted in config files so
 # seed files load; each is reported as ignored, with what to use instead.
 SEED_ONLY_KEYS: dict[str, str] = {
-    "use_flash_attention": "attention backends are detected at run time (validate-env reports them)",
-    "enable_xformers": "attention backends are detected at run time (validate-env reports them)",
-    "compile_model": "torch.compile is not used by the trainer",
+    "use_flash_attention": "TAEHV and the reference VAEs' encoders have no attention that would use it",
+    "enable_xformers": "TAEHV and the reference VAEs' encoders have no attention that would use it",
+    "compile_model": "use --set compile='reference' or 'all' (the GPU profiles compile the reference encoder)",
     "persistent_workers": "workers are always persistent when dataloader_num_workers > 0",
     "num_validation_samples": "use num_sample_clips",
     "tracker_name": "logs always go to TensorBoard under <run>/logs",
     "report_to": "logs always go to TensorBoard under <run>/logs",
     "resume_from_checkpoint": "use --resume PATH or --resume auto",
-    "master_port": "use --master-port or MASTER_PORT",
     "use_zero3_save": "ZeRO-3 exports are gathered automatically",
+    "zero3_save_16bit_model": "exports gather the full weights under every ZeRO stage (fp32 safetensors + .pth)",
+    "deepspeed_config_file": "the DeepSpeed config is rendered from the profile into <run>/deepspeed.json; "
+                             "set zero_stage / bucket_size_mb instead",
+    "communication_overlap": "overlap_comm is on for every GPU profile (rendered into deepspeed.json)",
     "frames_target": "derived: n_frames - frames_to_trim",
     "per_gpu_batch_size": "use micro_batch_size",
 }
@@ -79,8 +83,19 @@ def parse_sets(items: Iterable[str]) -> dict[str, Any]:
     return dict(parse_set(item) for item in items)
 
 
-def load_config_file(path: str | Path) -> tuple[dict[str, Any], list[str]]:
-    """Execute a Python config file; return (checked keys, notes about ignored seed keys)."""
+# Seed keys that are launch options here: the config file sets them unless the command line does.
+LAUNCH_KEYS = {"master_port": "--master-port", "world_size": "the GPU count"}
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    values: dict[str, Any]           # checked training-config keys
+    notes: list[str]                 # seed keys ignored, each with what to use instead
+    launch: dict[str, int]           # seed launch options: master_port, world_size (checked against GPUS)
+
+
+def load_config_file(path: str | Path) -> ConfigFile:
+    """Execute a Python config file; every unknown key or bad value is reported at once, in one message."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found: pass an existing .py file to --config")
@@ -95,19 +110,34 @@ def load_config_file(path: str | Path) -> tuple[dict[str, Any], list[str]]:
         raw = dict(args)
     else:
         raw = {k: v for k, v in namespace.items()
-               if not k.startswith("_") and (k in KEYS or k in SEED_ONLY_KEYS)}
-    values, notes = {}, []
+               if not k.startswith("_") and (k in KEYS or k in ALIASES or k in SEED_ONLY_KEYS or k in LAUNCH_KEYS)}
+    values: dict[str, Any] = {}
+    notes, problems, launch = [], [], {}
     for name, value in raw.items():
         if name in SEED_ONLY_KEYS:
             notes.append(f"{path.name}: ignoring seed key {name!r}: {SEED_ONLY_KEYS[name]}")
             continue
-        key, value = ALIASES.get(name, name), check_value(name, value, str(path))
+        if name in LAUNCH_KEYS:
+            try:
+                launch[name] = int(value)
+            except (TypeError, ValueError):
+                problems.append(f"{name} must be a whole number, got {value!r}")
+            continue
+        try:
+            key, value = ALIASES.get(name, name), check_value(name, value, str(path))
+        except ConfigError as err:
+            problems.append(str(err).replace(f" in {path}", ""))
+            continue
         if key in values and values[key] != value:
             other = next(n for n in raw if n != name and ALIASES.get(n, n) == key)
-            raise ConfigError(f"{path} sets {other}={values[key]!r} and {name}={value!r}, two names for one key "
-                              f"({key}): keep one")
+            problems.append(f"{other}={values[key]!r} and {name}={value!r} are two names for one key ({key}): keep one")
         values[key] = value
-    return values, notes
+    if len(problems) == 1:
+        raise ConfigError(f"{path}: {problems[0]}")
+    if problems:
+        raise ConfigError(f"{path} has {len(problems)} problems: " + "; ".join(
+            f"({i}) {p}" for i, p in enumerate(problems, 1)))
+    return ConfigFile(values, notes, launch)
 
 
 def render_config_file(config: dict[str, Any], header: str) -> str:
@@ -120,7 +150,7 @@ def render_config_file(config: dict[str, Any], header: str) -> str:
 
 def read_rendered_config(path: str | Path) -> dict[str, Any]:
     """Read back a config file written by `render_config_file` (the trainer's input)."""
-    values, _ = load_config_file(path)
+    values = load_config_file(path).values
     missing = [k for k in KEYS if k not in values]
     if missing:
         raise ConfigError(f"config file {path} lacks keys {', '.join(missing[:5])}: "

@@ -8,6 +8,7 @@ H100 rows (the GPU is larger; its micro-batch is to be raised only from measurem
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from ..errors import ConfigError
@@ -134,7 +135,14 @@ def get_profile(name: str) -> Profile:
     try:
         return PROFILES[name.lower()]
     except KeyError:
-        raise ConfigError(f"unknown profile {name!r}: choose one of {', '.join(PROFILES)}") from None
+        pass
+    # the seeds named configs by GPU count and hardware: taehv_config_16gpu_h100.py, 1gpu_h100
+    m = re.fullmatch(r"(?:taehv_config_)?(?:(\d+)gpus?_([a-z0-9]+)|([a-z0-9]+)_(\d+)gpus?)(?:\.py)?", name.lower())
+    if m and (m.group(2) or m.group(3)) in PROFILES:
+        gpus, hw = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+        raise ConfigError(f"unknown profile {name!r}: a profile names the hardware only, the GPU count comes first: "
+                          f"taehv-launch {gpus} {hw}")
+    raise ConfigError(f"unknown profile {name!r}: choose one of {', '.join(PROFILES)}")
 
 
 def nccl_timeout_for(num_nodes: int, gpus: int) -> int:

@@ -1,6 +1,7 @@
 """(gpus, profile, topology, overrides) -> Plan. Pure: no I/O, no heavy imports.
 
-Precedence, written once: `--set` > `--config` file > profile row > profile > schema defaults.
+Precedence, written once: `--set` > `--config` file > environment (NCCL_TIMEOUT) > profile row > profile >
+schema defaults.
 Everything derived (global batch, NCCL timeout, frames after trimming) is computed here and
 carried in the Plan, so `--dry-run`, the rendered files and the trainer all see one truth.
 """
@@ -88,11 +89,12 @@ def row_config(row: Row, topology: Topology) -> dict[str, Any]:
 
 
 def resolve(gpus: int, profile_name: str, topology: Topology, *, file_values: dict[str, Any] | None = None,
-            set_values: dict[str, Any] | None = None, options: Options = Options(),
-            notes: tuple[str, ...] = ()) -> Plan:
+            set_values: dict[str, Any] | None = None, env_values: dict[str, Any] | None = None,
+            options: Options = Options(), notes: tuple[str, ...] = ()) -> Plan:
+    """env_values: keys set by the environment (NCCL_TIMEOUT), above the profile, below files and --set."""
     profile = get_profile(profile_name)
     row, how = row_for(profile, gpus)
-    config = {**DEFAULTS, **profile.config, **row_config(row, topology),
+    config = {**DEFAULTS, **profile.config, **row_config(row, topology), **(env_values or {}),
               **(file_values or {}), **(set_values or {})}
     if options.debug:
         config = {**config, "max_train_steps": min(config["max_train_steps"], 20),
@@ -135,6 +137,7 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
         need(c[k] >= 1, f"{k}={c[k]} must be at least 1")
     for k in ("dataloader_num_workers", "lr_warmup_steps", "max_validation_batches", "num_sample_clips"):
         need(c[k] >= 0, f"{k}={c[k]} must not be negative")
+    need(c["bucket_size_mb"] >= 0, f"bucket_size_mb={c['bucket_size_mb']} must not be negative (0 = the profile's)")
     need(c["prefetch_factor"] >= 1, f"prefetch_factor={c['prefetch_factor']} must be at least 1")
     need(0.0 < c["learning_rate"] < 1.0, f"learning_rate={c['learning_rate']} is out of range (0, 1)")
     need(0.0 <= c["ema_decay"] < 1.0, f"ema_decay={c['ema_decay']} must be in [0, 1)")

@@ -85,6 +85,7 @@ KEYS: dict[str, Key] = {
     "ema_decay": Key(0.999, float, "EMA of TAEHV weights (the exported model)"),
     "mixed_precision": Key("bf16", str, "autocast dtype", ("bf16", "fp16", "no")),
     "zero_stage": Key(2, int, "DeepSpeed ZeRO stage (0 = plain DDP)", (0, 1, 2, 3)),
+    "bucket_size_mb": Key(0, int, "DeepSpeed reduce/allgather bucket in MB (0 = the profile row's: 500-1000 MB)"),
     "seed": Key(42, int, "global seed (each rank offsets it)"),
     "max_consecutive_bad_steps": Key(20, int, "abort after this many non-finite steps in a row"),
     # --- speed (docs/benchmarks.md measures each) --------------------------------------

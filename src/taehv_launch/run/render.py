@@ -49,7 +49,8 @@ def deepspeed_config(plan: Plan) -> dict[str, Any] | None:
     c = plan.config
     if not plan.uses_deepspeed:
         return None
-    stage, bucket = c["zero_stage"], int(plan.row.bucket)
+    stage = c["zero_stage"]
+    bucket = c["bucket_size_mb"] * 1_000_000 if c["bucket_size_mb"] else int(plan.row.bucket)
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": plan.profile.device == "cuda",
                             "contiguous_gradients": True, "reduce_bucket_size": bucket}
     if stage <= 2:
