@@ -91,3 +91,31 @@ def test_nccl_timeout_from_the_environment():
 def test_seed_profile_names_get_the_command(name, hint):
     proc = run_cli_here("8", name, "--dry-run")
     assert proc.returncode == 2 and proc.stderr.strip().endswith(hint), proc.stderr
+
+
+def test_version_and_keys_json():
+    from taehv_launch import __version__
+
+    proc = run_cli_here("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"taehv-launch {__version__}"
+    keys = json.loads(run_cli_here("keys", "--json").stdout)
+    micro = next(k for k in keys if k["name"] == "micro_batch_size")
+    assert micro["type"] == "int" and micro["aliases"] == ["train_batch_size"]
+    assert next(k for k in keys if k["name"] == "ref_vae_type")["choices"] == ["cogvideox", "hunyuan", "wan"]
+
+
+def test_shell_completion_is_offered():
+    proc = run_cli_here("--help")
+    assert "--install-completion" in proc.stdout and "--version" in proc.stdout
+
+
+def test_launch_log_keeps_the_progress_bars_last_state():
+    from taehv_launch.run.launch import final_state
+
+    assert final_state(b"step 3/40 | loss 1.0\n") == b"step 3/40 | loss 1.0\n"
+    assert final_state(b"\rtrain  10%|#  | 4/40\rtrain  12%|#  | 5/40\n") == b"train  12%|#  | 5/40\n"
+
+
+def test_no_deepspeed_accelerator_warning_on_cpu():
+    plan = dry("1", "cpu")
+    assert plan["env"]["DS_ACCELERATOR"] == "cpu"       # DeepSpeed then does not probe, and does not warn

@@ -17,15 +17,31 @@ TB_KEYS = ["train/loss", "train/reconstruction_loss", "train/encoder_loss", "tra
            "val/psnr", "val/ssim"]
 
 
+def tb_images(run_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = []
+    for f in sorted((run_dir / "logs").glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(f), size_guidance={"images": 0})
+        acc.Reload()
+        if tag in acc.Tags()["images"]:
+            out += acc.Images(tag)
+    return out
+
+
 def test_demo_trains_checkpoints_exports_and_resumes(tmp_path):
     proc, run = launch(tmp_path, 1, "--set", "max_train_steps=4")
     ok(proc)
     assert "processes 1" in proc.stdout and "demo: data_root is the built-in synthetic set" in proc.stdout
+    assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr          # DeepSpeed's probe warning
     tb = scalars(run)
     for key in TB_KEYS:
         assert key in tb, f"{key} missing from TensorBoard: {sorted(tb)}"
     assert [s for s, _ in tb["train/loss"]] == [1, 2, 3, 4]
     assert all(math.isfinite(v) for _, v in tb["train/loss"])
+    assert tb["train/gpu_memory_usage"] == tb["train/gpu_memory_gb"]       # the seeds' dashboards' name too
+    gif = tb_images(run, "val/video_0")[-1]      # input | reconstruction, animated, at each validation
+    assert gif.encoded_image_string.startswith(b"GIF8") and gif.width == 2 * gif.height
     for name in ("checkpoint-2", "checkpoint-4"):
         assert (run / name / "COMPLETE").is_file()
     assert trainer_state(run / "checkpoint-4")["step"] == 4

@@ -31,12 +31,14 @@ class DefaultCommandGroup(TyperGroup):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and re.fullmatch(r"-\d+", args[0]):      # click would read `-1` as an option
             raise click.exceptions.UsageError(f"GPU count must be at least 1, got {args[0]}")
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        if args and args[0] not in self.commands and args[0] not in ROOT_OPTIONS:
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 
 
-app = typer.Typer(cls=DefaultCommandGroup, add_completion=False, no_args_is_help=True,
+ROOT_OPTIONS = ("--help", "-h", "--version", "--install-completion", "--show-completion")
+
+app = typer.Typer(cls=DefaultCommandGroup, add_completion=True, no_args_is_help=True,
                   pretty_exceptions_enable=False, rich_markup_mode="rich",
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Train TAEHV by distilling a reference video VAE: resolve GPUS x PROFILE to a config, "
@@ -181,10 +183,25 @@ def bench_cmd(
 
 
 @app.command("keys", help="List every training-config key with its type, default and meaning.")
-def keys_cmd() -> None:
+def keys_cmd(as_json: Annotated[bool, typer.Option("--json", help="the schema as JSON: name, type, default, "
+                                                                  "help, choices, aliases")] = False) -> None:
     from . import commands
 
-    _exit(commands.list_keys)
+    _exit(lambda: commands.list_keys(as_json))
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"taehv-launch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                                callback=_print_version)] = False) -> None:
+    """Options of taehv-launch itself (the commands have their own)."""
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> None:

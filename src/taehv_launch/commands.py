@@ -17,7 +17,7 @@ from .run.render import Rendered, render
 from .plan.resolve import Options, Plan, resolve
 from .run.checkpoints import layout_change_note
 from .run.runs import resolve_resume, run_id_for
-from .plan.schema import KEYS
+from .plan.schema import ALIASES, KEYS
 from .plan.topology import check_local_gpus, detect_topology
 
 NO_FIT = "this plan will not fit in GPU memory: "
@@ -214,7 +214,16 @@ def launch(req: Request) -> int:
     return code
 
 
-def list_keys() -> int:
+def list_keys(as_json: bool = False) -> int:
+    if as_json:
+        aliases = {}
+        for alias, name in ALIASES.items():
+            aliases.setdefault(name, []).append(alias)
+        sys.stdout.write(json.dumps([{"name": name, "type": key.type.__name__,
+                                      "default": list(key.default) if isinstance(key.default, tuple) else key.default,
+                                      "help": key.help, "choices": list(key.choices), "aliases": aliases.get(name, [])}
+                                     for name, key in KEYS.items()], indent=2) + "\n")
+        return 0
     width = max(map(len, KEYS))
     for name, key in KEYS.items():
         choices = f" [{', '.join(map(str, key.choices))}]" if key.choices else ""

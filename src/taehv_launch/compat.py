@@ -62,6 +62,19 @@ def uncount_micro_batch(accelerator: Any) -> None:
     accelerator.step -= 1
 
 
+def add_gif(writer: Any, tag: str, gif: bytes, height: int, width: int, step: int) -> None:
+    """An animated GIF in TensorBoard's Images tab, as SummaryWriter.add_video stores it, without
+    add_video's moviepy dependency: the same Summary.Image proto through the writer's file writer
+    (`SummaryWriter._get_file_writer`, private; checked on torch 2.11-2.13). Skipped if it is gone."""
+    from torch.utils.tensorboard.summary import Summary
+
+    get = getattr(writer, "_get_file_writer", None)
+    if get is None:
+        return
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
+    get().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+
 @contextlib.contextmanager
 def deepspeed_world(world_size: int) -> Iterator[None]:
     """Make DeepSpeedConfig see `world_size` processes without a process group, so it checks the

@@ -27,8 +27,8 @@ def _peak_reset(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _peak_gib(device: torch.device) -> float:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None   # no GPU: not measured
 
 
 def real_reference_vae(kind: str, device: torch.device, dtype: torch.dtype):
@@ -134,6 +134,6 @@ def run(micros: list[int], height: int, width: int, n_frames: int, ref_vae_type:
             extra = f"ckpt {r['checkpointing']!s:<5}" if "checkpointing" in r else f"chunk {r['chunk']:>2}   "
             ratio = f"{r['seconds'] / base['seconds'] * base['micro'] / r['micro']:.2f}x per sample vs first row" \
                 if base and "checkpointing" in r else ""
-            print(f"  {r['what']:<32} micro {r['micro']:>2} {extra} {r['seconds'] * 1000:9.1f} ms  "
-                  f"peak {r['peak_gib']:6.2f} GiB  {ratio}")
+            peak = "" if r["peak_gib"] is None else f"peak {r['peak_gib']:6.2f} GiB  "
+            print(f"  {r['what']:<32} micro {r['micro']:>2} {extra} {r['seconds'] * 1000:9.1f} ms  {peak}{ratio}")
     return 0

@@ -20,8 +20,10 @@ from .schema import ALIASES, KEYS
 # Keys the seed configs carry that this trainer does not use. Accepted in config files so
 # seed files load; each is reported as ignored, with what to use instead.
 SEED_ONLY_KEYS: dict[str, str] = {
-    "use_flash_attention": "TAEHV and the reference VAEs' encoders have no attention that would use it",
-    "enable_xformers": "TAEHV and the reference VAEs' encoders have no attention that would use it",
+    "use_flash_attention": "TAEHV is convolutions only; the Hunyuan and Wan VAEs' attention runs through torch's "
+                           "scaled_dot_product_attention, which has its own FlashAttention kernels",
+    "enable_xformers": "TAEHV is convolutions only; the Hunyuan and Wan VAEs' attention runs through torch's "
+                       "scaled_dot_product_attention",
     "compile_model": "use --set compile='reference' or 'all' (the GPU profiles compile the reference encoder)",
     "persistent_workers": "workers are always persistent when dataloader_num_workers > 0",
     "num_validation_samples": "use num_sample_clips",

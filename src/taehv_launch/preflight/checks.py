@@ -132,10 +132,6 @@ def check_software(plan: Plan, quick: bool) -> list[Check]:
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
         out.append(Check("nccl", PASS if nccl else FAIL, f"NCCL {nccl}" if nccl else "NCCL not available",
                          "" if nccl else "install a CUDA build of torch"))
-        for opt in ("flash_attn", "xformers"):
-            present = _importable(opt)
-            out.append(Check(opt, PASS if present else WARN, "installed" if present else "not installed (optional)",
-                             "" if present else f"pip install 'taehv-launch[gpu]' for {opt}"))
     else:
         import torch.distributed as dist
 

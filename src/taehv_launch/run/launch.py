@@ -213,13 +213,22 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
     return code if code >= 0 else 128 - code
 
 
+def final_state(line: bytes) -> bytes:
+    """What a terminal shows of `line` in the end: the progress bar's carriage-return updates are
+    dropped, so launch.log holds the last state of each line, not every redraw."""
+    body = line.rstrip(b"\r\n")
+    if b"\r" not in body:
+        return line
+    return body.rsplit(b"\r", 1)[-1] + line[len(body):].replace(b"\r", b"")
+
+
 def _tee(child: subprocess.Popen, log, status_path: Path) -> None:
     """Copy the child's output to the console and the log. Once the trainer has recorded its
     exit status, the wrappers' tracebacks that follow go to the log only."""
     quiet = False
     assert child.stdout is not None
     for line in iter(child.stdout.readline, b""):
-        log.write(line)
+        log.write(final_state(line))
         log.flush()
         if not quiet and line.startswith(b"Traceback (most recent call last)") and status_path.exists():
             status = json.loads(status_path.read_text() or "{}")

@@ -117,6 +117,8 @@ def environment(plan: Plan, env: Mapping[str, str], cpu_count: int) -> dict[str,
     procs = max(1, topo.gpus_per_machine)
     want["OMP_NUM_THREADS"] = (str(max(1, cpu_count // procs)), f"{cpu_count} CPUs / {procs} processes")
     if plan.profile.device == "cpu":
+        # DeepSpeed (imported by accelerate) otherwise warns on every CPU run that it found no accelerator
+        want["DS_ACCELERATOR"] = ("cpu", "the cpu profile: DeepSpeed need not probe for a GPU")
         if not plan.uses_deepspeed and topo.world_size > 1:
             want["ACCELERATE_USE_CPU"] = ("1", "the only accelerate invocation that runs real DDP on CPU")
     else:

@@ -35,3 +35,16 @@ def evaluate(ema: torch.nn.Module, ref, val_ds, cfg: Config, device: torch.devic
     if world > 1:
         dist.all_reduce(sums)
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item(), samples
+
+
+def gif_bytes(frames: torch.Tensor, fps: int = 8) -> bytes:
+    """T x 3 x H x W frames in [0, 1] as an animated GIF (Pillow, which diffusers already needs)."""
+    import io
+
+    from PIL import Image
+
+    arrays = (frames.mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy())
+    images = [Image.fromarray(a) for a in arrays]
+    out = io.BytesIO()
+    images[0].save(out, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    return out.getvalue()

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..compat import uncount_micro_batch
+from ..compat import add_gif, uncount_micro_batch
 from ..errors import EXIT_OK, EXIT_RESUMABLE, PeerFailure, TooManyBadSteps, UserError
 from ..plan.families import get_family
 from ..plan.schema import Config, config_dict, global_batch
@@ -29,7 +29,7 @@ from . import build
 from ..run.checkpoints import rotate
 from .checkpoint import TrainState, export_model, load_checkpoint, save_checkpoint
 from .ema import EMA
-from .evaluate import evaluate
+from .evaluate import evaluate, gif_bytes
 from .losses import DistillNet, decoder_targets, psnr_t
 from .seraena import seraena_crop
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, enable_compile_cache
@@ -295,6 +295,7 @@ class Trainer:
         self.scalar("train/learning_rate", lr, step)
         self.scalar("train/samples_per_second", samples_per_s, step)
         self.scalar("train/gpu_memory_gb", mem, step)
+        self.scalar("train/gpu_memory_usage", mem, step)     # the seeds' dashboards read this name
         eta = (total - step) * global_batch(self.cfg, self.world) \
             / max(samples_per_s, 1e-9)
         self.log(f"step {step}/{total} | loss {means.get('loss', float('nan')):.4f} | rec "
@@ -316,6 +317,8 @@ class Trainer:
             for i, (real, fake) in enumerate(samples):    # rows: input frames, reconstruction
                 grid = torch.cat([torch.cat(list(real), -1), torch.cat(list(fake), -1)], -2)
                 self.writer.add_image(f"val/clip_{i}", grid.clamp(0, 1), step)
+                side = torch.cat([real, fake], -1).clamp(0, 1)        # T x 3 x H x 2W: input | reconstruction
+                add_gif(self.writer, f"val/video_{i}", gif_bytes(side), side.shape[-2], side.shape[-1], step)
             self.writer.flush()
         self.log(f"validation at step {step}: psnr {val_psnr:.2f} dB, ssim {val_ssim:.4f} (EMA model)")
         if val_psnr > self.state.best_psnr:
