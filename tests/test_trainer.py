@@ -68,6 +68,7 @@ def test_resume_of_a_missing_checkpoint_is_one_line(tmp_path):
     assert not run.exists()      # nothing was created
 
 
+@pytest.mark.slow   # the fast suite has the data-root cases of test_bad_inputs
 def test_empty_dataset_is_one_line(tmp_path):
     empty = tmp_path / "videos"
     empty.mkdir()
@@ -112,6 +113,7 @@ def test_two_ranks_ddp_and_zero2_then_resume(tmp_path, zero):
     assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow   # ~1 min of trainer runs: the slow job
 def test_profile_and_debug_and_accumulation(tmp_path):
     proc, run = launch(tmp_path, 1, "--profile", "--set", "max_train_steps=4", "--set", "profile_steps=2",
                        "--set", "gradient_accumulation_steps=2", "--set", "seraena_crop=32", run_name="prof")
