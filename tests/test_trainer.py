@@ -125,6 +125,8 @@ def test_profile_and_debug_and_accumulation(tmp_path):
     for phase in ("reference VAE encode", "TAEHV forward", "Seraena", "backward + optimizer", "data"):
         assert phase in proc.stdout, phase
     assert list((run / "logs" / "profile").glob("*.pt.trace.json*")), "no torch.profiler trace written"
+    for noise in ("USDT:", "CPUAllocator"):                           # the profiler's own chatter (#15)
+        assert noise not in proc.stdout + proc.stderr + (run / "launch.log").read_text(), noise
     assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4]     # optimizer steps, not micro-batches
     lrs = [v for _, v in scalars(run)["train/learning_rate"]]
     assert lrs[0] == pytest.approx(1e-4) and lrs[1] == pytest.approx(2e-4)  # warmup 5 at 5e-4, per optimizer step

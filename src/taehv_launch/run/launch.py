@@ -213,6 +213,11 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
     return code if code >= 0 else 128 - code
 
 
+# torch.profiler's Kineto prints "USDT:... profiler_start/profiler_stop" under --profile whatever
+# its log level: notices for tracing tools, not for people.
+KINETO_NOTICE = b"USDT:"
+
+
 def final_state(line: bytes) -> bytes:
     """What a terminal shows of `line` in the end: the progress bar's carriage-return updates are
     dropped, so launch.log holds the last state of each line, not every redraw."""
@@ -228,6 +233,8 @@ def _tee(child: subprocess.Popen, log, status_path: Path) -> None:
     quiet = False
     assert child.stdout is not None
     for line in iter(child.stdout.readline, b""):
+        if line.startswith(KINETO_NOTICE):
+            continue
         log.write(final_state(line))
         log.flush()
         if not quiet and line.startswith(b"Traceback (most recent call last)") and status_path.exists():

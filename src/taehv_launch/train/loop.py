@@ -350,7 +350,9 @@ class Trainer:
         steps = self.cfg.profile_steps
         return profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
                        on_trace_ready=tensorboard_trace_handler(str(self.run_dir / "logs" / "profile")),
-                       record_shapes=False, profile_memory=True)
+                       record_shapes=False,
+                       # CUDA memory only: on CPU it warns about every block allocated before the trace began
+                       profile_memory=self.device.type == "cuda")
 
     def close(self) -> None:
         if self.writer is not None:
