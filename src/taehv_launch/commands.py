@@ -100,11 +100,13 @@ def settle(plan: Plan, env: dict[str, str]) -> Plan:
             if not explicit_run:
                 run_dir, source = ckpt.parent, "resumed run"     # continue the run the checkpoint belongs to
         options = replace(options, resume=str(ckpt) if ckpt else None)
+    demo = ("", "")
     if plan.profile.device == "cpu":
-        data, vae = demo_paths(demo_cache_dir(env), config["ref_vae_type"], config["latent_channels"])
-        config = {**config, "data_root": config["data_root"] or data,
-                  "ref_vae_path": config["ref_vae_path"] or (vae if config["use_ref_vae"] else "")}
-    return replace(plan, run_dir=run_dir, run_id_source=source, options=options, config=config, notes=tuple(notes))
+        demo = demo_paths(demo_cache_dir(env), config["ref_vae_type"], config["latent_channels"])
+        config = {**config, "data_root": config["data_root"] or demo[0],
+                  "ref_vae_path": config["ref_vae_path"] or (demo[1] if config["use_ref_vae"] else "")}
+    return replace(plan, run_dir=run_dir, run_id_source=source, options=options, config=config, notes=tuple(notes),
+                   demo_assets=demo)
 
 
 def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
@@ -149,8 +151,7 @@ def dry_run(req: Request, as_json: bool) -> int:
 
 def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
     topo, c = plan.topology, plan.config
-    on_cpu = plan.profile.device == "cpu"
-    demo_data, demo_vae = demo_paths(demo_cache_dir(), c["ref_vae_type"], c["latent_channels"]) if on_cpu else ("", "")
+    demo_data, demo_vae = plan.demo_assets
     default = "NOT SET: --set ref_vae_path=... is required on GPUs"
     default_data = "NOT SET: --set data_root=... is required on GPUs"
     out = [
@@ -163,8 +164,8 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
         f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
         f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
         f"  clips     {c['n_frames']} frames of {c['height']}x{c['width']}, stride {c['min_frame_delta']}-"
-        f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default}{' = built-in tiny demo VAE' if c['ref_vae_path'] == demo_vae else ''})",
-        f"  data      {c['data_root'] or default_data}{' (built-in synthetic demo videos)' if c['data_root'] == demo_data else ''}",
+        f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default}{' = built-in tiny demo VAE' if demo_vae and c['ref_vae_path'] == demo_vae else ''})",
+        f"  data      {c['data_root'] or default_data}{' (built-in synthetic demo videos)' if demo_data and c['data_root'] == demo_data else ''}",
         f"  timeouts  process group {c['nccl_timeout']} s; checkpoint every {c['checkpointing_steps']}, "
         f"validate every {c['validation_steps']}, log every {c['log_every']}",
         f"  run dir   {run_dir}",

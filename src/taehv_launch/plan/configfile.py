@@ -45,12 +45,13 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
-def check_value(name: str, value: Any, origin: str) -> Any:
+def check_value(name: str, value: Any, origin: str | None) -> Any:
     """Return `value` checked (and tuple-normalised) for key `name` (an alias is checked as the key it
-    names); raise ConfigError otherwise."""
+    names); raise ConfigError otherwise, naming `origin` (None: the caller names it)."""
     name = ALIASES.get(name, name)
+    where = f" in {origin}" if origin else ""
     if name not in KEYS:
-        raise ConfigError(f"unknown config key {name!r} in {origin}{suggest(name, KEYS)}; "
+        raise ConfigError(f"unknown config key {name!r}{where}{suggest(name, KEYS)}; "
                           f"`taehv-launch keys` lists them all")
     key = KEYS[name]
     ok = isinstance(value, key.type) and not (key.type is int and isinstance(value, bool))
@@ -59,10 +60,9 @@ def check_value(name: str, value: Any, origin: str) -> Any:
     if key.type is tuple and isinstance(value, list):
         value, ok = tuple(value), True
     if not ok:
-        raise ConfigError(f"{name} must be {key.type.__name__}, got {type(value).__name__} {value!r} "
-                          f"in {origin}")
+        raise ConfigError(f"{name} must be {key.type.__name__}, got {type(value).__name__} {value!r}{where}")
     if key.choices and value not in key.choices:
-        raise ConfigError(f"{name}={value!r} in {origin} is not one of {', '.join(map(str, key.choices))}")
+        raise ConfigError(f"{name}={value!r}{where} is not one of {', '.join(map(str, key.choices))}")
     return value
 
 
@@ -86,7 +86,7 @@ def parse_sets(items: Iterable[str]) -> dict[str, Any]:
 
 
 # Seed keys that are launch options here: the config file sets them unless the command line does.
-LAUNCH_KEYS = {"master_port": "--master-port", "world_size": "the GPU count"}
+LAUNCH_KEYS = ("master_port", "world_size")
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,9 @@ def load_config_file(path: str | Path) -> ConfigFile:
                 problems.append(f"{name} must be a whole number, got {value!r}")
             continue
         try:
-            key, value = ALIASES.get(name, name), check_value(name, value, str(path))
+            key, value = ALIASES.get(name, name), check_value(name, value, None)   # the message names the file
         except ConfigError as err:
-            problems.append(str(err).replace(f" in {path}", ""))
+            problems.append(str(err))
             continue
         if key in values and values[key] != value:
             other = next(n for n in raw if n != name and ALIASES.get(n, n) == key)

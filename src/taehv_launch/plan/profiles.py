@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..errors import ConfigError
+from .schema import global_batch
 
 BASE_GLOBAL_BATCH = 128      # the global batch every derived count aims for
 BASE_LEARNING_RATE = 1e-4    # at BASE_GLOBAL_BATCH; scaled linearly with the real global batch
@@ -37,7 +38,7 @@ class Row:
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch_size * self.gpus * self.gradient_accumulation_steps
+        return global_batch(self, self.gpus)
 
 
 # fmt: off
@@ -183,11 +184,11 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
     else:
         base = max((r for r in profile.rows if r.gpus < gpus), key=lambda r: r.gpus)
         accum = _closest_accum(BASE_GLOBAL_BATCH, base.micro_batch_size * gpus)
-        global_batch = base.micro_batch_size * gpus * accum
+        batch = base.micro_batch_size * gpus * accum
         row = replace(base, gpus=gpus, gradient_accumulation_steps=accum,
-                      learning_rate=_round_lr(BASE_LEARNING_RATE * global_batch / BASE_GLOBAL_BATCH))
+                      learning_rate=_round_lr(BASE_LEARNING_RATE * batch / BASE_GLOBAL_BATCH))
         how = (f"derived from the {base.gpus}-GPU row: micro {base.micro_batch_size}, accumulation {accum} "
-               f"for a global batch near {BASE_GLOBAL_BATCH}, LR scaled linearly to {global_batch}")
+               f"for a global batch near {BASE_GLOBAL_BATCH}, LR scaled linearly to {batch}")
     if profile.micro_max is not None:
         per_gpu = row.global_batch // gpus
         micro = max((m for m in range(row.micro_batch_size, profile.micro_max + 1) if per_gpu % m == 0),
@@ -200,11 +201,11 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
         target = row.global_batch
         micro = profile.micro_override
         accum = _closest_accum(target, micro * gpus)
-        global_batch = micro * gpus * accum
-        lr = row.learning_rate if global_batch == target else _round_lr(row.learning_rate * global_batch / target)
+        batch = micro * gpus * accum
+        lr = row.learning_rate if batch == target else _round_lr(row.learning_rate * batch / target)
         how += (f"; {profile.name}: micro {micro}, accumulation {accum} "
-                + ("keeps" if global_batch == target else f"gives {global_batch} instead of")
-                + f" the global batch {target}" + ("" if global_batch == target else f", LR scaled to {lr:g}"))
+                + ("keeps" if batch == target else f"gives {batch} instead of")
+                + f" the global batch {target}" + ("" if batch == target else f", LR scaled to {lr:g}"))
         row = replace(row, micro_batch_size=micro, gradient_accumulation_steps=accum, learning_rate=lr)
     return row, how
 

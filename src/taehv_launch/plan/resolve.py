@@ -56,6 +56,7 @@ class Plan:
     # name came from ("--run-name", "scheduler job id", "timestamp", "resumed run").
     run_dir: Path | None = None
     run_id_source: str = ""
+    demo_assets: tuple[str, str] = ("", "")   # (data_root, ref_vae_path) of the cpu demo; empty elsewhere
 
     @property
     def world_size(self) -> int:

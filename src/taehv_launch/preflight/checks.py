@@ -22,7 +22,6 @@ from typing import Callable
 from ..commands import Request, build_plan
 from ..errors import UserError
 from ..run.host import port_free, visible_gpus
-from ..plan.demo import demo_cache_dir, demo_paths
 from ..plan.resolve import Plan
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -139,12 +138,6 @@ def check_software(plan: Plan, quick: bool) -> list[Check]:
     return out
 
 
-def _importable(module: str) -> bool:
-    from importlib.util import find_spec
-
-    return find_spec(module) is not None
-
-
 # ---------------------------------------------------------------- communication
 def check_communication(plan: Plan, quick: bool) -> list[Check]:
     topo, out = plan.topology, []
@@ -192,9 +185,8 @@ def check_communication(plan: Plan, quick: bool) -> list[Check]:
 def _demo_asset(plan: Plan, which: int) -> str | None:
     """For the cpu demo's data (0) or reference VAE (1): where it is, or will be made by the first
     run (not a failure); None when the config names other assets."""
-    c = plan.config
-    path = demo_paths(demo_cache_dir(), c["ref_vae_type"], c["latent_channels"])[which]
-    if plan.profile.device != "cpu" or (c["data_root"], c["ref_vae_path"])[which] != path:
+    path = plan.demo_assets[which]
+    if not path or (plan.config["data_root"], plan.config["ref_vae_path"])[which] != path:
         return None
     return f"present in {path}" if (Path(path) / ".complete").is_file() else f"will be created in {path} by the first run"
 
