@@ -1,0 +1,81 @@
+"""The real runs `bench --compare` measures: the assets they train on and the launcher as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import LaunchError
+from ..plan.families import get_family
+
+
+# ----------------------------------------------------------------------------- the real trainer
+
+def make_assets(cfg: dict[str, Any], device: torch.device, workdir: Path, data_root: str | None,
+                log: Callable[[str], None]) -> tuple[str, str]:
+    """(data_root, ref_vae_path): video files at the profile's size and a reference VAE folder."""
+    from ..train.synthetic import _build_once, make_tiny_ref_vae, write_demo_videos
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    h, w, kind = cfg["height"], cfg["width"], cfg["ref_vae_type"]
+    if not data_root:
+        data_root = str(workdir / f"videos_{h}x{w}")
+        n_frames = max(48, 2 * cfg["n_frames"] * cfg["max_frame_delta"])
+        if not os.path.isdir(data_root):
+            log(f"bench: writing 16 synthetic {w}x{h} videos to {data_root}")
+        _build_once(data_root, lambda tmp: write_demo_videos(tmp, 16, h, w, n_frames))
+    real_arch = device.type == "cuda"
+    ref_path = str(workdir / f"ref_vae_{kind}_{'real' if real_arch else 'tiny'}_c{cfg['latent_channels']}")
+
+    def build(tmp: str) -> None:
+        if real_arch:   # the family's default (real) architecture, random weights
+            import diffusers
+
+            torch.manual_seed(0)
+            getattr(diffusers, get_family(kind).class_name)().to(torch.bfloat16).save_pretrained(os.path.join(tmp, "vae"))
+        else:
+            make_tiny_ref_vae(kind, os.path.join(tmp, "vae"), cfg["latent_channels"])
+
+    if not os.path.isdir(ref_path):
+        log(f"bench: saving a {'real-architecture' if real_arch else 'tiny'} {kind} VAE with random weights "
+            f"to {ref_path}")
+    _build_once(ref_path, build)
+    return data_root, ref_path
+
+
+def trainer_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_root: str, ref_path: str,
+                steps: int, profile_phases: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """Run the real trainer through the launcher and read its speed.json."""
+    run_name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}{'-profile' if profile_phases else ''}"
+    argv = [sys.executable, "-m", "taehv_launch.cli", gpus, profile, "--run-name", run_name,
+            "--set", f"output_dir={str(workdir / 'output')!r}", "--set", f"data_root={data_root!r}",
+            "--set", f"ref_vae_path={ref_path!r}", "--set", f"max_train_steps={steps}",
+            "--set", f"log_every={max(1, steps // 4)}", "--set", f"validation_steps={steps}",
+            "--set", f"checkpointing_steps={steps}", "--set", "lr_warmup_steps=1"]
+    for s in sets:
+        argv += ["--set", s]
+    if profile_phases:
+        argv += ["--profile", "--set", "profile_steps=3"]
+    log(f"bench: running the trainer: taehv-launch {gpus} {profile} ... ({steps} steps"
+        f"{', --profile' if profile_phases else ''})")
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = workdir / "output" / run_name
+    (workdir / f"{run_name}.log").write_text(proc.stdout)
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stdout.strip().splitlines()[-3:])
+        raise LaunchError(f"the trainer run for the comparison failed (exit {proc.returncode}): {tail} "
+                          f"(full log: {workdir / (run_name + '.log')})")
+    speed_file = run_dir / "speed.json"
+    if not speed_file.is_file():
+        raise LaunchError(f"the trainer wrote no {speed_file}: run more steps (--steps)")
+    out = json.loads(speed_file.read_text())
+    out |= {"what": "ours (real trainer)", "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
+    return out
