@@ -26,6 +26,11 @@ args.ref_vae_dtype = 'bfloat16'  # dtype of the frozen reference VAE
 args.ref_vae_chunk_size = 1  # samples per reference encode call (memory/speed trade-off)
 args.ref_latent_mean = ()  # optional per-channel mean subtracted from reference latents
 args.ref_latent_std = ()  # optional per-channel std dividing reference latents
+args.latent_cache = ''  # folder of a latent cache: `taehv-launch cache` writes it, training reads its views' reference latents instead of running the reference VAE
+args.latent_cache_encode = 'never'  # with latent_cache, what the reference VAE encodes online: never (it is not loaded; unusable views are skipped), missing (views whose latents are missing or damaged, and videos the cache lacks), always (every view: checks a cache)
+args.latent_cache_dtype = 'bfloat16'  # dtype of the latents `taehv-launch cache` stores
+args.cache_views = 4  # views per video that `taehv-launch cache` encodes (a view: fixed frames, crop, flip)
+args.cache_shard_size = 64  # clips per cache shard file (a shard is written whole, or not at all)
 args.pretrained_model_path = ''  # TAEHV weights to start from (.pth or .safetensors); empty = from scratch
 args.patch_size = 1  # TAEHV pixel-shuffle patch size
 args.latent_channels = 16  # TAEHV latent channels; must equal the reference VAE's

@@ -82,9 +82,10 @@ def test_bench_loader_smoke(tmp_path, videos):
 
 @pytest.mark.slow
 def test_bench_compare_cpu_smoke(tmp_path):
-    """The whole comparison at the cpu profile's tiny shape: naive, every lever row, the real trainer."""
+    """The whole comparison at the cpu profile's tiny shape: naive, every lever row, the real trainer,
+    the cache job and the trainer from the cache."""
     proc = run_cli("bench", "--compare", "1", "cpu", "--levers", "--crop", "32", "--steps", "1",
-                   "--trainer-steps", "6", "--workdir", str(tmp_path / "bc"), "--json",
+                   "--trainer-steps", "6", "--cached", "1", "--workdir", str(tmp_path / "bc"), "--json",
                    env=clean_env(TAEHV_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1"), cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -92,4 +93,6 @@ def test_bench_compare_cpu_smoke(tmp_path):
     assert {"naive", "eager", "no per-step syncs", "Seraena crop", "ours (real trainer)"} <= set(rows)
     assert rows["naive"]["ratio_vs_naive"] == 1.0
     assert rows["ours (real trainer)"]["steps"] == 3 and rows["ours (real trainer)"]["clips_per_s"] > 0
+    assert rows["cache job (encode once)"]["bytes_per_clip"] > 0
+    assert rows["ours, from the latent cache"]["clips_per_s"] > 0
     assert json.loads((tmp_path / "bc" / "compare.json").read_text())["rows"]

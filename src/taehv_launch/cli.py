@@ -103,6 +103,35 @@ def run_cmd(
     _exit(lambda: commands.dry_run(req, as_json) if dry_run else commands.launch(req))
 
 
+@app.command("cache", help="Encode every video's views once with the reference VAE and store the latents "
+                          "(--set latent_cache=DIR); train with the same --set to skip the reference encode.")
+def cache_cmd(
+    gpus: Gpus,
+    profile: ProfileArg,
+    views: Annotated[Optional[int], typer.Option("--views", help="views per video (a view: fixed frames, crop, "
+                                                 "flip); default: the cache_views key, 4")] = None,
+    set_: SetOpt = None,
+    config: ConfigOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the resolved plan; write and start nothing")] = False,
+    as_json: JsonOpt = False,
+    debug: Annotated[bool, typer.Option("--debug", help="verbose distributed logs")] = False,
+    run_name: Annotated[Optional[str], typer.Option("--run-name", help="log directory name (default: scheduler "
+                                                    "job id, else cache-<timestamp>)")] = None,
+    num_nodes: NumNodes = None, node_rank: NodeRank = None, master_addr: MasterAddr = None,
+    master_port: MasterPort = None, gpus_per_node: GpusPerNode = None,
+) -> None:
+    from . import commands
+
+    if views is not None and views < 1:
+        _fail(f"--views must be at least 1, got {views}")
+    sets = [*(set_ or []), *([f"cache_views={views}"] if views is not None else [])]
+    options = Options(debug=debug, run_name=run_name, task="cache")
+    req = _request(gpus, profile, sets, config, options, num_nodes, node_rank, master_addr, master_port, gpus_per_node)
+    if as_json and not dry_run:
+        _fail("--json goes with --dry-run")
+    _exit(lambda: commands.dry_run(req, as_json) if dry_run else commands.launch(req))
+
+
 @app.command("validate-env", help="Preflight: check this node, the data and the models for the resolved plan.")
 def validate_env_cmd(
     gpus: Gpus,
@@ -157,6 +186,10 @@ def bench_cmd(
                                                          "pyav, pyav-1thread (repeatable)")] = None,
     seconds: Annotated[float, typer.Option(help="--loader: seconds per DataLoader row")] = 10.0,
     clips: Annotated[int, typer.Option(help="--loader: clips per decode row")] = 64,
+    cached: Annotated[int, typer.Option("--cached", help="--compare: also write a latent cache of this many "
+                                                         "views per video and train from it (0: no)")] = 0,
+    cached_set: Annotated[Optional[list[str]], typer.Option("--cached-set", help="--compare --cached: a --set for "
+                                                            "the run from the cache only (repeatable)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     if loader:
@@ -174,7 +207,7 @@ def bench_cmd(
 
         req = _request(gpus, profile, set_, config, Options(), None, None, None, None, None)
         _exit(lambda: bench_compare.run(req, steps, trainer_steps, levers, chunk or [], crop, data_root, workdir,
-                                        phases, as_json))
+                                        phases, as_json, cached, cached_set or []))
     if gpus is not None:
         _fail(f"unexpected argument {gpus!r}: GPUS PROFILE go with --compare")
     from .bench import step as bench

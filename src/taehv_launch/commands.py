@@ -66,6 +66,9 @@ def build_plan(req: Request, env: dict[str, str] | None = None) -> Plan:
         notes.append(f"NCCL_TIMEOUT={env['NCCL_TIMEOUT']} from the environment sets nccl_timeout")
     plan = resolve(gpus, req.profile, topology, file_values=file.values, set_values=set_values,
                    env_values=env_values, options=req.options, notes=tuple(notes))
+    if req.options.task == "cache" and not plan.config["latent_cache"]:
+        raise ConfigError("taehv-launch cache needs --set latent_cache=DIR: the folder the latents go to "
+                          "(training then reads it with the same --set)")
     return settle(plan, env)
 
 
@@ -88,6 +91,8 @@ def settle(plan: Plan, env: dict[str, str]) -> Plan:
     """The decisions that read the disk or the environment: the run directory, the checkpoint that
     `--resume` continues (and so the run it belongs to), the demo assets' paths on the cpu profile."""
     run_id, source = run_id_for(plan.options.run_name, plan.topology.job_id)
+    if plan.options.task == "cache" and source == "timestamp":
+        run_id = f"cache-{run_id}"
     run_dir = Path(plan.config["output_dir"]).expanduser().resolve() / run_id
     notes, options, config = list(plan.notes), plan.options, plan.config
     if options.resume:
@@ -105,8 +110,21 @@ def settle(plan: Plan, env: dict[str, str]) -> Plan:
         demo = demo_paths(demo_cache_dir(env), config["ref_vae_type"], config["latent_channels"])
         config = {**config, "data_root": config["data_root"] or demo[0],
                   "ref_vae_path": config["ref_vae_path"] or (demo[1] if config["use_ref_vae"] else "")}
+    if config["latent_cache"] and options.task == "train":
+        check_latent_cache(config)
     return replace(plan, run_dir=run_dir, run_id_source=source, options=options, config=config, notes=tuple(notes),
                    demo_assets=demo)
+
+
+def check_latent_cache(config: dict[str, Any]) -> None:
+    """A latent cache that is unfinished or made for another config is refused before anything starts
+    (the trainer checks again, with the reference VAE's weights)."""
+    from types import SimpleNamespace
+
+    from .train.latentcache import check_fingerprint, read_manifest
+
+    manifest = read_manifest(config["latent_cache"])
+    check_fingerprint(manifest["fingerprint"], SimpleNamespace(**config), None, config["latent_cache"])
 
 
 def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
@@ -143,7 +161,7 @@ def dry_run(req: Request, as_json: bool) -> int:
     else:
         print_plan(plan, rendered, run_dir)
         print("\n(dry run: nothing was written or started)")
-    if plan.memory.fits is False:     # the launch would refuse this plan: so does its dry run
+    if plan.memory.fits is False and plan.options.task == "train":  # the launch would refuse it: so does its dry run
         print(f"error: {NO_FIT}{plan.memory.detail}", file=sys.stderr)
         return EXIT_USAGE
     return 0
@@ -155,7 +173,8 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
     default = "NOT SET: --set ref_vae_path=... is required on GPUs"
     default_data = "NOT SET: --set data_root=... is required on GPUs"
     out = [
-        f"taehv-launch {plan.gpus} {plan.profile.name}: {plan.profile.description}",
+        f"taehv-launch {'cache ' if plan.options.task == 'cache' else ''}{plan.gpus} {plan.profile.name}: "
+        f"{plan.profile.description}",
         f"  rows      {plan.row_source}",
         f"  topology  {topo.num_machines} node(s) x {topo.gpus_per_machine} "
         f"{'processes' if plan.profile.device == 'cpu' else 'GPUs'}, this is node {topo.machine_rank} "
@@ -173,8 +192,12 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
                                     for k, v in rendered.env.items()) or "-"),
         "  command   " + " ".join(rendered.argv),
     ]
+    if c["latent_cache"]:
+        out.append(f"  cache     {c['latent_cache']}: " + (
+            f"write {c['cache_views']} views per video, {c['latent_cache_dtype']}, shards of {c['cache_shard_size']}"
+            if plan.options.task == "cache" else f"train on its latents (reference encode: {c['latent_cache_encode']})"))
     mem = plan.memory
-    if mem.gpu_gib is not None:
+    if mem.gpu_gib is not None and plan.options.task == "train":
         out.append(f"  memory    {'' if mem.fits else 'DOES NOT FIT: '}{mem.detail}")
     out += [f"  note      {n}" for n in plan.notes]
     print("\n".join(out))
@@ -186,7 +209,7 @@ def launch(req: Request) -> int:
     from .run.toolcheck import check_accelerate_yaml, check_deepspeed_config
 
     plan = build_plan(req)
-    if plan.memory.fits is False:
+    if plan.memory.fits is False and plan.options.task == "train":    # a cache job only encodes
         raise ConfigError(NO_FIT + plan.memory.detail)
     run_dir, notes = plan.run_dir, []
     if plan.topology.num_machines > 1 and plan.run_id_source == "timestamp" and plan.options.run_name is None:
@@ -208,7 +231,8 @@ def launch(req: Request) -> int:
     sys.stdout.flush()
     code = edge.run(plan, rendered, run_dir)
     log = run_dir / f"launch{rendered.node_suffix}.log"
-    print(f"taehv-launch: trainer exited with code {code}; run: {run_dir}; log: {log}", flush=True)
+    what = "cache job" if plan.options.task == "cache" else "trainer"
+    print(f"taehv-launch: {what} exited with code {code}; run: {run_dir}; log: {log}", flush=True)
     status = edge.read_status(run_dir, plan.topology.machine_rank) or {}
     if code not in (0, EXIT_RESUMABLE):
         print(f"error: {status.get('message') or 'the trainer failed: see ' + str(log)}", file=sys.stderr)

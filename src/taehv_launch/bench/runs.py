@@ -79,3 +79,37 @@ def trainer_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_ro
     out = json.loads(speed_file.read_text())
     out |= {"what": "ours (real trainer)", "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
     return out
+
+
+def cache_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_root: str, ref_path: str,
+              views: int, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:
+    """Run `taehv-launch cache` on the bench data (a fresh cache) and read its cache_speed.json;
+    returns the row and the cache's path."""
+    import shutil
+
+    run_name = f"cache-{time.strftime('%Y%m%d-%H%M%S')}"
+    cache = workdir / "latent-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    argv = [sys.executable, "-m", "taehv_launch.cli", "cache", gpus, profile, "--views", str(views),
+            "--run-name", run_name, "--set", f"latent_cache={str(cache)!r}",
+            "--set", f"output_dir={str(workdir / 'output')!r}", "--set", f"data_root={data_root!r}",
+            "--set", f"ref_vae_path={ref_path!r}"]
+    for s in sets:
+        argv += ["--set", s]
+    log(f"bench: writing the latent cache: taehv-launch cache {gpus} {profile} --views {views} ...")
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    (workdir / f"{run_name}.log").write_text(proc.stdout)
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stdout.strip().splitlines()[-3:])
+        raise LaunchError(f"the cache job for the comparison failed (exit {proc.returncode}): {tail} "
+                          f"(full log: {workdir / (run_name + '.log')})")
+    speed = json.loads((workdir / "output" / run_name / "cache_speed.json").read_text())
+    manifest = json.loads((cache / "manifest.json").read_text())
+    rate = speed["steady_clips_per_s"] or speed["clips_per_s"]
+    row = {"what": "cache job (encode once)", "detail": f"{manifest['clips']} clips, {views} views/video",
+           "clips_per_s": rate, "peak_allocated_gib": speed["peak_allocated_gib"], "wall_s": time.perf_counter() - t0,
+           "cache_bytes": manifest["bytes"], "bytes_per_clip": manifest["bytes"] / max(1, manifest["clips"]),
+           "not_training": True, **{k: speed[k] for k in ("clips_per_s", "steady_clips_per_s", "seconds")}}
+    row["clips_per_s"] = rate
+    return row, str(cache)

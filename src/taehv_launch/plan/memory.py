@@ -59,6 +59,11 @@ def predict_gib(micro: int, n_frames: int, height: int, width: int, checkpointin
     return TRAINER_OVERHEAD_GIB + max(step, ref) + CUDA_CONTEXT_GIB
 
 
+def runs_reference_encode(cfg: dict) -> bool:
+    """Whether training runs the reference encode on the GPU (not when it reads a latent cache only)."""
+    return bool(cfg["use_ref_vae"]) and not (cfg.get("latent_cache") and cfg.get("latent_cache_encode") == "never")
+
+
 def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
     """`gpu`: GiB of one GPU (the profile record's gpu_gib); None where GPU memory does not apply."""
     if gpu is None:
@@ -66,7 +71,7 @@ def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
 
     def need(micro: int) -> float:
         return predict_gib(micro, cfg["n_frames"], cfg["height"], cfg["width"], cfg["gradient_checkpointing"],
-                           cfg["ref_vae_type"], cfg["ref_vae_chunk_size"], cfg["use_ref_vae"])
+                           cfg["ref_vae_type"], cfg["ref_vae_chunk_size"], runs_reference_encode(cfg))
 
     micro, budget = cfg["micro_batch_size"], gpu * HEADROOM
     peak = need(micro)

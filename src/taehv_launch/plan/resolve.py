@@ -40,6 +40,7 @@ class Options:
     debug: bool = False
     profile_run: bool = False     # --profile (torch.profiler); named so it is not the hardware profile
     run_name: str | None = None
+    task: str = "train"           # "train", or "cache": write the latent cache (taehv-launch cache)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +135,7 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
          f"need 1 <= min_frame_delta ({c['min_frame_delta']}) <= max_frame_delta ({c['max_frame_delta']})")
     for k in ("micro_batch_size", "gradient_accumulation_steps", "max_train_steps", "checkpointing_steps",
               "validation_steps", "log_every", "checkpoints_total_limit", "validation_batch_size",
-              "ref_vae_chunk_size", "nccl_timeout", "latent_channels"):
+              "ref_vae_chunk_size", "nccl_timeout", "latent_channels", "cache_views", "cache_shard_size"):
         need(c[k] >= 1, f"{k}={c[k]} must be at least 1")
     for k in ("dataloader_num_workers", "lr_warmup_steps", "max_validation_batches", "num_sample_clips"):
         need(c[k] >= 0, f"{k}={c[k]} must not be negative")
@@ -148,6 +149,9 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
          "ref_latent_mean and ref_latent_std must have the same length (one value per latent channel)")
     if profile.device == "cpu":
         need(c["mixed_precision"] in ("no", "bf16"), "mixed_precision=fp16 is not supported on the cpu profile")
+    if c["latent_cache"] and not c["use_ref_vae"]:
+        raise ConfigError("latent_cache holds reference latents but use_ref_vae=False trains without them: "
+                          "drop one of the two")
     if not c["use_ref_vae"] and c["encoder_loss_weight"] > 0:
         raise ConfigError("use_ref_vae=False leaves the encoder without a target: "
                           "set --set encoder_loss_weight=0 or keep use_ref_vae=True")

@@ -50,6 +50,17 @@ KEYS: dict[str, Key] = {
     "ref_vae_chunk_size": Key(1, int, "samples per reference encode call (memory/speed trade-off)"),
     "ref_latent_mean": Key((), tuple, "optional per-channel mean subtracted from reference latents"),
     "ref_latent_std": Key((), tuple, "optional per-channel std dividing reference latents"),
+    # --- latent cache (taehv-launch cache) ----------------------------------------------
+    "latent_cache": Key("", str, "folder of a latent cache: `taehv-launch cache` writes it, training reads its views' "
+                                 "reference latents instead of running the reference VAE"),
+    "latent_cache_encode": Key("never", str, "with latent_cache, what the reference VAE encodes online: never (it is "
+                                             "not loaded; unusable views are skipped), missing (views whose latents are "
+                                             "missing or damaged, and videos the cache lacks), always (every view: "
+                                             "checks a cache)", ("never", "missing", "always")),
+    "latent_cache_dtype": Key("bfloat16", str, "dtype of the latents `taehv-launch cache` stores",
+                              ("bfloat16", "float16", "float32")),
+    "cache_views": Key(4, int, "views per video that `taehv-launch cache` encodes (a view: fixed frames, crop, flip)"),
+    "cache_shard_size": Key(64, int, "clips per cache shard file (a shard is written whole, or not at all)"),
     # --- model ------------------------------------------------------------------------
     "pretrained_model_path": Key("", str, "TAEHV weights to start from (.pth or .safetensors); empty = from scratch"),
     "patch_size": Key(1, int, "TAEHV pixel-shuffle patch size"),

@@ -229,7 +229,9 @@ def check_data(plan: Plan, quick: bool) -> list[Check]:
 # ---------------------------------------------------------------- models
 def check_models(plan: Plan, quick: bool) -> list[Check]:
     c, out = plan.config, []
-    if c["use_ref_vae"]:
+    if c["latent_cache"] and c["latent_cache_encode"] == "never":   # settle() checked the cache's manifest
+        out.append(Check("reference VAE", PASS, f"not loaded: the latent cache {c['latent_cache']} holds its latents"))
+    elif c["use_ref_vae"]:
         if not c["ref_vae_path"]:
             out.append(Check("reference VAE", FAIL, "ref_vae_path is not set", "--set ref_vae_path=/path/to/vae"))
         elif demo := _demo_asset(plan, 1):

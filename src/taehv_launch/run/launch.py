@@ -69,7 +69,7 @@ def prepare_run_dir(plan: Plan, run_dir: Path) -> None:
     if free < MIN_FREE_BYTES:
         raise LaunchError(f"only {free / 2**30:.1f} GiB free under {run_dir}: checkpoints need more; "
                           f"free space or choose another --set output_dir")
-    if plan.topology.machine_rank == 0:
+    if plan.topology.machine_rank == 0 and plan.options.task == "train":   # `latest` is the newest training run
         point_latest(output_dir, run_dir)
 
 

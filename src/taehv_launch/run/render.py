@@ -166,6 +166,8 @@ def render(plan: Plan, run_dir: Path, env: Mapping[str, str] | None = None,
     argv = [accelerate_bin or _accelerate_bin(), "launch", "--config_file", str(run_dir / "accelerate.yaml"),
             "--machine_rank", str(topo.machine_rank), str(TRAINER_SCRIPT),
             "--config", str(run_dir / "config.py"), "--run-dir", str(run_dir)]
+    if plan.options.task != "train":
+        argv += ["--task", plan.options.task]
     if plan.options.resume:
         argv += ["--resume", plan.options.resume]
     if plan.options.debug:

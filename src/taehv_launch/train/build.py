@@ -91,6 +91,10 @@ class ShardedInfiniteSampler(Sampler[int]):
 
 
 def build_datasets(cfg: Config, accelerator, log):
+    if cfg.latent_cache:
+        from .cached import build_cached_datasets
+
+        return build_cached_datasets(cfg, accelerator, log)
     from .data import VideoClipDataset, probe_first_usable, usable_entries
     from .index import build_index, split_train_val
 
@@ -121,6 +125,8 @@ def build_datasets(cfg: Config, accelerator, log):
 def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
     from .data import collate, worker_init_fn
 
+    if cfg.latent_cache:
+        from .cached import collate_cached as collate
     workers = cfg.dataloader_num_workers
     extra = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True) if workers > 0 else {}
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
@@ -128,8 +134,8 @@ def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
 
 
 def load_reference(cfg: Config, device: torch.device):
-    if not cfg.use_ref_vae:
-        return None
+    if not cfg.use_ref_vae or (cfg.latent_cache and cfg.latent_cache_encode == "never"):
+        return None     # a latent cache holds the reference latents: the VAE is not loaded
     from .refvae import load_reference_vae
 
     dtype = getattr(torch, cfg.ref_vae_dtype)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import cv2
 import numpy as np
@@ -117,6 +117,36 @@ def _apply_crop(frame: np.ndarray, crop: Crop, height: int, width: int) -> np.nd
     return np.ascontiguousarray(out)
 
 
+@dataclass(frozen=True)
+class View:
+    """How one clip was cut from a video: the frame indices (in clip order), the crop, and whether
+    the decoder may seek (False for files whose header frame count was unusable)."""
+
+    frames: tuple[int, ...]
+    crop: Crop
+    seek: bool = True
+
+
+def render_clip(frames: Sequence[np.ndarray], crop: Crop, height: int, width: int) -> torch.Tensor:
+    """Decoded BGR frames -> the uint8 TCHW RGB clip of `crop`, resized to height x width."""
+    src_h, src_w = frames[0].shape[:2]
+    out = np.stack([_apply_crop(_to_rgb(_same_size(f, src_h, src_w)), crop, height, width) for f in frames])
+    clip = torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
+    assert clip.shape == (len(frames), 3, height, width) and clip.dtype == torch.uint8, clip.shape
+    return clip
+
+
+def read_view(path: str, view: View, height: int, width: int) -> torch.Tensor | None:
+    """The clip a recorded View describes, decoded again from the file; None if it cannot be read."""
+    decoded, _ = _decode_path(path, sorted(set(view.frames)), view.seek)
+    if decoded is None or any(k not in decoded for k in view.frames):
+        return None
+    frames = [decoded[k] for k in view.frames]
+    if min(frames[0].shape[:2]) < MIN_SIDE:
+        return None
+    return render_clip(frames, view.crop, height, width)
+
+
 # --- the dataset ------------------------------------------------------------------------
 
 class VideoClipDataset(Dataset):
@@ -167,7 +197,7 @@ class VideoClipDataset(Dataset):
         skipped: list[str] = []
         for video in self._candidates(int(i)):
             path = self.entries[video].path
-            clip = None if path in self._broken else self._clip(video, int(i))
+            clip = self.clip(video, int(i))
             if clip is not None:
                 return {"frames": clip, "skipped": skipped}
             skipped.append(path)
@@ -188,39 +218,48 @@ class VideoClipDataset(Dataset):
                 if video != first:
                     yield int(video)
 
-    def _clip(self, video: int, i: int) -> torch.Tensor | None:
-        """uint8 TCHW RGB clip of one video, or None (and the file marked broken)."""
+    def clip(self, video: int, i: int) -> torch.Tensor | None:
+        """Item i's clip of one video (uint8 TCHW RGB), or None: the file is broken (and marked so)."""
         path = self.entries[video].path
-        frames, why = self._read(path, video, i)
+        if path in self._broken:
+            return None
+        got = self.make_view(path, (lambda stream: self._rng(i, video, stream)) if self.train else None)
+        if isinstance(got, str):
+            return self._mark_broken(path, got)
+        return got[0]
+
+    def make_view(self, path: str, rng: Callable[[int], np.random.Generator] | None) -> tuple[torch.Tensor, View] | str:
+        """A clip of `path` and the View it was cut by, or why the file is unusable.
+
+        rng(stream) gives the generator of one random stream (0: frames, 1: crop); None = the
+        centre clip at stride 1 (validation). The latent cache records the View and replays it."""
+        frames, wanted, seek, why = self._read(path, rng)
         if frames is None:
-            return self._mark_broken(path, why)
+            return why
         src_h, src_w = frames[0].shape[:2]
         if min(src_h, src_w) < MIN_SIDE:
-            return self._mark_broken(path, f"{src_w}x{src_h} pixels, smaller than {MIN_SIDE}")
-        rng = self._rng(i, video, 1) if self.train else None
-        crop = plan_crop(rng, src_h, src_w, self.height, self.width, self.random_flip, self.random_downscale)
-        out = np.stack([_apply_crop(_to_rgb(_same_size(f, src_h, src_w)), crop, self.height, self.width)
-                        for f in frames])
-        clip = torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
-        assert clip.shape == (self.n_frames, 3, self.height, self.width) and clip.dtype == torch.uint8, clip.shape
-        return clip
+            return f"{src_w}x{src_h} pixels, smaller than {MIN_SIDE}"
+        crop = plan_crop(rng(1) if rng else None, src_h, src_w, self.height, self.width, self.random_flip,
+                         self.random_downscale)
+        return render_clip(frames, crop, self.height, self.width), View(tuple(wanted), crop, seek)
 
-    def _read(self, path: str, video: int, i: int) -> tuple[list[np.ndarray] | None, str]:
-        """The clip's BGR frames, or (None, why). Trusts the header count until the file ends early."""
+    def _read(self, path: str, rng) -> tuple[list[np.ndarray] | None, list[int], bool, str]:
+        """The clip's BGR frames, their indices and whether seeking was allowed, or (None, [], _, why).
+        Trusts the header count until the file ends early."""
         length = self._length_hint(path)
         seek = path not in self._lengths  # no plausible header count: seeking is unreliable too
         if length == 0:
-            return None, "cannot be opened or has no frames"
+            return None, [], seek, "cannot be opened or has no frames"
         for _ in range(2):  # second pass only when the header count was too large
-            rng = self._rng(i, video, 0) if self.train else None
-            wanted = plan_frames(rng, length, self.n_frames, self.min_frame_delta, self.max_frame_delta)
+            wanted = plan_frames(rng(0) if rng else None, length, self.n_frames, self.min_frame_delta,
+                                 self.max_frame_delta)
             decoded, real_length = _decode_path(path, sorted(set(wanted)), seek)
             if decoded is not None:
-                return [decoded[k] for k in wanted], ""
+                return [decoded[k] for k in wanted], wanted, seek, ""
             if real_length <= 0 or real_length >= length:
                 break
             length = real_length
-        return None, "cannot be decoded"
+        return None, [], seek, "cannot be decoded"
 
     def _length_hint(self, path: str) -> int:
         """The header's frame count if plausible, else the counted one (cached); 0 = unusable."""

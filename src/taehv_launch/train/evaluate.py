@@ -24,9 +24,13 @@ def evaluate(ema: torch.nn.Module, ref, val_ds, cfg: Config, device: torch.devic
     family = get_family(cfg.ref_vae_type)
     for b in range(n_batches):
         idx = (b * world + rank) % len(val_ds)
-        frames = val_ds[idx]["frames"][None].to(device).float().div_(255.0)
-        with eager_reference(ref):    # batch 1: no compile for a shape used only here
-            latents = ref.encode(frames) if ref is not None else ema.encode_video(frames)
+        item = val_ds[idx]
+        frames = item["frames"][None].to(device).float().div_(255.0)
+        if item.get("latents") is not None:      # a latent cache's validation clip
+            latents = item["latents"][None].to(device)
+        else:
+            with eager_reference(ref):    # batch 1: no compile for a shape used only here
+                latents = ref.encode(frames) if ref is not None else ema.encode_video(frames)
         dec = ema.decode_video(latents.float(), trim=family.trims(latents.shape[1]), clamp=True)
         target = decoder_targets(frames, dec)
         sums += torch.tensor([psnr(dec, target), ssim(dec, target), 1.0], device=device, dtype=torch.float64)

@@ -57,7 +57,7 @@ def build_index(
     used; probe_frame_counts=True also opens each file to read the container's frame count
     (a hint; the dataset reads it anyway when it opens a file, so it is off by default).
     """
-    root = _check_root(data_root, annotation_file)
+    root = check_root(data_root, annotation_file)
     key = _index_key(root, annotation_file, probe_frame_counts)
     if not cache_dir:
         return _make_index(root, annotation_file, probe_frame_counts)
@@ -75,7 +75,7 @@ def build_index(
     return index
 
 
-def _check_root(data_root: str, annotation_file: str) -> str:
+def check_root(data_root: str, annotation_file: str) -> str:
     """The absolute data root; relative annotation paths are joined to it (or to the file's folder)."""
     if annotation_file and not os.path.isfile(annotation_file):
         raise DataError(f"annotation_file {annotation_file} not found: fix the path, or set "

@@ -35,7 +35,7 @@ from .seraena import seraena_crop
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, enable_compile_cache
 from .status import node_rank, write_status
 from .stop import StopFlag
-from .timing import PhaseTimer, SpeedLog
+from .timing import PhaseTimer, SpeedLog, hms
 from .watchdog import Watchdog, abort_job, stop_message
 
 
@@ -150,8 +150,11 @@ class Trainer:
         cfg, t = self.cfg, self.timer
         with t("data (to device)"):
             frames = batch["frames"].to(self.device, non_blocking=True).float().div_(255.0)
+            latents = batch.get("latents")           # a latent cache's stored latents (zeros where online)
+            latents = latents.to(self.device, non_blocking=True).float() if latents is not None else None
         with t("reference VAE encode"):
-            latents = self.ref.encode(frames) if self.ref is not None else None
+            latents = self.reference_latents(frames, latents, batch.get("online"))
+        distilling = latents is not None
         with self.acc.accumulate(self.model):
             with t("TAEHV forward"), self.acc.autocast():
                 enc, dec = self.model(frames, latents)
@@ -160,7 +163,7 @@ class Trainer:
             dec = dec.float()
             target = decoder_targets(frames, dec)
             rec_loss = F.mse_loss(dec, target)
-            enc_loss = F.mse_loss(enc.float(), latents) if (enc is not None and self.ref is not None) else dec.new_zeros(())
+            enc_loss = F.mse_loss(enc.float(), latents) if (enc is not None and distilling) else dec.new_zeros(())
             if not self.all_finite(rec_loss, enc_loss):
                 uncount_micro_batch(self.acc)     # this micro-batch does not count towards accumulation
                 return None
@@ -180,6 +183,17 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss.detach(), "reconstruction_loss": rec_loss.detach(), "encoder_loss": enc_loss.detach(),
                 "seraena_loss": ser_loss.detach(), "disc_loss": disc_loss, "psnr": psnr_t(dec, target)}
+
+    def reference_latents(self, frames: torch.Tensor, stored: torch.Tensor | None,
+                          online: list[bool] | None) -> torch.Tensor | None:
+        """The reference latents of a micro-batch: the latent cache's, with the items it could not give
+        (`online`) encoded here; all encoded here without a cache; None without a reference VAE."""
+        if stored is None:
+            return self.ref.encode(frames) if self.ref is not None else None
+        if self.ref is not None and online is not None and any(online):
+            rows = [k for k, o in enumerate(online) if o]
+            stored[rows] = self.ref.encode(frames[rows])
+        return stored
 
     def note_skipped(self, paths: list[str]) -> None:
         for p in paths:
@@ -301,7 +315,7 @@ class Trainer:
         self.log(f"step {step}/{total} | loss {means.get('loss', float('nan')):.4f} | rec "
                  f"{means.get('reconstruction_loss', float('nan')):.4f} | enc {means.get('encoder_loss', float('nan')):.4f}"
                  f" | seraena {means.get('seraena_loss', 0):.4f} | psnr {means.get('psnr', float('nan')):.2f} dB | "
-                 f"lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | ETA {_hms(eta)}")
+                 f"lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | ETA {hms(eta)}")
         return means
 
     # ------------------------------------------------------------------ validation, checkpoints
@@ -357,11 +371,6 @@ class Trainer:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def _hms(seconds: float) -> str:
-    s = int(max(0, seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def train(cfg: Config, run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:

@@ -23,11 +23,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", default=None, help="a complete checkpoint-<step> folder")
     p.add_argument("--debug", action="store_true")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--task", choices=("train", "cache"), default="train",
+                   help="train (default), or write the latent cache (taehv-launch cache)")
     return p.parse_args(argv)
-
-
-
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,10 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from taehv_launch.plan.configfile import read_rendered_config
         from taehv_launch.plan.schema import make_config
-        from taehv_launch.train.loop import train
-
         cfg = make_config(read_rendered_config(args.config))
-        code, message = train(cfg, run_dir, args.resume, args.debug, args.profile), "ok"
+        if args.task == "cache":
+            from taehv_launch.train.cachejob import run_cache_job
+
+            code, message = run_cache_job(cfg, run_dir, args.debug), "ok"
+        else:
+            from taehv_launch.train.loop import train
+
+            code, message = train(cfg, run_dir, args.resume, args.debug, args.profile), "ok"
     except UserError as err:
         code, message = err.exit_code, str(err)
         print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)

@@ -103,6 +103,14 @@ def _from_pretrained(kind: str, path: str, subfolder: str | None, dtype: torch.d
     return model
 
 
+def weight_files(path: str) -> list[str]:
+    """config.json and the weight files of a reference VAE folder, sorted (what its latents depend on)."""
+    folder, _ = _model_dir(path)
+    names = sorted(n for n in os.listdir(folder)
+                   if n == "config.json" or (n.startswith("diffusion_pytorch_model") and n.endswith((".safetensors", ".bin", ".json"))))
+    return [os.path.join(folder, n) for n in names]
+
+
 def _first_sentence(err: Exception) -> str:
     """diffusers' errors run on with advice we do not want (random re-initialisation): keep the start."""
     text = " ".join(str(err).split()) or type(err).__name__

@@ -62,7 +62,7 @@ class Prefetcher:
 
     The copy of batch k+1 is issued on a side stream as soon as batch k is handed out, so it
     overlaps with step k; the consumer's stream waits for it before use. On CPU it is a
-    plain iterator. Each batch's frames arrive as uint8 NTCHW on `device`."""
+    plain iterator. Each batch's frames (uint8 NTCHW) and cached latents arrive on `device`."""
 
     def __init__(self, loader, device: torch.device):
         self.it, self.device = iter(loader), device
@@ -74,8 +74,9 @@ class Prefetcher:
         if self.stream is None:
             return batch
         with torch.cuda.stream(self.stream):
-            batch = dict(batch, frames=batch["frames"].to(self.device, non_blocking=True))
-        return batch
+            moved = {k: batch[k].to(self.device, non_blocking=True) for k in ("frames", "latents")
+                     if isinstance(batch.get(k), torch.Tensor)}
+        return {**batch, **moved}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self
@@ -84,7 +85,9 @@ class Prefetcher:
         batch = self.next
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
-            batch["frames"].record_stream(torch.cuda.current_stream(self.device))
+            for k in ("frames", "latents"):
+                if isinstance(batch.get(k), torch.Tensor):
+                    batch[k].record_stream(torch.cuda.current_stream(self.device))
         self.next = self._load()
         return batch
 

@@ -120,3 +120,9 @@ class SpeedLog:
         if self.main:
             (self.run_dir / "speed.json").write_text(json.dumps(out, indent=2))
         return out
+
+
+def hms(seconds: float) -> str:
+    """Seconds as H:MM:SS (for ETAs)."""
+    s = int(max(0, seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

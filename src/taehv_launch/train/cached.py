@@ -1,0 +1,203 @@
+"""Training from a latent cache (`--set latent_cache=PATH`): every item is one cached view.
+
+The view's frames are decoded again from the video (they are the decoder's target: the cache holds
+latents only) and its reference latents are read from the shard, checked against their CRC-32.
+What cannot be used is skipped and reported like a broken video: a video that is gone, changed
+since it was cached or undecodable, a shard that is missing or damaged. With
+latent_cache_encode="missing" such views (and videos the cache does not have) are encoded online
+instead; with "always" every view is (the stored latents are not read).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import DataError
+from ..plan.schema import Config
+from . import latentcache as lc
+from .data import Crop, View, VideoClipDataset, read_view
+
+log = logging.getLogger(__name__)
+OPEN_SHARDS = 32          # safetensors handles kept open per worker
+
+
+class CachedViewDataset(Dataset):
+    """Item i -> {"frames": uint8 TCHW, "latents": stored latents TCHW (float32) or None, "online": whether
+    the reference VAE must encode this item, "skipped": what was skipped}. Views are (shard, record)
+    pairs; `extra` (latent_cache_encode="missing") adds fresh random clips of videos the cache lacks."""
+
+    def __init__(self, cache: Path, views: Sequence[tuple[str, dict[str, Any]]], data_root: str, height: int,
+                 width: int, seed: int, *, read_latents: bool, online_fallback: bool,
+                 extra: VideoClipDataset | None = None):
+        if not views and extra is None:
+            raise DataError(f"the latent cache {cache} has no usable views: write it again with taehv-launch cache")
+        self.cache, self.views, self.data_root = cache, list(views), data_root
+        self.height, self.width, self.seed = height, width, seed
+        self.read_latents, self.online_fallback, self.extra = read_latents, online_fallback, extra
+        self._broken: dict[str, str] = {}              # video path or shard label -> why (per worker)
+        self._handles: OrderedDict[str, Any] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.views) + (len(self.extra) if self.extra is not None else 0)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        skipped: list[str] = []
+        for j in self._candidates(int(i)):
+            item, label = self._item(j, int(i))
+            if item is not None:
+                item["skipped"] = skipped
+                return item
+            skipped.append(label)
+        raise DataError(f"no usable view in the latent cache {self.cache}: every video is gone, changed or "
+                        f"unreadable, or every shard is damaged (e.g. {skipped[0]}): check data_root and the cache")
+
+    def _candidates(self, i: int) -> Iterable[int]:
+        n = len(self)
+        first = i % n
+        yield first
+        if n > 1:
+            for j in np.random.default_rng([self.seed % 2**63, i, 2]).permutation(n):
+                if j != first:
+                    yield int(j)
+
+    def _item(self, j: int, i: int) -> tuple[dict[str, Any] | None, str]:
+        if j >= len(self.views):                       # a video the cache does not have: a fresh clip
+            video = j - len(self.views)
+            path = self.extra.entries[video].path
+            clip = self.extra.clip(video, i)
+            return ({"frames": clip, "latents": None, "online": True} if clip is not None else None), path
+        shard, rec = self.views[j]
+        path = os.path.join(self.data_root, rec["video"])
+        if path in self._broken:
+            return None, path
+        frames = self._frames(path, rec)
+        if frames is None:
+            return None, path
+        if not self.read_latents:
+            return {"frames": frames, "latents": None, "online": True}, ""
+        label = f"latent cache shard {shard}"
+        latents = None if label in self._broken else self._latents(shard, rec, label)
+        if latents is None:
+            return ({"frames": frames, "latents": None, "online": True}, "") if self.online_fallback else (None, label)
+        return {"frames": frames, "latents": latents, "online": False}, ""
+
+    def _frames(self, path: str, rec: dict[str, Any]) -> torch.Tensor | None:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return self._mark(path, "is gone")
+        if size != rec["bytes"]:
+            return self._mark(path, f"changed since it was cached ({rec['bytes']} bytes then, {size} now)")
+        view = View(tuple(rec["frames"]), Crop(*rec["crop"]), rec["seek"])
+        clip = read_view(path, view, self.height, self.width)
+        return clip if clip is not None else self._mark(path, "cannot be decoded")
+
+    def _latents(self, shard: str, rec: dict[str, Any], label: str) -> torch.Tensor | None:
+        try:
+            handle = self._open(shard)
+            row = handle.get_slice("latents")[rec["row"]: rec["row"] + 1][0]
+        except Exception as err:     # safetensors raises its own error types for a damaged file
+            return self._mark(label, f"cannot be read ({type(err).__name__})")
+        if lc.row_crc(row) != rec["crc32"]:
+            return self._mark(label, f"is damaged (CRC-32 mismatch in {rec['video']} view {rec['view']})")
+        return row.float()
+
+    def _open(self, shard: str):
+        from safetensors import safe_open
+
+        if shard in self._handles:
+            self._handles.move_to_end(shard)
+            return self._handles[shard]
+        handle = safe_open(str(self.cache / lc.SHARDS / f"{shard}.safetensors"), framework="pt")
+        self._handles[shard] = handle
+        if len(self._handles) > OPEN_SHARDS:
+            self._handles.popitem(last=False)
+        return handle
+
+    def _mark(self, what: str, why: str) -> None:
+        if what not in self._broken:
+            log.warning("latent cache: skipping %s: %s", what, why)
+        self._broken[what] = why
+        return None
+
+    def __getstate__(self) -> dict[str, Any]:      # open file handles stay in the process that opened them
+        return {**self.__dict__, "_handles": OrderedDict()}
+
+
+def collate_cached(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """frames uint8 NTCHW; latents float32 NTCHW with zeros where `online` (None when no item has any)."""
+    frames = torch.stack([it["frames"] for it in batch])
+    stored = [it["latents"] for it in batch if it["latents"] is not None]
+    latents = None
+    if stored:
+        latents = torch.stack([it["latents"] if it["latents"] is not None else torch.zeros_like(stored[0])
+                               for it in batch])
+    return {"frames": frames, "latents": latents, "online": [it["online"] for it in batch],
+            "skipped": [p for it in batch for p in it["skipped"]]}
+
+
+def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedViewDataset, CachedViewDataset]:
+    """The training and validation sets of a latent cache, checked against this run's config."""
+    from .index import check_root
+
+    cache = Path(cfg.latent_cache).expanduser().resolve()
+    manifest = lc.read_manifest(cfg.latent_cache)
+    weights = None
+    if cfg.ref_vae_path and os.path.isdir(cfg.ref_vae_path):
+        weights = lc.weights_digest(cfg.ref_vae_path)
+    lc.check_fingerprint(manifest["fingerprint"], cfg, weights, str(cache))
+    data_root = check_root(cfg.data_root, cfg.annotation_file)
+    train, val, bad = [], [], []
+    for shard in manifest["shards"]:
+        name = shard["name"]
+        try:
+            index = lc.read_index(cache, name)
+            if index["bytes"] != shard["bytes"] or index["crc32"] != shard["crc32"]:
+                raise DataError(f"shard {name} is not the one the manifest lists")
+        except DataError as err:
+            bad.append((name, shard["clips"], str(err)))
+            continue
+        (val if name.startswith("val") else train).extend((name, rec) for rec in index["views"] if "row" in rec)
+    mode = cfg.latent_cache_encode
+    extra = _videos_not_cached(cfg, accelerator, data_root, {r["video"] for _, r in train + val}) \
+        if mode == "missing" else None
+    common = dict(data_root=data_root, height=cfg.height, width=cfg.width, seed=cfg.seed,
+                  read_latents=mode != "always", online_fallback=mode == "missing")
+    train_ds = CachedViewDataset(cache, train, extra=extra, **common)
+    val_ds = CachedViewDataset(cache, val or train[:1], **common)
+    videos = len({r["video"] for _, r in train})
+    log_line(f"data: latent cache {cache}: {len(train)} views of {videos} videos, {len(val)} validation clips "
+             f"(reference encode: {mode})" + (f"; {len(extra)} videos not in the cache are encoded online"
+                                               if extra is not None else ""))
+    if manifest.get("skipped_views"):
+        log_line(f"data: the cache job skipped {manifest['skipped_views']} views of unusable videos")
+    if bad:
+        lost = sum(n for _, n, _ in bad)
+        log_line(f"data: {len(bad)} of {len(manifest['shards'])} cache shards are missing or damaged (e.g. "
+                 f"{bad[0][2]}): their {lost} views are left out; run the same `taehv-launch cache` command "
+                 f"to rewrite them")
+    return train_ds, val_ds
+
+
+def _videos_not_cached(cfg: Config, accelerator, data_root: str, cached: set[str]) -> VideoClipDataset | None:
+    from .index import build_index
+
+    index_dir = Path(cfg.index_cache_dir or Path(cfg.output_dir).expanduser() / ".index")
+    if accelerator.is_main_process:
+        entries = build_index(cfg.data_root, cfg.annotation_file, str(index_dir))
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        entries = build_index(cfg.data_root, cfg.annotation_file, str(index_dir))
+    missing = [e for e in entries if lc.relative(e.path, data_root) not in cached]
+    if not missing:
+        return None
+    return VideoClipDataset(missing, cfg.height, cfg.width, cfg.n_frames, cfg.min_frame_delta, cfg.max_frame_delta,
+                            cfg.random_flip, cfg.seed, train=True)

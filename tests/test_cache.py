@@ -1,0 +1,187 @@
+"""The latent cache: `taehv-launch cache` (a real accelerate launch on real, partly broken videos) and
+training from it. Slow cases (equal losses, kill + resume, 2 ranks) are in test_cache_runs.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import assert_one_line_error, clean_env, run_cli, run_cli_here
+from conftest import testdata_videos as shared_videos
+from taehv_launch.errors import ConfigError
+from taehv_launch.plan.schema import DEFAULTS, make_config
+from taehv_launch.train import latentcache as lc
+
+CACHE_SETS = ["--set", "dataloader_num_workers=2", "--set", "cache_shard_size=4", "--set", "micro_batch_size=2",
+              "--set", "validation_fraction=0.2"]
+
+
+def cache_job(tmp: Path, out: Path, *args: str, gpus: int = 1, env=None, timeout: float = 600):
+    env = env or clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
+    argv = ["cache", str(gpus), "cpu", "--run-name", f"job-{out.name}", "--set", f"latent_cache={str(out)!r}",
+            "--set", f"output_dir={str(tmp / 'output')!r}", "--set", f"data_root={str(shared_videos())!r}",
+            *CACHE_SETS, *args]
+    return run_cli(*argv, env=env, cwd=tmp, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """A 2-view cache of ../shared/testdata/videos (broken files included), written by the real job."""
+    tmp = tmp_path_factory.mktemp("cache")
+    out = tmp / "lc"
+    proc = cache_job(tmp, out, "--views", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def cfg_for(cache: Path, **over):
+    values = {**DEFAULTS, "height": 64, "width": 64, "ref_vae_dtype": "float32", "latent_channels": 4,
+              "micro_batch_size": 2, "latent_cache": str(cache), "data_root": str(shared_videos()), **over}
+    return make_config(values)
+
+
+# --- the format -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_shards_cover_the_work_once_whatever_the_world_size(world):
+    shards = lc.shard_plan(23, 4, "train")
+    assert [len(p) for _, p in shards] == [4, 4, 4, 4, 4, 3]
+    mine = [lc.rank_share(shards, r, world) for r in range(world)]
+    names = [n for share in mine for n, _ in share]
+    assert sorted(names) == sorted(n for n, _ in shards) and len(names) == len(set(names))
+    items = sorted(i for share in mine for _, part in share for i in part)
+    assert items == list(range(23))
+
+
+def test_a_shard_is_complete_only_with_its_index_and_the_right_size(tmp_path):
+    latents = torch.randn(2, 3, 4, 2, 2).to(torch.bfloat16)
+    views = [{"video": "a.mp4", "view": 0, "row": 0}, {"video": "b.mp4", "view": 0, "skipped": "broken"},
+             {"video": "c.mp4", "view": 1, "row": 1}]
+    rec = lc.write_shard(tmp_path, "train-000000", latents, views)
+    assert (rec.clips, rec.skipped) == (2, 1) and lc.is_complete(tmp_path, "train-000000")
+    index = lc.read_index(tmp_path, "train-000000")
+    assert [v.get("crc32") is not None for v in index["views"]] == [True, False, True]
+    assert not list(tmp_path.rglob("*.tmp"))                   # the atomic writes left nothing behind
+    with open(tmp_path / "shards" / "train-000000.safetensors", "ab") as f:
+        f.write(b"x")                                           # size no longer what the index says
+    assert not lc.is_complete(tmp_path, "train-000000")
+    (tmp_path / "shards" / "train-000000.json").unlink()
+    assert not lc.is_complete(tmp_path, "train-000000")
+
+
+def test_a_fingerprint_mismatch_names_the_field():
+    cfg = make_config({**DEFAULTS, "latent_channels": 4})
+    fp = lc.fingerprint(cfg, "w1")
+    lc.check_fingerprint(fp, cfg, "w1", "C")
+    for key, value in [("height", 256), ("n_frames", 24), ("ref_vae_type", "wan"), ("max_frame_delta", 3)]:
+        with pytest.raises(ConfigError, match=f"{key}="):
+            lc.check_fingerprint(fp, make_config({**DEFAULTS, "latent_channels": 4, key: value}), "w1", "C")
+    with pytest.raises(ConfigError, match="weights differ"):
+        lc.check_fingerprint(fp, cfg, "w2", "C")
+
+
+def test_an_unfinished_or_missing_cache_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="no such folder"):
+        lc.read_manifest(str(tmp_path / "nope"))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / lc.JOB).write_text("{}")
+    with pytest.raises(ConfigError, match="did not finish: run the same `taehv-launch cache` command again"):
+        lc.read_manifest(str(tmp_path / "c"))
+
+
+def test_cache_command_bad_inputs(tmp_path):
+    assert_one_line_error(run_cli_here("cache", "1", "cpu", cwd=tmp_path), "needs --set latent_cache=DIR")
+    assert_one_line_error(run_cli_here("cache", "1", "cpu", "--views", "0", "--set", "latent_cache='x'",
+                                       cwd=tmp_path), "--views must be at least 1")
+    proc = run_cli_here("cache", "2", "cpu", "--views", "3", "--set", "latent_cache='x'", "--dry-run", "--json",
+                        cwd=tmp_path)
+    plan = json.loads(proc.stdout)
+    assert plan["command"][-2:] == ["--task", "cache"] and plan["config"]["cache_views"] == 3
+    assert Path(plan["run_dir"]).name.startswith("cache-")
+
+
+# --- a real cache of real files ---------------------------------------------------------
+
+def test_the_job_writes_every_view_once_and_skips_broken_videos(cache):
+    manifest = json.loads((cache / lc.MANIFEST).read_text())
+    job = json.loads((cache / lc.JOB).read_text())
+    views = [(s["name"], v) for s in manifest["shards"] for v in lc.read_index(cache, s["name"])["views"]]
+    train = [(v["video"], v["view"]) for n, v in views if n.startswith("train")]
+    assert len(train) == len(set(train)) == 2 * (manifest["videos"] - len(job["val"]))
+    skipped = {v["video"] for _, v in views if "skipped" in v}
+    assert {"empty.webm", "test_video.mp4"} & skipped       # 0 bytes, 1x1 pixels: unusable
+    assert manifest["skipped_views"] == len([v for _, v in views if "skipped" in v]) > 0
+    assert manifest["clips"] == sum(s["clips"] for s in manifest["shards"])
+    assert manifest["fingerprint"]["latent_dtype"] == "bfloat16"
+
+
+def test_training_reads_the_stored_views_exactly(cache):
+    """The dataset decodes each view's recorded frames and crop again: the clip the job encoded."""
+    from taehv_launch.train.cached import CachedViewDataset
+    from taehv_launch.train.cachejob import ViewDataset
+
+    manifest = json.loads((cache / lc.MANIFEST).read_text())
+    shard = manifest["shards"][0]["name"]
+    records = [(shard, v) for v in lc.read_index(cache, shard)["views"] if "row" in v]
+    cfg = cfg_for(cache)
+    ds = CachedViewDataset(cache, records, str(shared_videos()), 64, 64, 0, read_latents=True,
+                           online_fallback=False)
+    job = ViewDataset([("train", rec["video"], rec["view"]) for _, rec in records], str(shared_videos()), cfg)
+    from safetensors.torch import load_file
+
+    latents = load_file(str(cache / "shards" / f"{shard}.safetensors"))["latents"]
+    for k, (_, rec) in enumerate(records):
+        item = ds[k]
+        assert torch.equal(item["frames"], job[k]["frames"]), rec
+        assert torch.equal(item["latents"], latents[rec["row"]].float()) and not item["online"]
+
+
+def test_a_damaged_shard_is_skipped_and_counted_or_encoded_online(cache, tmp_path):
+    from taehv_launch.train.cached import build_cached_datasets
+
+    copy = tmp_path / "lc"
+    shutil.copytree(cache, copy)
+    manifest = json.loads((copy / lc.MANIFEST).read_text())
+    first = manifest["shards"][0]["name"]
+    data = bytearray((copy / "shards" / f"{first}.safetensors").read_bytes())
+    data[-64:] = bytes(64)                                       # the last view's latents: zeros on disk
+    (copy / "shards" / f"{first}.safetensors").write_bytes(bytes(data))
+    (copy / "shards" / f"{manifest['shards'][1]['name']}.json").unlink()     # a shard without its index
+    acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    lines: list[str] = []
+    train, _ = build_cached_datasets(cfg_for(copy), acc, lines.append)
+    assert any("cache shards are missing or damaged" in ln for ln in lines), lines
+    last = max(k for k, (n, _) in enumerate(train.views) if n == first)
+    item = train[last]
+    assert f"latent cache shard {first}" in item["skipped"]             # skipped, reported like a broken video
+    train_missing, _ = build_cached_datasets(cfg_for(copy, latent_cache_encode="missing"), acc, lines.append)
+    item = train_missing[last]
+    assert item["online"] and item["latents"] is None                   # encoded online instead
+
+
+def test_a_run_that_does_not_match_the_cache_is_refused_before_it_starts(cache, tmp_path):
+    base = ["1", "cpu", "--set", f"latent_cache={str(cache)!r}", "--set", f"data_root={str(shared_videos())!r}",
+            "--dry-run"]
+    proc = run_cli_here(*base, "--set", "height=96", cwd=tmp_path)
+    assert_one_line_error(proc, "does not match this run: it has height=64, this run height=96")
+    proc = run_cli_here(*base, "--set", "max_frame_delta=4", cwd=tmp_path)
+    assert_one_line_error(proc, "max_frame_delta=2, this run max_frame_delta=4")
+    assert run_cli_here(*base, cwd=tmp_path).returncode == 0
+
+
+def test_training_from_the_cache_runs_without_the_reference_vae(cache, tmp_path):
+    from trainrun import launch, ok
+
+    proc, run_dir = launch(tmp_path, 1, "--set", f"latent_cache={str(cache)!r}",
+                           "--set", f"data_root={str(shared_videos())!r}", "--set", "max_train_steps=4",
+                           "--set", "micro_batch_size=2", "--set", "validation_fraction=0.2",
+                           "--set", "dataloader_num_workers=2", "--set", "ref_vae_path='/nonexistent'")
+    ok(proc)
+    out = proc.stdout
+    assert "reference encode: never" in out and "validation at step 4" in out
+    assert "reference VAE is a tiny" not in out      # not loaded: its path does not even exist

@@ -1,0 +1,126 @@
+"""Slow: the latent cache against online training, a killed and a signalled cache job, 2 ranks."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, assert_one_line_error, clean_env
+from test_cache import cache_job
+from trainrun import launch, ok, scalars
+from conftest import testdata_videos as shared_videos
+from taehv_launch.train import latentcache as lc
+
+pytestmark = pytest.mark.slow
+
+
+def train(tmp: Path, name: str, cache: Path, *args: str):
+    proc, run_dir = launch(tmp, 1, "--set", f"latent_cache={str(cache)!r}", "--set",
+                           f"data_root={str(shared_videos())!r}", "--set", "max_train_steps=4",
+                           "--set", "micro_batch_size=2", "--set", "validation_fraction=0.2", "--set", "ref_vae_dtype='float32'",
+                           "--set", "dataloader_num_workers=2", *args, run_name=name)
+    ok(proc)
+    return [v for _, v in sorted(scalars(run_dir)["train/loss"])]
+
+
+def test_training_from_the_cache_equals_online_training_on_the_same_views(tmp_path):
+    f32, bf16 = tmp_path / "f32", tmp_path / "bf16"
+    for out, dtype in ((f32, "float32"), (bf16, "bfloat16")):
+        proc = cache_job(tmp_path, out, "--views", "1", "--set", f"latent_cache_dtype={dtype!r}",
+                         "--set", "ref_vae_dtype='float32'")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cached = train(tmp_path, "cached", f32)
+    online = train(tmp_path, "online", f32, "--set", "latent_cache_encode='always'")
+    rounded = train(tmp_path, "bf16", bf16)
+    assert len(cached) == len(online) == 4
+    for a, b, c in zip(cached, online, rounded):
+        assert abs(a - b) <= 1e-4 * abs(b), (cached, online)          # the same views, the same latents
+        assert abs(c - b) <= 3e-2 * abs(b), (rounded, online)         # bf16 rounding of the stored latents
+
+
+def _start(tmp: Path, out: Path, *args: str) -> subprocess.Popen:
+    env = clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
+    argv = [*CLI, "cache", "1", "cpu", "--run-name", f"job-{out.name}", "--set", f"latent_cache={str(out)!r}",
+            "--set", f"output_dir={str(tmp / 'output')!r}", "--set", f"data_root={str(shared_videos())!r}",
+            "--set", "dataloader_num_workers=2", "--set", "cache_shard_size=2", "--set", "micro_batch_size=2",
+            "--set", "validation_fraction=0.2", "--views", "3", *args]
+    return subprocess.Popen(argv, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_for_shards(out: Path, proc: subprocess.Popen, n: int) -> None:
+    deadline = time.time() + 300
+    while len(list((out / lc.SHARDS).glob("*.json"))) < n:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.05)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the launcher and every process under it (accelerate, the rank, its DataLoader workers)."""
+    import psutil
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for p in procs:
+        p.kill()
+    psutil.wait_procs(procs, timeout=30)
+
+
+def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
+    whole = tmp_path / "whole"
+    proc = _start(tmp_path, whole)
+    assert proc.wait(timeout=600) == 0, proc.communicate()
+    expected = (whole / lc.MANIFEST).read_text()
+    n_shards = len(json.loads(expected)["shards"])
+
+    killed = tmp_path / "killed"                        # SIGKILL to every process: no chance to clean up
+    proc = _start(tmp_path, killed)
+    _wait_for_shards(killed, proc, 2)
+    _kill_tree(proc.pid)
+    proc.wait()
+    done = len(list((killed / lc.SHARDS).glob("*.json")))
+    assert not (killed / lc.MANIFEST).exists() and done < n_shards
+    again = _start(tmp_path, killed)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, (out, err)
+    assert f"{done} of {n_shards} shards already complete" in out
+    assert (killed / lc.MANIFEST).read_text() == expected
+
+    stopped = tmp_path / "stopped"                      # SIGTERM to the launcher: stops between shards, exit 75
+    proc = _start(tmp_path, stopped)
+    _wait_for_shards(stopped, proc, 1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, (out, err)
+    assert "Traceback" not in out + err and "run the same command to continue" in out
+    again = _start(tmp_path, stopped)
+    assert again.wait(timeout=600) == 0
+    assert (stopped / lc.MANIFEST).read_text() == expected
+
+
+def test_two_ranks_share_the_shards_without_overlap_and_write_the_same_cache(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, gpus in ((one, 1), (two, 2)):
+        proc = cache_job(tmp_path, out, "--views", "2", "--debug", gpus=gpus)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        if gpus == 2:
+            written = {r: {ln.split("shard ")[1].split()[0] for ln in proc.stdout.splitlines()
+                           if ln.startswith(f"[rank {r}] cache: shard ")} for r in (0, 1)}
+            assert written[0] and written[1] and not written[0] & written[1], written
+    assert (one / lc.MANIFEST).read_text() == (two / lc.MANIFEST).read_text()
+
+
+def test_a_resumed_job_must_do_the_same_work(tmp_path):
+    out = tmp_path / "lc"
+    assert cache_job(tmp_path, out, "--views", "2").returncode == 0
+    proc = cache_job(tmp_path, out, "--views", "3")
+    assert_one_line_error(proc, "was started with --views 2, this job asks for 3")
+    before = (out / lc.MANIFEST).read_text()
+    proc = cache_job(tmp_path, out, "--views", "2")              # complete: nothing to do, same manifest
+    assert proc.returncode == 0 and "shards already complete" in proc.stdout
+    assert (out / lc.MANIFEST).read_text() == before
