@@ -310,6 +310,23 @@ def test_leftovers_from_an_earlier_launch_are_ignored(tmp_path):
         w0.stop(clean=False)
 
 
+def test_ages_are_measured_on_the_filesystems_clock_not_this_nodes(tmp_path):
+    """A shared filesystem whose clock is 2 minutes behind this node (NFS stamps writes with the
+    server's time): fresh peers are not reported, and a peer 60 s behind our own heartbeat is."""
+    w0, w1 = dog(tmp_path, 0, stale_s=30.0), dog(tmp_path, 1, stale_s=30.0)
+    w0.dir.mkdir(parents=True)
+    w0._beat()
+    w1._beat()
+    fs_now = time.time() - 120
+    os.utime(w0._path(0), (fs_now, fs_now))
+    os.utime(w1._path(1), (fs_now - 2, fs_now - 2))
+    w0.started = fs_now - 5
+    assert w0._any_problem() is None               # 2 s old on the filesystem's clock (122 s on ours)
+    os.utime(w1._path(1), (fs_now - 60, fs_now - 60))
+    w0.started = fs_now - 90
+    assert "stopped responding 60 s ago" in (w0._any_problem() or "")
+
+
 def test_find_dead_peer_waits_for_a_peer_to_say_it_died(tmp_path):
     w0 = dog(tmp_path, 0, stale_s=30.0)                  # not started: the loop's caller asks by itself
     w0.dir.mkdir(parents=True)

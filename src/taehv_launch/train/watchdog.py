@@ -7,6 +7,11 @@ marker (an exception in that rank), makes this rank record why and exit at once.
 already tears down a node whose local worker died; this covers the ranks on the *other*
 nodes, which would otherwise wait in a collective. Needs the run directory on a filesystem
 every node sees (as checkpoints do). A peer that finished cleanly leaves a `.done` marker.
+
+Ages are measured on the filesystem's clock, not this node's: "now" is the modification time of
+this rank's own heartbeat, just rewritten on the same filesystem. A shared filesystem whose server
+clock is off from a node's (NFS stamps writes with the server's time) would otherwise make that
+node see every peer as stale, or never stale.
 """
 
 from __future__ import annotations
@@ -44,12 +49,20 @@ class Watchdog:
         for suffix in ("", ".dead", ".done"):
             self._path(self.rank, suffix).unlink(missing_ok=True)
         self._beat()
+        self.started = self._fs_now()
         self._thread.start()
         return self
 
     def _beat(self) -> None:
         info = {"rank": self.rank, "node": self.node, "host": socket.gethostname(), "pid": os.getpid()}
         write_atomic(self._path(self.rank), json.dumps(info))
+
+    def _fs_now(self) -> float:
+        """The filesystem's time: the mtime of our own heartbeat (rewritten every period_s)."""
+        try:
+            return self._path(self.rank).stat().st_mtime
+        except OSError:
+            return time.time()
 
     def _problem(self, peer: int, now: float) -> str | None:
         if self._path(peer, ".done").exists():
@@ -72,7 +85,7 @@ class Watchdog:
         return None
 
     def _any_problem(self) -> str | None:
-        now = time.time()
+        now = self._fs_now()
         return next((why for peer in range(self.world) if peer != self.rank and (why := self._problem(peer, now))),
                     None)
 
@@ -94,6 +107,10 @@ class Watchdog:
         deadline = time.time() + timeout_s
         while not (why := self._any_problem()) and time.time() < deadline:
             time.sleep(1.0)
+            try:
+                self._beat()          # keeps our own mtime, the filesystem's "now", fresh
+            except OSError:
+                pass
         return why
 
     def mark_dead(self, reason: str) -> None:
