@@ -13,7 +13,7 @@ import torch
 
 from conftest import assert_one_line_error, clean_env, run_cli, run_cli_here
 from conftest import testdata_videos as shared_videos
-from taehv_launch.errors import ConfigError
+from taehv_launch.errors import ConfigError, DataError
 from taehv_launch.plan.schema import DEFAULTS, make_config
 from taehv_launch.train import latentcache as lc
 
@@ -158,7 +158,9 @@ def test_a_damaged_shard_is_skipped_and_counted_or_encoded_online(cache, tmp_pat
     assert any("cache shards are missing or damaged" in ln for ln in lines), lines
     last = max(k for k, (n, _) in enumerate(train.views) if n == first)
     item = train[last]
-    assert f"latent cache shard {first}" in item["skipped"]             # skipped, reported like a broken video
+    assert f"latent cache shard {first} row {train.views[last][1]['row']}" in item["skipped"]   # like a broken video
+    same_shard = [k for k, (n, _) in enumerate(train.views) if n == first and k != last]
+    assert train[same_shard[0]]["skipped"] == []                         # the shard's other rows are still read
     train_missing, _ = build_cached_datasets(cfg_for(copy, latent_cache_encode="missing"), acc, lines.append)
     item = train_missing[last]
     assert item["online"] and item["latents"] is None                   # encoded online instead
@@ -185,3 +187,39 @@ def test_training_from_the_cache_runs_without_the_reference_vae(cache, tmp_path)
     out = proc.stdout
     assert "reference encode: never" in out and "validation at step 4" in out
     assert "reference VAE is a tiny" not in out      # not loaded: its path does not even exist
+
+
+def test_a_moved_data_root_fails_at_start_in_one_line(cache, tmp_path):
+    from taehv_launch.train.cached import build_cached_datasets
+
+    acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"none of the first \d+ cached views can be read .*: is gone\): point data_root"):
+        build_cached_datasets(cfg_for(cache, data_root=str(tmp_path / "empty")), acc, lambda _: None)
+
+
+def test_training_from_a_cache_on_a_gpu_needs_no_reference_vae_path(cache):
+    from taehv_launch.train.build import resolve_demo_paths
+
+    cfg = cfg_for(cache, ref_vae_path="")
+    assert resolve_demo_paths(cfg, torch.device("cuda"), print) is cfg          # no "ref_vae_path is empty"
+    with pytest.raises(Exception, match="ref_vae_path is empty"):
+        resolve_demo_paths(cfg_for(cache, ref_vae_path="", latent_cache_encode="missing"), torch.device("cuda"), print)
+
+
+def test_a_cache_path_that_is_a_file_or_another_dtype_is_refused(cache, tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert_one_line_error(run_cli_here("cache", "1", "cpu", "--set", f"latent_cache={str(tmp_path / 'f')!r}",
+                                       "--dry-run", cwd=tmp_path), "is a file: give a folder")
+    job = lc.read_job(cache)
+    other = {**job, "fingerprint": {**job["fingerprint"], "latent_dtype": "float32"}}
+    with pytest.raises(ConfigError, match="stores latents as bfloat16, this job asks for latent_cache_dtype=float32"):
+        lc.same_job(job, other, cache)
+    for bad in ("null", "[]", '{"x": 1}'):
+        (tmp_path / "c").mkdir(exist_ok=True)
+        (tmp_path / "c" / lc.JOB).write_text(bad)
+        with pytest.raises(DataError, match="missing or damaged"):
+            lc.read_job(tmp_path / "c")
+        (tmp_path / "c" / lc.MANIFEST).write_text(bad)
+        with pytest.raises(ConfigError, match="is damaged"):
+            lc.read_manifest(str(tmp_path / "c"))

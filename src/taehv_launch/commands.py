@@ -112,6 +112,10 @@ def settle(plan: Plan, env: dict[str, str]) -> Plan:
                   "ref_vae_path": config["ref_vae_path"] or (demo[1] if config["use_ref_vae"] else "")}
     if config["latent_cache"] and options.task == "train":
         check_latent_cache(config)
+    if options.task == "cache" and Path(config["latent_cache"]).expanduser().exists() \
+            and not Path(config["latent_cache"]).expanduser().is_dir():
+        raise ConfigError(f"latent_cache={config['latent_cache']} is a file: give a folder (new, or the one an "
+                          f"earlier cache job of this config wrote)")
     return replace(plan, run_dir=run_dir, run_id_source=source, options=options, config=config, notes=tuple(notes),
                    demo_assets=demo)
 

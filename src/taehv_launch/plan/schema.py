@@ -54,9 +54,9 @@ KEYS: dict[str, Key] = {
     "latent_cache": Key("", str, "folder of a latent cache: `taehv-launch cache` writes it, training reads its views' "
                                  "reference latents instead of running the reference VAE"),
     "latent_cache_encode": Key("never", str, "with latent_cache, what the reference VAE encodes online: never (it is "
-                                             "not loaded; unusable views are skipped), missing (views whose latents are "
-                                             "missing or damaged, and videos the cache lacks), always (every view: "
-                                             "checks a cache)", ("never", "missing", "always")),
+                                             "not loaded; unusable views are skipped), missing (views whose stored "
+                                             "latents fail their check, and fresh clips of videos without cached "
+                                             "views), always (every view: checks a cache)", ("never", "missing", "always")),
     "latent_cache_dtype": Key("bfloat16", str, "dtype of the latents `taehv-launch cache` stores",
                               ("bfloat16", "float16", "float32")),
     "cache_views": Key(4, int, "views per video that `taehv-launch cache` encodes (a view: fixed frames, crop, flip)"),

@@ -47,7 +47,8 @@ def resolve_demo_paths(cfg: Config, device: torch.device, log) -> dict[str, Any]
     empty data_root / ref_vae_path mean the built-in demo assets, made here on first use."""
     demo_data, demo_vae = demo_paths(demo_cache_dir(), cfg.ref_vae_type, cfg.latent_channels)
     need_data = cfg.data_root in ("", demo_data)
-    need_vae = cfg.use_ref_vae and cfg.ref_vae_path in ("", demo_vae)
+    loads_vae = cfg.use_ref_vae and not (cfg.latent_cache and cfg.latent_cache_encode == "never")
+    need_vae = loads_vae and cfg.ref_vae_path in ("", demo_vae)
     if not (need_data or need_vae):
         return cfg
     if device.type != "cpu":

@@ -44,6 +44,7 @@ class CachedViewDataset(Dataset):
         self.read_latents, self.online_fallback, self.extra = read_latents, online_fallback, extra
         self._broken: dict[str, str] = {}              # video path or shard label -> why (per worker)
         self._handles: OrderedDict[str, Any] = OrderedDict()
+        self._quiet = False
 
     def __len__(self) -> int:
         return len(self.views) + (len(self.extra) if self.extra is not None else 0)
@@ -84,10 +85,31 @@ class CachedViewDataset(Dataset):
         if not self.read_latents:
             return {"frames": frames, "latents": None, "online": True}, ""
         label = f"latent cache shard {shard}"
-        latents = None if label in self._broken else self._latents(shard, rec, label)
+        row_label = f"{label} row {rec['row']}"
+        latents = None if (label in self._broken or row_label in self._broken) else self._latents(shard, rec, label)
         if latents is None:
-            return ({"frames": frames, "latents": None, "online": True}, "") if self.online_fallback else (None, label)
+            if self.online_fallback:
+                return {"frames": frames, "latents": None, "online": True}, ""
+            return None, (label if label in self._broken else row_label)
         return {"frames": frames, "latents": latents, "online": False}, ""
+
+    def probe(self, tries: int = 16) -> None:
+        """Read the first views until one is usable, so that a moved data_root or a cache of other files
+        fails at start with one line, not in a DataLoader worker."""
+        if not self.views:
+            return
+        labels, self._quiet = [], True          # one error line below, not a warning per view
+        try:
+            for j in range(min(tries, len(self.views))):
+                item, label = self._item(j, j)
+                if item is not None:
+                    return
+                labels.append(label)
+        finally:
+            self._quiet = False
+        raise DataError(f"none of the first {len(labels)} cached views can be read (e.g. {labels[0]}: "
+                        f"{self._broken.get(labels[0], 'unreadable')}): point data_root at the videos the cache was "
+                        f"written from, or write the cache again")
 
     def _frames(self, path: str, rec: dict[str, Any]) -> torch.Tensor | None:
         try:
@@ -106,8 +128,9 @@ class CachedViewDataset(Dataset):
             row = handle.get_slice("latents")[rec["row"]: rec["row"] + 1][0]
         except Exception as err:     # safetensors raises its own error types for a damaged file
             return self._mark(label, f"cannot be read ({type(err).__name__})")
-        if lc.row_crc(row) != rec["crc32"]:
-            return self._mark(label, f"is damaged (CRC-32 mismatch in {rec['video']} view {rec['view']})")
+        if lc.row_crc(row) != rec["crc32"]:     # this view only: the shard's other rows may be fine
+            return self._mark(f"{label} row {rec['row']}", f"is damaged (CRC-32 mismatch: {rec['video']} view "
+                                                           f"{rec['view']})")
         return row.float()
 
     def _open(self, shard: str):
@@ -123,7 +146,7 @@ class CachedViewDataset(Dataset):
         return handle
 
     def _mark(self, what: str, why: str) -> None:
-        if what not in self._broken:
+        if what not in self._broken and not self._quiet:
             log.warning("latent cache: skipping %s: %s", what, why)
         self._broken[what] = why
         return None
@@ -151,8 +174,8 @@ def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedVie
     cache = Path(cfg.latent_cache).expanduser().resolve()
     manifest = lc.read_manifest(cfg.latent_cache)
     weights = None
-    if cfg.ref_vae_path and os.path.isdir(cfg.ref_vae_path):
-        weights = lc.weights_digest(cfg.ref_vae_path)
+    if accelerator.is_main_process and cfg.ref_vae_path and os.path.isdir(cfg.ref_vae_path):
+        weights = lc.weights_digest(cfg.ref_vae_path)     # once: it reads every weight file
     lc.check_fingerprint(manifest["fingerprint"], cfg, weights, str(cache))
     data_root = check_root(cfg.data_root, cfg.annotation_file)
     train, val, bad = [], [], []
@@ -167,12 +190,16 @@ def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedVie
             continue
         (val if name.startswith("val") else train).extend((name, rec) for rec in index["views"] if "row" in rec)
     mode = cfg.latent_cache_encode
-    extra = _videos_not_cached(cfg, accelerator, data_root, {r["video"] for _, r in train + val}) \
+    held_out = set(lc.read_job(cache).get("val", []))          # never trained on, even when their shard is gone
+    extra = _videos_not_cached(cfg, accelerator, data_root, {r["video"] for _, r in train + val} | held_out) \
         if mode == "missing" else None
     common = dict(data_root=data_root, height=cfg.height, width=cfg.width, seed=cfg.seed,
                   read_latents=mode != "always", online_fallback=mode == "missing")
     train_ds = CachedViewDataset(cache, train, extra=extra, **common)
+    train_ds.probe()
     val_ds = CachedViewDataset(cache, val or train[:1], **common)
+    if not val and train:
+        log_line("data: the latent cache has no usable validation clips: validation uses one training view")
     videos = len({r["video"] for _, r in train})
     log_line(f"data: latent cache {cache}: {len(train)} views of {videos} videos, {len(val)} validation clips "
              f"(reference encode: {mode})" + (f"; {len(extra)} videos not in the cache are encoded online"

@@ -60,8 +60,10 @@ def collate_views(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"frames": torch.stack(ok) if ok else None, "views": [it["view"] for it in items]}
 
 
-def plan_work(cfg: Config, log) -> tuple[dict[str, Any], list[tuple[str, range]], list[tuple[str, str, int]], str]:
-    """The job record, the shards (name, work positions), the work items and the data root."""
+def plan_work(cfg: Config, log, weights: str | None = None
+              ) -> tuple[dict[str, Any], list[tuple[str, range]], list[tuple[str, str, int]], str]:
+    """The job record, the shards (name, work positions), the work items and the data root.
+    weights: the reference VAE's digest if known (else it is computed: it reads every weight file)."""
     from .index import check_root, build_index, split_train_val
 
     cache_dir = Path(cfg.index_cache_dir or Path(cfg.output_dir).expanduser() / ".index")
@@ -70,7 +72,7 @@ def plan_work(cfg: Config, log) -> tuple[dict[str, Any], list[tuple[str, range]]
     train_e, val_e = split_train_val(entries, cfg.validation_fraction, cfg.max_validation_videos, cfg.seed)
     train_rel = [lc.relative(e.path, root) for e in train_e]
     val_rel = [lc.relative(e.path, root) for e in val_e]
-    weights = lc.weights_digest(cfg.ref_vae_path)
+    weights = weights or lc.weights_digest(cfg.ref_vae_path)
     job = {"format": lc.FORMAT, "fingerprint": lc.fingerprint(cfg, weights), "views": cfg.cache_views,
            "shard_size": cfg.cache_shard_size, "seed": cfg.seed, "videos": len(entries),
            "index": lc.index_digest(train_rel + ["--"] + val_rel), "val": val_rel}
@@ -97,15 +99,17 @@ def run_cache_job(cfg: Config, run_dir: Path, debug: bool) -> int:
             line = f"[rank {rank}] {msg}" if debug else msg
             bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
 
-    cfg = build.resolve_demo_paths(cfg, device, log)
+    # the demo assets (cpu profile) with the reference VAE this job loads, whatever latent_cache_encode says
+    cfg = replace(build.resolve_demo_paths(replace(cfg, latent_cache=""), device, log), latent_cache=cfg.latent_cache)
     out = Path(cfg.latent_cache).expanduser().resolve()
     if acc.is_main_process:      # index once, and claim the folder; the other ranks then check the same job
         job, shards, work, root = plan_work(cfg, log)
         if not lc.claim(out, job):
             log(f"cache: continuing the job in {out} (complete shards are kept)")
     acc.wait_for_everyone()
-    if not acc.is_main_process:
-        job, shards, work, root = plan_work(cfg, lambda _: None)
+    if not acc.is_main_process:      # the digest rank 0 wrote: one read of the weights per job, not per rank
+        weights = lc.read_job(out)["fingerprint"]["ref_vae_weights"]
+        job, shards, work, root = plan_work(cfg, lambda _: None, weights)
         lc.claim(out, job)
     todo = [(name, part) for name, part in lc.rank_share(shards, rank, world) if not lc.is_complete(out, name)]
     rounds = _max_over_ranks(len(todo), device, world)

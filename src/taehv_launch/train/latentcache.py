@@ -8,7 +8,7 @@
     CACHE/manifest.json                    written last, when every shard is complete
 
 A shard is complete when its .json exists: the .safetensors is written first, each by an atomic
-rename, so a killed job leaves at most a temporary file that the next run overwrites. The work is
+rename, so a killed job leaves at most a temporary file, which the next writer of that shard deletes. The work is
 cut into shards by position, not by rank, so a job resumed on another GPU count continues with the
 same shards, and a resumed job's manifest equals an uninterrupted one's.
 """
@@ -126,6 +126,8 @@ def write_shard(root: Path, name: str, latents, views: list[dict[str, Any]]) -> 
 
     folder = root / SHARDS
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f".{name}.*.tmp"):      # what a killed writer of this shard left
+        stale.unlink(missing_ok=True)
     # No safetensors metadata: its header is written from a hash map in an order that changes from one
     # process to the next, and a shard's bytes must depend on its content only (the manifest's CRC-32).
     data = save({"latents": latents.contiguous()})
@@ -170,22 +172,34 @@ def claim(root: Path, job: dict[str, Any]) -> bool:
     True when the folder was new."""
     path = root / JOB
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError):
-            raise DataError(f"{path} is damaged: delete the folder {root} or use another latent_cache path") from None
-        same_job(old, job, root)
+        same_job(read_job(root), job, root)
         return False
     root.mkdir(parents=True, exist_ok=True)
     if (root / SHARDS).exists() and any((root / SHARDS).iterdir()):
         raise DataError(f"{root} holds shards but no {JOB}: use an empty folder for latent_cache")
-    write_atomic(path, json.dumps(job, indent=1) + "\n")
+    write_atomic(path, json.dumps(job, indent=1) + "\n", durable=True)
     return True
+
+
+def read_job(root: Path) -> dict[str, Any]:
+    """CACHE/cache.json, or one DataError."""
+    path = root / JOB
+    try:
+        job = json.loads(path.read_text())
+        if not isinstance(job, dict) or not isinstance(job.get("fingerprint"), dict):
+            raise ValueError
+    except (OSError, ValueError):
+        raise DataError(f"{path} is missing or damaged: delete the folder {root} or use another latent_cache "
+                        f"path") from None
+    return job
 
 
 def same_job(old: dict[str, Any], job: dict[str, Any], root: Path) -> None:
     """A resumed cache job must do the same work: one line naming what differs."""
     fix = f"run it with the settings it was started with, or use another latent_cache path than {root}"
+    if old.get("fingerprint", {}).get("latent_dtype") != job["fingerprint"]["latent_dtype"]:
+        raise ConfigError(f"{root} stores latents as {old['fingerprint'].get('latent_dtype')}, this job asks for "
+                          f"latent_cache_dtype={job['fingerprint']['latent_dtype']}: {fix}")
     for key in ("views", "shard_size", "seed"):
         if old.get(key) != job.get(key):
             label = {"views": "--views", "shard_size": "cache_shard_size", "seed": "seed"}[key]
@@ -214,7 +228,7 @@ def write_manifest(root: Path, job: dict[str, Any], records: list[ShardRecord]) 
         "bytes": sum(r.bytes for r in records),
         "shards": [r.__dict__ for r in records],
     }
-    write_atomic(root / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    write_atomic(root / MANIFEST, json.dumps(manifest, indent=1) + "\n", durable=True)
     return manifest
 
 
@@ -231,8 +245,12 @@ def read_manifest(root: str) -> dict[str, Any]:
                              "complete it" if unfinished else "it is not a latent cache (taehv-launch cache writes one)"))
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-        manifest["fingerprint"], manifest["shards"]     # noqa: B018 (the keys must exist)
-    except (OSError, ValueError, KeyError, TypeError):
+        if not (isinstance(manifest, dict) and isinstance(manifest.get("fingerprint"), dict)
+                and isinstance(manifest.get("shards"), list)
+                and all(isinstance(s, dict) and {"name", "clips", "bytes", "crc32"} <= set(s)
+                        for s in manifest["shards"])):
+            raise ValueError
+    except (OSError, ValueError):
         raise ConfigError(f"{path / MANIFEST} is damaged: run the same `taehv-launch cache` command again "
                           f"(complete shards are kept)") from None
     return manifest
