@@ -2,7 +2,10 @@
 # Speed evidence for docs/benchmarks.md, run on the GPU machine from the repo root after installing
 # the wheels (scripts/gpu_check.sh says how). Real H.264 videos in .benchdata/v480 and v720 (written
 # from ../shared/testdata/videos by scripts/make_bench_videos.py). Usage: bash scripts/gpu_speed.sh STEP...
-#   compare     bench --compare 1 h100 (naive vs the real trainer, with --phases)
+#   compare     bench --compare 1 h100 (naive vs the real trainer, with --phases). Pass
+#               --set gradient_accumulation_steps=1 (or 2): the h100 1-GPU row accumulates 16 micro-batches
+#               per step, and 30 such steps outlast a 10-minute device call. If a call is cut off, its
+#               trainer keeps the GPU: `pkill -9 -f "[t]rain/main.py"` first.
 #   levers      bench --compare 1 h100 --levers (one row per lever, in-process)
 #   train NAME STEPS [--set ...]   one real trainer run; prints its speed.json
 #   loader DIR  bench --loader on DIR at 4, 8, 12 workers
