@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -97,14 +96,9 @@ def build_datasets(cfg: Config, accelerator, log):
 
         return build_cached_datasets(cfg, accelerator, log)
     from .data import VideoClipDataset, probe_first_usable, usable_entries
-    from .index import build_index, split_train_val
+    from .index import index_once, split_train_val
 
-    cache = Path(cfg.index_cache_dir or Path(cfg.output_dir).expanduser() / ".index")
-    if accelerator.is_main_process:     # index once; the other ranks read the cache
-        entries = build_index(cfg.data_root, cfg.annotation_file, cache)
-    accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
-        entries = build_index(cfg.data_root, cfg.annotation_file, cache)
+    entries = index_once(cfg, accelerator)
     train_e, val_e = split_train_val(entries, cfg.validation_fraction, cfg.max_validation_videos, cfg.seed)
     first, _ = probe_first_usable(train_e, cfg.n_frames, max_tries=min(len(train_e), 32))
     # The validation set has no other videos to fall back on: leave its broken files out up front
@@ -124,10 +118,10 @@ def build_datasets(cfg: Config, accelerator, log):
 
 
 def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
+    from .cached import collate_cached
     from .data import collate, worker_init_fn
 
-    if cfg.latent_cache:
-        from .cached import collate_cached as collate
+    collate = collate_cached if cfg.latent_cache else collate
     workers = cfg.dataloader_num_workers
     extra = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True) if workers > 0 else {}
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,

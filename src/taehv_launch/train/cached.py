@@ -215,14 +215,9 @@ def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedVie
 
 
 def _videos_not_cached(cfg: Config, accelerator, data_root: str, cached: set[str]) -> VideoClipDataset | None:
-    from .index import build_index
+    from .index import index_once
 
-    index_dir = Path(cfg.index_cache_dir or Path(cfg.output_dir).expanduser() / ".index")
-    if accelerator.is_main_process:
-        entries = build_index(cfg.data_root, cfg.annotation_file, str(index_dir))
-    accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
-        entries = build_index(cfg.data_root, cfg.annotation_file, str(index_dir))
+    entries = index_once(cfg, accelerator)
     missing = [e for e in entries if lc.relative(e.path, data_root) not in cached]
     if not missing:
         return None

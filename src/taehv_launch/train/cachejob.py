@@ -64,10 +64,9 @@ def plan_work(cfg: Config, log, weights: str | None = None
               ) -> tuple[dict[str, Any], list[tuple[str, range]], list[tuple[str, str, int]], str]:
     """The job record, the shards (name, work positions), the work items and the data root.
     weights: the reference VAE's digest if known (else it is computed: it reads every weight file)."""
-    from .index import check_root, build_index, split_train_val
+    from .index import build_index, check_root, index_dir, split_train_val
 
-    cache_dir = Path(cfg.index_cache_dir or Path(cfg.output_dir).expanduser() / ".index")
-    entries = build_index(cfg.data_root, cfg.annotation_file, str(cache_dir))
+    entries = build_index(cfg.data_root, cfg.annotation_file, index_dir(cfg))   # rank 0 first: run_cache_job
     root = check_root(cfg.data_root, cfg.annotation_file)
     train_e, val_e = split_train_val(entries, cfg.validation_fraction, cfg.max_validation_videos, cfg.seed)
     train_rel = [lc.relative(e.path, root) for e in train_e]

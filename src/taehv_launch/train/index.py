@@ -225,6 +225,21 @@ def exclusive_lock(lock_path: str):
         yield
 
 
+def index_dir(cfg) -> str:
+    """Where a run's index is cached: index_cache_dir, else <output_dir>/.index."""
+    return str(cfg.index_cache_dir or os.path.join(os.path.expanduser(cfg.output_dir), ".index"))
+
+
+def index_once(cfg, accelerator) -> VideoIndex:
+    """The run's index: the main process builds (or reads) the cache first, then the other ranks read it."""
+    if accelerator.is_main_process:
+        entries = build_index(cfg.data_root, cfg.annotation_file, index_dir(cfg))
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        entries = build_index(cfg.data_root, cfg.annotation_file, index_dir(cfg))
+    return entries
+
+
 # --- the split --------------------------------------------------------------------------
 
 def split_train_val(
