@@ -194,5 +194,8 @@ def test_a_worker_killed_for_another_reason_is_one_error_line(tmp_path):
     assert code == 1, (out[-2000:], err[-2000:])
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: a DataLoader worker (pid"), err
-    assert "killed by signal" in lines[0] and "dataloader_num_workers" in lines[0], err
+    # torch notices the death on one of two paths (its SIGCHLD handler, or the worker-status
+    # check after a queue timeout) and words it differently; both are the same one line
+    assert ("killed by signal" in lines[0] or "exited unexpectedly" in lines[0]), err
+    assert "dataloader_num_workers" in lines[0], err
     assert "Traceback" not in out + err
