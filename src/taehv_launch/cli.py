@@ -85,7 +85,8 @@ def run_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the resolved plan; write and start nothing")] = False,
     as_json: JsonOpt = False,
     resume: Annotated[Optional[str], typer.Option("--resume", help="a checkpoint-<step> folder, a run folder, "
-                                                  "or `auto` (newest complete checkpoint of the latest run)")] = None,
+                                                  "`auto` (newest complete checkpoint of the latest run), or `this-run` (only this "
+                                                  "named run's own, else start fresh: for requeued jobs)")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="verbose distributed logs, anomaly detection, few steps")] = False,
     profile_run: Annotated[bool, typer.Option("--profile", help="torch.profiler trace of a few steps "
                                               "and a table of where a step's time goes")] = False,
@@ -130,6 +131,48 @@ def cache_cmd(
     if as_json and not dry_run:
         _fail("--json goes with --dry-run")
     _exit(lambda: commands.dry_run(req, as_json) if dry_run else commands.launch(req))
+
+
+@app.command("render", help="Print a cluster job that runs GPUS x PROFILE on every node: `render slurm 16 h100 "
+                           "--output-dir /shared/runs --set ...` (an sbatch script) or `render k8s ... --image IMG "
+                           "--pvc CLAIM` (an indexed Job and a headless Service). Redirect it to a file.")
+def render_cmd(
+    kind: Annotated[str, typer.Argument(help="slurm or k8s", show_default=False)],
+    gpus: Gpus,
+    profile: ProfileArg,
+    set_: SetOpt = None,
+    config: ConfigOpt = None,
+    output_dir: Annotated[Optional[str], typer.Option("--output-dir", help="where run directories go: an absolute "
+                                                      "path every node mounts (= --set output_dir=...)")] = None,
+    gpus_per_node: GpusPerNode = None,
+    job_name: Annotated[Optional[str], typer.Option("--job-name", help="default taehv-GPUS-PROFILE")] = None,
+    partition: Annotated[Optional[str], typer.Option("--partition", rich_help_panel="SLURM")] = None,
+    account: Annotated[Optional[str], typer.Option("--account", rich_help_panel="SLURM")] = None,
+    time: Annotated[Optional[str], typer.Option("--time", help="time limit, e.g. 24:00:00",
+                                                rich_help_panel="SLURM")] = None,
+    signal_seconds: Annotated[Optional[int], typer.Option("--signal-seconds", min=10, help="SIGUSR1 this long "
+                                                          "before the time limit (default 120)",
+                                                          rich_help_panel="SLURM")] = None,
+    image: Annotated[Optional[str], typer.Option("--image", help="container image with taehv-launch installed",
+                                                 rich_help_panel="Kubernetes")] = None,
+    pvc: Annotated[Optional[str], typer.Option("--pvc", help="ReadWriteMany PersistentVolumeClaim for the runs",
+                                               rich_help_panel="Kubernetes")] = None,
+    mount: Annotated[Optional[str], typer.Option("--mount", help="where the claim is mounted (default /shared)",
+                                                 rich_help_panel="Kubernetes")] = None,
+    namespace: Annotated[Optional[str], typer.Option("--namespace", rich_help_panel="Kubernetes")] = None,
+    grace_period: Annotated[Optional[int], typer.Option("--grace-period", min=1, help="seconds between SIGTERM and "
+                                                        "SIGKILL (default 300)", rich_help_panel="Kubernetes")] = None,
+    restarts: Annotated[Optional[int], typer.Option("--restarts", min=0, help="failures tolerated per pod "
+                                                    "(default 3)", rich_help_panel="Kubernetes")] = None,
+) -> None:
+    from .cluster.command import render_job
+
+    req = _request(gpus, profile, set_, config, Options(), None, None, None, None, gpus_per_node)
+    argv = ["taehv-launch", "render", *sys.argv[2:]] if sys.argv[1:2] == ["render"] else ["taehv-launch", "render"]
+    _exit(lambda: render_job(kind, req, output_dir=output_dir, job_name=job_name, render_argv=argv,
+                             partition=partition, account=account, time=time, signal_seconds=signal_seconds,
+                             image=image, pvc=pvc, mount=mount, namespace=namespace, grace_period=grace_period,
+                             restarts=restarts))
 
 
 @app.command("validate-env", help="Preflight: check this node, the data and the models for the resolved plan.")

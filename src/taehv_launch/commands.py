@@ -47,8 +47,10 @@ def parse_gpus(text: str) -> int:
                           f"(usage: taehv-launch GPUS PROFILE)") from None
 
 
-def build_plan(req: Request, env: dict[str, str] | None = None) -> Plan:
-    """Everything the run will use, decided once: `--dry-run`, validate-env and the launch all call this."""
+def build_plan(req: Request, env: dict[str, str] | None = None, local: bool = True) -> Plan:
+    """Everything the run will use, decided once: `--dry-run`, validate-env and the launch all call this.
+    local=False (`render`): the plan is for other machines; what the run reads there (the latent cache)
+    is not checked on this one."""
     env = dict(os.environ if env is None else env)
     gpus = parse_gpus(req.gpus)
     file = load_config_file(req.config) if req.config else ConfigFile({}, [], {})
@@ -69,7 +71,7 @@ def build_plan(req: Request, env: dict[str, str] | None = None) -> Plan:
     if req.options.task == "cache" and not plan.config["latent_cache"]:
         raise ConfigError("taehv-launch cache needs --set latent_cache=DIR: the folder the latents go to "
                           "(training then reads it with the same --set)")
-    return settle(plan, env)
+    return settle(plan, env, local)
 
 
 def environment_values(env: dict[str, str]) -> dict[str, int]:
@@ -87,7 +89,7 @@ def environment_values(env: dict[str, str]) -> dict[str, int]:
     return {"nccl_timeout": value}
 
 
-def settle(plan: Plan, env: dict[str, str]) -> Plan:
+def settle(plan: Plan, env: dict[str, str], local: bool = True) -> Plan:
     """The decisions that read the disk or the environment: the run directory, the checkpoint that
     `--resume` continues (and so the run it belongs to), the demo assets' paths on the cpu profile."""
     run_id, source = run_id_for(plan.options.run_name, plan.topology.job_id)
@@ -110,9 +112,9 @@ def settle(plan: Plan, env: dict[str, str]) -> Plan:
         demo = demo_paths(demo_cache_dir(env), config["ref_vae_type"], config["latent_channels"])
         config = {**config, "data_root": config["data_root"] or demo[0],
                   "ref_vae_path": config["ref_vae_path"] or (demo[1] if config["use_ref_vae"] else "")}
-    if config["latent_cache"] and options.task == "train":
+    if config["latent_cache"] and options.task == "train" and local:
         check_latent_cache(config)
-    if options.task == "cache" and Path(config["latent_cache"]).expanduser().exists() \
+    if options.task == "cache" and local and Path(config["latent_cache"]).expanduser().exists() \
             and not Path(config["latent_cache"]).expanduser().is_dir():
         raise ConfigError(f"latent_cache={config['latent_cache']} is a file: give a folder (new, or the one an "
                           f"earlier cache job of this config wrote)")
@@ -139,11 +141,14 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "topology": {"num_machines": topo.num_machines, "machine_rank": topo.machine_rank,
                      "gpus_per_machine": topo.gpus_per_machine, "gpu_ids": topo.gpu_ids,
                      "main_process_ip": topo.main_process_ip, "main_process_port": topo.main_process_port,
-                     "source": topo.source},
+                     "source": topo.source, "job_id": topo.job_id, "world_size": topo.world_size,
+                     "ranks": list(range(topo.machine_rank * topo.gpus_per_machine,
+                                         (topo.machine_rank + 1) * topo.gpus_per_machine))},
         "row_source": plan.row_source,
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.config.items()},
         "global_batch_size": plan.global_batch_size,
         "run_dir": str(run_dir),
+        "run_id_source": plan.run_id_source,
         "accelerate": rendered.accelerate,
         "deepspeed": rendered.deepspeed,
         "env": rendered.exported(),

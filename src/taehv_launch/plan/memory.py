@@ -93,3 +93,12 @@ def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
     return MemoryPlan(peak, gpu, False, best, accum,
                       f"predicted peak {peak:.1f} GiB exceeds {budget:.0f} of {gpu:.0f} GiB per GPU "
                       f"(micro {micro}, {cfg['n_frames']}x{cfg['height']}x{cfg['width']}): {fix}")
+
+
+def shm_bytes(config: dict, gpus_per_machine: int) -> int:
+    """Shared memory (/dev/shm) one node's DataLoader workers need: every worker of every process
+    holds prefetch_factor uint8 batches in flight, twice over (the batch and its tensor copy).
+    validate-env checks it; the Kubernetes template sizes its memory-backed /dev/shm with it."""
+    clip = config["n_frames"] * 3 * config["height"] * config["width"]
+    return (2 * config["dataloader_num_workers"] * config["prefetch_factor"] * config["micro_batch_size"]
+            * clip * gpus_per_machine)

@@ -23,6 +23,7 @@ from ..commands import Request, build_plan
 from ..errors import UserError
 from ..run.host import port_free, visible_gpus
 from ..plan.resolve import Plan
+from ..plan.memory import shm_bytes
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 ALLREDUCE_FLOOR_GBPS = 50.0     # bus bandwidth below this on one node means no NVLink/P2P path
@@ -295,8 +296,7 @@ def check_resources(plan: Plan, quick: bool) -> list[Check]:
                      "" if free >= need else "free space or choose --set output_dir on a larger disk"))
     workers = c["dataloader_num_workers"]
     if workers:
-        clip = c["n_frames"] * 3 * c["height"] * c["width"]
-        shm_need = 2 * workers * c["prefetch_factor"] * c["micro_batch_size"] * clip * topo.gpus_per_machine
+        shm_need = shm_bytes(c, topo.gpus_per_machine)
         try:
             shm = shutil.disk_usage("/dev/shm").total
             ok = shm >= shm_need

@@ -18,6 +18,7 @@ from ..plan.configfile import render_config_file
 from ..plan.profiles import nccl_buffsize_for
 from ..plan.resolve import Plan
 from .runs import node_suffix
+from ..yamltext import yaml_text
 
 TRAINER_SCRIPT = Path(__file__).resolve().parent.parent / "train" / "main.py"
 
@@ -191,18 +192,5 @@ def _config_header(plan: Plan) -> str:
 
 
 def _yaml(mapping: dict[str, Any]) -> str:
-    """YAML without importing PyYAML on the CLI path: our values are str/int/bool/dict only."""
-    def scalar(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return str(v)
-        return json.dumps(str(v))   # JSON strings are valid YAML scalars
-    lines = []
-    for k, v in mapping.items():
-        if isinstance(v, dict):
-            lines.append(f"{k}:")
-            lines += [f"  {kk}: {scalar(vv)}" for kk, vv in v.items()]
-        else:
-            lines.append(f"{k}: {scalar(v)}")
-    return "\n".join(lines) + "\n"
+    """The accelerate YAML: every string quoted, as accelerate's own loader reads it back."""
+    return yaml_text(mapping)

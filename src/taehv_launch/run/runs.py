@@ -77,13 +77,28 @@ def runs_newest_first(output_dir: Path) -> list[Path]:
     return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
+THIS_RUN = "this-run"
+
+
 def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple[Path | None, list[str]]:
     """`auto` -> newest complete checkpoint of this run, else of the newest run that has one
     (a run that failed before its first checkpoint is passed over). None: start fresh.
 
+    `this-run` -> newest complete checkpoint of this named run only (run_dir, from --run-name or the
+    scheduler's job id), else start fresh: what a requeued SLURM job or a restarted Kubernetes pod
+    wants, without picking up another run's checkpoint on its first start.
+
     A path -> that checkpoint (or the newest complete one inside a run dir); missing or
     incomplete is an error.
     """
+    if resume == THIS_RUN:
+        if run_dir is None:
+            raise CheckpointError("--resume this-run needs a named run: pass --run-name NAME, or run under a "
+                                  "scheduler job id (SLURM_JOB_ID, a Kubernetes Job name)")
+        found, skipped = newest_complete(run_dir, verify=True) if run_dir.is_dir() else (None, [])
+        if found is None:
+            skipped.append(f"--resume this-run: no complete checkpoint in {run_dir} yet; starting from scratch")
+        return found, skipped
     if resume == "auto":
         notes: list[str] = []
         seen: set[Path] = set()

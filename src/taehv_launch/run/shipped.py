@@ -31,6 +31,9 @@ def expected_files() -> dict[str, str]:
                 files[f"accelerate_configs/deepspeed_{stem}.json"] = rendered.files["deepspeed.json"]
             files[f"accelerate_configs/accelerate_{stem}.yaml"] = yaml
     files["docs/config.md"] = config_reference()
+    from ..cluster.examples import example_files
+
+    files |= example_files()
     return files
 
 

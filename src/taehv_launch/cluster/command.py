@@ -1,0 +1,62 @@
+"""The `render` command: build the plan as a cluster node would (no local environment read),
+then print the SLURM or Kubernetes job that runs it."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+from ..commands import Request, build_plan
+from ..errors import ConfigError
+from ..plan.configfile import parse_set
+from .job import cluster_job
+
+KINDS = ("slurm", "k8s")
+SLURM_ONLY = ("partition", "account", "time", "signal_seconds")
+K8S_ONLY = ("image", "pvc", "mount", "namespace", "grace_period", "restarts")
+
+
+def render_job(kind: str, req: Request, **kw) -> int:
+    sys.stdout.write(render_text(kind, req, **kw))
+    return 0
+
+
+def render_text(kind: str, req: Request, *, output_dir: str | None, job_name: str | None, render_argv: list[str],
+                **kw) -> str:
+    if kind not in KINDS:
+        raise ConfigError(f"unknown cluster kind {kind!r}: use `taehv-launch render slurm ...` or "
+                          f"`taehv-launch render k8s ...`")
+    other = SLURM_ONLY if kind == "k8s" else K8S_ONLY
+    stray = [f"--{k.replace('_', '-')}" for k in other if kw.get(k) is not None]
+    if stray:
+        raise ConfigError(f"{', '.join(stray)} {'goes' if len(stray) == 1 else 'go'} with "
+                          f"`render {'slurm' if kind == 'k8s' else 'k8s'}`, not `render {kind}`")
+    sets = [*req.sets, *([_set_item("output_dir", output_dir)] if output_dir else [])]
+    req = replace(req, sets=sets)
+    plan = build_plan(req, env={}, local=False)        # the nodes' plan: nothing from this machine's environment
+    job = cluster_job(plan, sets=sets, config=req.config, gpus_per_node=req.gpus_per_node, name=job_name,
+                      render_argv=render_argv)
+    if kind == "slurm":
+        from .slurm import render_slurm
+
+        text = render_slurm(job, partition=kw.get("partition"), account=kw.get("account"), time=kw.get("time"),
+                            signal_s=kw.get("signal_seconds") or 120)
+    else:
+        from .k8s import render_k8s
+
+        for need in ("image", "pvc"):
+            if not kw.get(need):
+                raise ConfigError({"image": "render k8s needs --image: a container image with taehv-launch and "
+                                            "its dependencies installed",
+                                   "pvc": "render k8s needs --pvc CLAIM: a ReadWriteMany PersistentVolumeClaim every "
+                                          "pod mounts (the run directory must be shared)"}[need])
+        text = render_k8s(job, image=kw["image"], pvc=kw["pvc"], mount=kw.get("mount") or "/shared",
+                          namespace=kw.get("namespace"), grace_s=kw.get("grace_period") or 300,
+                          restarts=kw.get("restarts") if kw.get("restarts") is not None else 3)
+    return text
+
+
+def _set_item(key: str, text: str) -> str:
+    """KEY=VALUE as a person writes it: bare when it reads back as the same string, else quoted."""
+    bare = f"{key}={text}"
+    return bare if parse_set(bare)[1] == text else f"{key}={text!r}"

@@ -1,0 +1,62 @@
+"""`taehv-launch render slurm`: an sbatch script that runs one launcher per node and requeues itself.
+
+Preemption follows the launcher's reliability path (docs/troubleshooting.md): SLURM sends SIGUSR1
+to every process of the step `signal_s` seconds before the time limit (and SIGTERM on preemption
+or scancel); the ranks finish their step, save a checkpoint and exit 75; the script then puts
+the job back in the queue. The requeued job keeps its job id, so the same run directory, and its
+`--resume this-run` continues from that checkpoint. Pure: returns the text.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..errors import EXIT_RESUMABLE
+from .job import ClusterJob
+
+
+def render_slurm(job: ClusterJob, *, partition: str | None = None, account: str | None = None,
+                 time: str | None = None, signal_s: int = 120) -> str:
+    sbatch = [f"--job-name={job.name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
+              f"--gpus-per-node={job.gpus_per_node}", "--exclusive", "--mem=0"]
+    sbatch += [f"--partition={partition}"] * bool(partition) + [f"--account={account}"] * bool(account)
+    sbatch += [f"--time={time}"] * bool(time)
+    sbatch += [f"--signal=USR1@{signal_s}", "--requeue", "--open-mode=append", "--output=slurm-%x-%j.out"]
+    cmd = " \\\n    ".join(_lines(job.argv))
+    return f"""#!/bin/bash
+# taehv-launch {job.gpus} {job.profile} on SLURM: {job.nodes} node(s) x {job.gpus_per_node} GPUs, one launcher per node.
+# Rendered by: {" ".join(shlex.quote(a) for a in job.render_argv)}
+# Render it again rather than edit it. Submit: sbatch <this file>. Log: slurm-{job.name}-<jobid>.out;
+# the run: {job.output_dir}/job-<jobid>/ (launch.log, checkpoints, REQUEUE).
+{chr(10).join(f"#SBATCH {s}" for s in sbatch)}
+set -uo pipefail
+
+# A rendezvous port of this job's own (two jobs on one node cannot both take 29500). Node count,
+# node rank and the main node (first host of the node list) come from srun's SLURM_* variables.
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+echo "taehv-launch: job $SLURM_JOB_ID, attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )), nodes $SLURM_JOB_NODELIST"
+
+# One task per node with every CPU of the node (srun would otherwise bind it to one core).
+# --resume {job.argv[-1]}: continue this job's own run after a requeue; start fresh the first time.
+srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" \\
+    {cmd}
+code=$?
+
+# {EXIT_RESUMABLE}: stopped by SIGUSR1 (time limit) or SIGTERM (preemption) after saving a checkpoint.
+if [ "$code" -eq {EXIT_RESUMABLE} ]; then
+    echo "taehv-launch: checkpoint saved, requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$code"
+"""
+
+
+def _lines(argv: tuple[str, ...]) -> list[str]:
+    """The command with each option and its value on a line of their own."""
+    words = [shlex.quote(a) for a in argv]
+    lines, i = [" ".join(words[:3])], 3
+    while i < len(words):
+        take = 2 if words[i].startswith("--") and i + 1 < len(words) and not words[i + 1].startswith("--") else 1
+        lines.append(" ".join(words[i:i + take]))
+        i += take
+    return lines
