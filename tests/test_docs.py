@@ -7,6 +7,7 @@ docs/zh/*.md (`\\` continuations joined; a trailing `# exit N` says the expected
 - a GPU profile (h100, h200, a800), `cache` included: run here as `--dry-run --json`; `validate-env`
   on a GPU profile as the same plan's dry run (fast). `bench` on a GPU profile: skipped (GPU only).
 - `keys`, `--help`, `--version`, any `--dry-run`: run as written (fast).
+  These write nothing and run in the checkout (the docs' relative paths are relative to it).
 - the `cpu` profile: run for real, as written, in a fresh folder (slow).
 """
 
@@ -93,7 +94,7 @@ def test_the_docs_have_commands_of_every_kind():
 
 @pytest.mark.parametrize("cmd", _ids("render"))
 def test_docs_render_command(cmd, tmp_path):
-    proc = run_cli_here(*cmd.args, env=clean_env(), cwd=tmp_path)
+    proc = run_cli_here(*cmd.args, env=clean_env(), cwd=REPO)
     assert proc.returncode == cmd.code, (cmd.where, proc.stderr)
     if cmd.code:
         return
@@ -111,7 +112,7 @@ def test_docs_gpu_command_resolves(cmd, tmp_path):
     if args[0] == "validate-env":                 # the plan it checks, without a GPU
         args = [a for a in args[1:] if a != "--quick"]
     args += [a for a in ("--dry-run", "--json") if a not in args]
-    proc = run_cli_here(*args, env=clean_env(), cwd=tmp_path)
+    proc = run_cli_here(*args, env=clean_env(), cwd=REPO)     # paths in the docs are relative to the checkout
     if any(a.startswith("latent_cache=") for a in args) and args[0] != "cache" and "no such folder" in proc.stderr:
         return        # training from a cache that a `cache` command writes first: resolved up to that check
     assert proc.returncode == cmd.code, (cmd.where, proc.stderr)
@@ -119,7 +120,7 @@ def test_docs_gpu_command_resolves(cmd, tmp_path):
 
 @pytest.mark.parametrize("cmd", _ids("fast"))
 def test_docs_quick_command(cmd, tmp_path):
-    proc = run_cli_here(*cmd.args, env=clean_env(), cwd=tmp_path)
+    proc = run_cli_here(*cmd.args, env=clean_env(), cwd=REPO)
     assert proc.returncode == cmd.code, (cmd.where, proc.stdout[-2000:], proc.stderr)
 
 
