@@ -18,7 +18,7 @@ from taehv_launch.bench.runs import make_assets
 from taehv_launch.plan.schema import DEFAULTS
 make_assets(dict(DEFAULTS), torch.device("cuda"), Path(sys.argv[1]), ".benchdata/v480", print)
 PY
-common=(--set data_root="'.benchdata/v480'" --set ref_vae_path="'$W/ref_vae_cogvideox_real_c16'"
+common=(--set data_root="'.benchdata/v480'" --set ref_vae_path="'$REF'"
         --set output_dir="'$W/output'" --set gradient_accumulation_steps=1 --set max_train_steps=$STEPS
         --set log_every=5 --set validation_steps=100000 --set checkpointing_steps=100000 --set lr_warmup_steps=1)
 row() {  # NAME GPUS [--set ...]

@@ -36,24 +36,19 @@ def render_text(kind: str, req: Request, *, output_dir: str | None, job_name: st
     plan = build_plan(req, env={}, local=False)        # the nodes' plan: nothing from this machine's environment
     job = cluster_job(plan, sets=sets, config=req.config, gpus_per_node=req.gpus_per_node, name=job_name,
                       render_argv=render_argv)
+    given = {k: v for k, v in kw.items() if v is not None}      # the rest take the render functions' defaults
     if kind == "slurm":
         from .slurm import render_slurm
 
-        text = render_slurm(job, partition=kw.get("partition"), account=kw.get("account"), time=kw.get("time"),
-                            signal_s=kw.get("signal_seconds") or 120)
-    else:
-        from .k8s import render_k8s
+        return render_slurm(job, **given)
+    from .k8s import render_k8s
 
-        for need in ("image", "pvc"):
-            if not kw.get(need):
-                raise ConfigError({"image": "render k8s needs --image: a container image with taehv-launch and "
-                                            "its dependencies installed",
-                                   "pvc": "render k8s needs --pvc CLAIM: a ReadWriteMany PersistentVolumeClaim every "
-                                          "pod mounts (the run directory must be shared)"}[need])
-        text = render_k8s(job, image=kw["image"], pvc=kw["pvc"], mount=kw.get("mount") or "/shared",
-                          namespace=kw.get("namespace"), grace_s=kw.get("grace_period") or 300,
-                          restarts=kw.get("restarts") if kw.get("restarts") is not None else 3)
-    return text
+    for need, why in (("image", "--image: a container image with taehv-launch and its dependencies installed"),
+                      ("pvc", "--pvc CLAIM: a ReadWriteMany PersistentVolumeClaim every pod mounts (the run "
+                              "directory must be shared)")):
+        if not given.get(need):
+            raise ConfigError(f"render k8s needs {why}")
+    return render_k8s(job, **given)
 
 
 def _set_item(key: str, text: str) -> str:

@@ -36,8 +36,10 @@ class ClusterJob:
     shm_gib: int
     port: int
 
-    def shell_command(self) -> str:
-        return " ".join(shlex.quote(a) for a in self.argv)
+    @property
+    def rendered_by(self) -> str:
+        """The render command line, shell-quoted, for the template's header."""
+        return " ".join(shlex.quote(a) for a in self.render_argv)
 
 
 def cluster_job(plan: Plan, *, sets: list[str], config: str | None, gpus_per_node: int | None,

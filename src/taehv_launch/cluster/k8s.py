@@ -12,7 +12,6 @@ Pure: returns the text. podFailurePolicy needs Kubernetes 1.26 or newer.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -22,7 +21,7 @@ from .job import ClusterJob
 
 
 def render_k8s(job: ClusterJob, *, image: str, pvc: str, mount: str = "/shared", namespace: str | None = None,
-               grace_s: int = 300, restarts: int = 3) -> str:
+               grace_period: int = 300, restarts: int = 3) -> str:
     if not PurePosixPath(mount).is_absolute() or not PurePosixPath(job.output_dir).is_relative_to(mount):
         raise ConfigError(f"output_dir {job.output_dir} is not on the shared volume mounted at {mount}: pass "
                           f"--output-dir {PurePosixPath(mount) / 'taehv-output'} (or --mount the folder that holds it)")
@@ -44,7 +43,7 @@ def render_k8s(job: ClusterJob, *, image: str, pvc: str, mount: str = "/shared",
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "shared", "mountPath": mount}],
     }
     pod = {
-        "subdomain": job.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": grace_s,
+        "subdomain": job.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": grace_period,
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{job.shm_gib}Gi"}},
                     {"name": "shared", "persistentVolumeClaim": {"claimName": pvc}}],
@@ -65,12 +64,12 @@ def render_k8s(job: ClusterJob, *, image: str, pvc: str, mount: str = "/shared",
     head = [
         f"taehv-launch {job.gpus} {job.profile} on Kubernetes: {job.nodes} pod(s) x {job.gpus_per_node} GPUs "
         f"(an indexed Job), one launcher per pod.",
-        f"Rendered by: {' '.join(shlex.quote(a) for a in job.render_argv)}",
+        f"Rendered by: {job.rendered_by}",
         "Render it again rather than edit it. Start: kubectl apply -f <this file>; logs of node 0:",
         f"kubectl logs -f {job.name}-0-<suffix> (or `kubectl logs -f job/{job.name}`); the run:",
         f"{job.output_dir}/job-{job.name}/ on the volume '{pvc}' (ReadWriteMany: every pod mounts it).",
         f"Exit {EXIT_RESUMABLE} (checkpoint saved after SIGTERM) and evictions replace the pod without counting",
-        f"against backoffLimit ({restarts} failures per pod); each pod has {grace_s} s after SIGTERM to finish",
+        f"against backoffLimit ({restarts} failures per pod); each pod has {grace_period} s after SIGTERM to finish",
         "its step and save the checkpoint. podFailurePolicy needs Kubernetes 1.26 or newer.",
     ]
     return ("\n".join(f"# {line}" for line in head) + "\n" + yaml_text(service, plain=True) + "---\n"

@@ -1,7 +1,7 @@
 """`taehv-launch render slurm`: an sbatch script that runs one launcher per node and requeues itself.
 
 Preemption follows the launcher's reliability path (docs/troubleshooting.md): SLURM sends SIGUSR1
-to every process of the step `signal_s` seconds before the time limit (and SIGTERM on preemption
+to every process of the step `signal_seconds` seconds before the time limit (and SIGTERM on preemption
 or scancel); the ranks finish their step, save a checkpoint and exit 75; the script then puts
 the job back in the queue. The requeued job keeps its job id, so the same run directory, and its
 `--resume this-run` continues from that checkpoint. Pure: returns the text.
@@ -16,16 +16,16 @@ from .job import ClusterJob
 
 
 def render_slurm(job: ClusterJob, *, partition: str | None = None, account: str | None = None,
-                 time: str | None = None, signal_s: int = 120) -> str:
+                 time: str | None = None, signal_seconds: int = 120) -> str:
     sbatch = [f"--job-name={job.name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
               f"--gpus-per-node={job.gpus_per_node}", "--exclusive", "--mem=0"]
     sbatch += [f"--partition={partition}"] * bool(partition) + [f"--account={account}"] * bool(account)
     sbatch += [f"--time={time}"] * bool(time)
-    sbatch += [f"--signal=USR1@{signal_s}", "--requeue", "--open-mode=append", "--output=slurm-%x-%j.out"]
+    sbatch += [f"--signal=USR1@{signal_seconds}", "--requeue", "--open-mode=append", "--output=slurm-%x-%j.out"]
     cmd = " \\\n    ".join(_lines(job.argv))
     return f"""#!/bin/bash
 # taehv-launch {job.gpus} {job.profile} on SLURM: {job.nodes} node(s) x {job.gpus_per_node} GPUs, one launcher per node.
-# Rendered by: {" ".join(shlex.quote(a) for a in job.render_argv)}
+# Rendered by: {job.rendered_by}
 # Render it again rather than edit it. Submit: sbatch <this file>. Log: slurm-{job.name}-<jobid>.out;
 # the run: {job.output_dir}/job-<jobid>/ (launch.log, checkpoints, REQUEUE).
 {chr(10).join(f"#SBATCH {s}" for s in sbatch)}

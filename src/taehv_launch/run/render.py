@@ -160,7 +160,7 @@ def render(plan: Plan, run_dir: Path, env: Mapping[str, str] | None = None,
     suffix = node_suffix(topo.machine_rank)
     files = {
         "config.py": render_config_file(plan.config, header=_config_header(plan)),
-        "accelerate.yaml": _yaml(acc),
+        "accelerate.yaml": yaml_text(acc),     # every string quoted, as accelerate reads it back
     }
     if ds is not None:
         files["deepspeed.json"] = json.dumps(ds, indent=2) + "\n"
@@ -189,8 +189,3 @@ def _config_header(plan: Plan) -> str:
     return (f"Resolved by taehv-launch for `{plan.gpus} {plan.profile.name}`: {plan.row_source}.\n"
             f"{plan.batch_arithmetic()}.\n"
             "Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust.")
-
-
-def _yaml(mapping: dict[str, Any]) -> str:
-    """The accelerate YAML: every string quoted, as accelerate's own loader reads it back."""
-    return yaml_text(mapping)

@@ -75,7 +75,7 @@ def profile_reference() -> str:
         for gpus in (n for n in COUNTS if n <= profile.max_gpus):
             plan = resolve(gpus, name, detect_topology(gpus, {}))
             c, topo, mem = plan.config, plan.topology, plan.memory
-            how = "table" if row_for(profile, gpus)[1].startswith("table row") else "rule"
+            how = "table" if plan.row_source.startswith("table row") else "rule"
             peak = f"{mem.predicted_gib:.1f} of {mem.gpu_gib:.0f} GiB" if mem.predicted_gib else "-"
             lines.append(f"| {gpus} | {topo.num_machines} | {how} | {c['micro_batch_size']} | "
                          f"{c['gradient_accumulation_steps']} | {plan.global_batch_size} | {c['learning_rate']:g} | "
