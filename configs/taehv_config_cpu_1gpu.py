@@ -67,9 +67,11 @@ args.max_consecutive_bad_steps = 20  # abort after this many non-finite steps in
 args.compile = 'none'  # torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)
 args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
 args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)
+args.channels_last = True  # compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout transposes (only with compile='all' on GPU)
 args.output_dir = 'output'  # parent of run directories
 args.log_every = 5  # steps between log lines / scalars
 args.validation_steps = 20  # steps between validations
+args.validation_at_start = False  # also validate before the first step of a fresh run: the untrained baseline in val/psnr
 args.max_validation_batches = 2  # batches per validation pass
 args.checkpointing_steps = 20  # steps between checkpoints
 args.checkpoints_total_limit = 2  # checkpoints kept (newest complete and best are never deleted)

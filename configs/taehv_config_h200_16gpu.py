@@ -64,12 +64,14 @@ args.zero_stage = 3  # DeepSpeed ZeRO stage (0 = plain DDP)
 args.bucket_size_mb = 0  # DeepSpeed reduce/allgather bucket in MB (0 = the profile row's: 500-1000 MB)
 args.seed = 42  # global seed (each rank offsets it)
 args.max_consecutive_bad_steps = 20  # abort after this many non-finite steps in a row
-args.compile = 'reference'  # torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)
+args.compile = 'all'  # torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)
 args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
 args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)
+args.channels_last = True  # compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout transposes (only with compile='all' on GPU)
 args.output_dir = 'output'  # parent of run directories
 args.log_every = 20  # steps between log lines / scalars
 args.validation_steps = 500  # steps between validations
+args.validation_at_start = False  # also validate before the first step of a fresh run: the untrained baseline in val/psnr
 args.max_validation_batches = 8  # batches per validation pass
 args.checkpointing_steps = 1000  # steps between checkpoints
 args.checkpoints_total_limit = 3  # checkpoints kept (newest complete and best are never deleted)

@@ -96,3 +96,51 @@ def test_bench_compare_cpu_smoke(tmp_path):
     assert rows["cache job (encode once)"]["bytes_per_clip"] > 0
     assert rows["ours, from the latent cache"]["clips_per_s"] > 0
     assert json.loads((tmp_path / "bc" / "compare.json").read_text())["rows"]
+
+
+def test_channels_last_taehv_computes_the_same_and_keeps_its_weights_layout():
+    """The compiled-GPU layout lever: frames NHWC inside every block, same outputs and gradients, the
+    parameters (what checkpoints and DeepSpeed's flat buffers hold) untouched."""
+    from taehv_launch.train.model import TAEHV
+
+    torch.manual_seed(0)
+    a = TAEHV(latent_channels=4).double()
+    b = TAEHV(latent_channels=4).double()
+    b.load_state_dict(a.state_dict())
+    b.channels_last = True
+    x = torch.rand(2, 8, 3, 16, 24, dtype=torch.float64)
+    ya, yb = a(x), b(x)
+    torch.testing.assert_close(ya, yb)
+    ya.square().mean().backward()
+    yb.square().mean().backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, msg=name)
+        assert pb.is_contiguous(), name
+
+
+def test_gpu_profiles_compile_taehv_channels_last_and_zero3_stays_eager():
+    """What users run: every GPU profile compiles the reference encoder and TAEHV (channels-last);
+    the loop keeps TAEHV eager under ZeRO-3 (checked by reading the loop's rule)."""
+    import inspect
+
+    from taehv_launch.plan.profiles import PROFILES
+    from taehv_launch.plan.schema import make_config
+    from taehv_launch.train import loop
+
+    for name, prof in PROFILES.items():
+        if prof.device == "cuda":
+            assert prof.config["compile"] == "all", name
+    assert make_config({}).channels_last is True
+    assert "self.zero == 3" in inspect.getsource(loop.Trainer._compile)
+
+
+def test_validation_at_start_gives_a_step_0_baseline_without_a_best_model(tmp_path):
+    proc = run_cli("1", "cpu", "--run-name", "v0", "--set", f"output_dir={str(tmp_path / 'out')!r}",
+                   "--set", "max_train_steps=2", "--set", "validation_steps=100", "--set", "validation_at_start=True",
+                   "--set", "max_validation_batches=1", env=clean_env(TAEHV_CACHE=str(tmp_path / "cache")),
+                   cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    assert "validation at step 0:" in text and "validation at step 2:" in text
+    assert text.index("validation at step 0:") < text.index("step 2/2")
+    assert (tmp_path / "out" / "v0" / "best_model").is_dir()      # exported at step 2, not 0

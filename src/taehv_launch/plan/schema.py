@@ -104,10 +104,14 @@ KEYS: dict[str, Key] = {
                                 "(1-2 min warm-up, cached)", ("none", "reference", "all")),
     "compile_cache_dir": Key("", str, "Inductor cache kept across restarts (default: <output_dir>/.compile-cache)"),
     "fused_optimizer": Key(True, bool, "AdamW's fused CUDA kernel (ignored on CPU)"),
+    "channels_last": Key(True, bool, "compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout "
+                                     "transposes (only with compile='all' on GPU)"),
     # --- logging, validation, checkpoints ---------------------------------------------
     "output_dir": Key("output", str, "parent of run directories"),
     "log_every": Key(50, int, "steps between log lines / scalars"),
     "validation_steps": Key(1000, int, "steps between validations"),
+    "validation_at_start": Key(False, bool, "also validate before the first step of a fresh run: the untrained "
+                                            "baseline in val/psnr"),
     "max_validation_batches": Key(8, int, "batches per validation pass"),
     "checkpointing_steps": Key(2000, int, "steps between checkpoints"),
     "checkpoints_total_limit": Key(3, int, "checkpoints kept (newest complete and best are never deleted)"),

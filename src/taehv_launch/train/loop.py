@@ -116,8 +116,8 @@ class Trainer:
         if self.cfg.compile == "all" and self.zero == 3:   # ZeRO-3's gathering hooks: stay eager
             self.log("compile: TAEHV stays eager under ZeRO-3")
         elif self.cfg.compile == "all":
-            compile_taehv(taehv)
-            what.append("TAEHV encode/decode")
+            compile_taehv(taehv, self.cfg.channels_last)
+            what.append(f"TAEHV encode/decode{' (channels-last)' if self.cfg.channels_last else ''}")
         if what:
             self.log(f"compile: {' and '.join(what)} (first steps are slow while kernels are built; cache {cache})")
 
@@ -216,6 +216,8 @@ class Trainer:
         self.speed.start(st.step)
         self.bar = bar = self._progress(st.step, total)
         start_step = st.step
+        if cfg.validation_at_start and st.step == 0:
+            self.validate()
         with prof as p:
             while st.step < total:
                 for g in self.optimizer.param_groups:
@@ -335,7 +337,7 @@ class Trainer:
                 add_gif(self.writer, f"val/video_{i}", gif_bytes(side), side.shape[-2], side.shape[-1], step)
             self.writer.flush()
         self.log(f"validation at step {step}: psnr {val_psnr:.2f} dB, ssim {val_ssim:.4f} (EMA model)")
-        if val_psnr > self.state.best_psnr:
+        if val_psnr > self.state.best_psnr and step > 0:     # step 0: the untrained baseline
             self.state.best_psnr, self.state.best_step = val_psnr, step
             self.export("best_model")
         return val_psnr

@@ -152,6 +152,7 @@ class TAEHV(nn.Module):
         self.patch_size = patch_size
         self.image_channels = 3
         self.gradient_checkpointing = gradient_checkpointing
+        self.channels_last = False   # NHWC frames: set for compiled GPU training (train/speed.py)
 
         def enc_stage(down_t: bool) -> list[nn.Module]:
             return [TPool(64, 2 if down_t else 1), conv(64, 64, stride=2, bias=False),
@@ -185,6 +186,8 @@ class TAEHV(nn.Module):
         """NTCHW -> NTCHW through `model`, parallel over time, checkpointed when asked."""
         N, T, C, H, W = x.shape
         x = x.reshape(N * T, C, H, W)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for seg in _segments(model):
             if recompute and any(isinstance(b, MemBlock) for b in seg):

@@ -51,8 +51,14 @@ def compile_reference(ref) -> None:
     model.encoder = torch.compile(model.encoder, dynamic=False)
 
 
-def compile_taehv(taehv: torch.nn.Module) -> None:
-    """Compile TAEHV's two entry points in place; DDP/DeepSpeed still see the same parameters."""
+def compile_taehv(taehv: torch.nn.Module, channels_last: bool = True) -> None:
+    """Compile TAEHV's two entry points in place; DDP/DeepSpeed still see the same parameters.
+
+    channels_last: the frames enter every block NHWC, so cuDNN runs its NHWC kernels without the
+    NCHW<->NHWC transposes that were 35% of an eager step (H100, docs/benchmarks.md); the weights
+    keep their layout (checkpoints and DeepSpeed's flat buffers are unchanged). Eager, the same
+    layout measured slower (the reshapes between blocks copy), so only the compiled model uses it."""
+    taehv.channels_last = channels_last
     taehv.encode_video = torch.compile(taehv.encode_video, dynamic=False)
     taehv.decode_video = torch.compile(taehv.decode_video, dynamic=False)
 
