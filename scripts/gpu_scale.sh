@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Weak scaling 1 -> 2 GPUs and ZeRO-2 vs plain DDP (zero_stage=0), on the 2 x H200 machine from the
 # repo root (wheels installed as in scripts/gpu_check.sh; videos in .benchdata/ from
-# scripts/make_bench_videos.py). The h200 profile as users run it (micro 16, compile='reference',
+# scripts/make_bench_videos.py). The h200 profile as users run it (micro 16, compile='all' since 2026-11-24 (rows of 11-23: 'reference'),
 # Seraena crop 256), accumulation 1 so that every micro-batch pays its gradient reduction.
 #   bash scripts/gpu_scale.sh online   -> 1 GPU ZeRO-2, 2 GPUs ZeRO-2, 2 GPUs DDP; CogVideoX encode online
 #   bash scripts/gpu_scale.sh cached   -> a 2-view latent cache on 2 GPUs, then the same three rows from it
+#   bash scripts/gpu_scale.sh one      -> 1 GPU: compile='reference' (the old default) vs the default 'all'
 # Each row prints its speed.json (steady state: steps 11..STEPS; clips_per_s_per_gpu).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_scale}; W=${W:-/tmp/bc}; STEPS=${STEPS:-24}; mkdir -p "$OUT" "$W"
@@ -31,6 +32,7 @@ row() {  # NAME GPUS [--set ...]
   cp "$W/output/$name/speed.json" "$OUT/$name.speed.json" 2>/dev/null
 }
 case "$1" in
+  one)    row one_reference 1 --set compile="'reference'"; row one_all 1 ;;
   online) row online_1_z2 1; row online_2_z2 2; row online_2_ddp 2 --set zero_stage=0 ;;
   cached) tl cache 2 h200 --views 2 --run-name cache2 --set latent_cache="'$W/lc2'" "${common[@]:0:6}" \
             > "$OUT/cache2.log" 2>&1; echo "cache: exit $?"; grep "^cache:" "$OUT/cache2.log" | tail -2

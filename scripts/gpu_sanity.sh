@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Learning sanity on the GPU machine (docs/benchmarks.md): 2000 steps at 128x128 on the real clips of
+# ../shared/testdata/videos (copied to .benchdata/real), Seraena on, validation before the first step
+# and every 250 steps. Two runs side by side on one GPU:
+#   distil       distillation from a real-architecture CogVideoX VAE with random weights
+#   autoencoder  use_ref_vae=False: TAEHV decodes its own encodings (no teacher)
+# Writes $OUT/sanity-*.log and the runs' TensorBoard logs; plot with scripts/plot_curve.py RUN_DIR OUT.png.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_sanity}; W=${W:-/tmp/bc}; mkdir -p "$OUT" "$W"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+REF=$W/ref_vae_cogvideox_real_c16
+[ -d "$REF" ] || python3 -c "import torch, diffusers; torch.manual_seed(0); \
+  diffusers.AutoencoderKLCogVideoX().to(torch.bfloat16).save_pretrained('$REF/vae')" 2>/dev/null
+common=(--set output_dir="'$W/sanity'" --set data_root="'.benchdata/real'" --set ref_vae_path="'$REF'"
+        --set height=128 --set width=128 --set micro_batch_size=4 --set gradient_accumulation_steps=1
+        --set max_train_steps=${STEPS:-2000} --set lr_warmup_steps=100 --set validation_steps=250
+        --set validation_at_start=True --set checkpointing_steps=100000 --set log_every=100 --set compile="'none'")
+tl() { python3 -c 'from taehv_launch.cli import main; main()' "$@"; }
+tl 1 h100 --run-name sanity-distil --master-port 29511 "${common[@]}" > "$OUT/sanity-distil.log" 2>&1 &
+tl 1 h100 --run-name sanity-autoencoder --master-port 29512 "${common[@]}" --set use_ref_vae=False \
+   --set encoder_loss_weight=0 > "$OUT/sanity-autoencoder.log" 2>&1 &
+wait
+for r in distil autoencoder; do
+  echo "== $r"; grep -E "^validation|^step (100|1000|2000)/|error" "$OUT/sanity-$r.log"
+  mkdir -p "$OUT/$r" && cp -r "$W/sanity/sanity-$r/logs" "$OUT/$r/" 2>/dev/null
+done
