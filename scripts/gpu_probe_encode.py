@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 import torch.nn as nn
 
+from taehv_launch.bench.compare import time_steps
+
 # --- the rejected lever: every Conv3d of the frozen encoder as one Conv2d over stacked frames ---
 class Conv3dAsConv2d(nn.Module):
     """Frozen replacement of a Conv3d (time stride 1, time padding 0, zeros padding, groups 1)."""
@@ -68,14 +70,8 @@ bf = torch.bfloat16
 
 
 def bench(fn, reps=5, warm=2):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps * 1e3
+    """ms per call (bench --compare's own timer)."""
+    return time_steps(fn, dev, reps, warm) * 1e3
 
 
 def micro():

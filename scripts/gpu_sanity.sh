@@ -3,14 +3,20 @@
 # ../shared/testdata/videos (copied to .benchdata/real), Seraena on, validation before the first step
 # and every 250 steps. Two runs side by side on one GPU:
 #   distil       distillation from a real-architecture CogVideoX VAE with random weights
-#   autoencoder  use_ref_vae=False: TAEHV decodes its own encodings (no teacher)
+#   autoencoder  use_ref_vae=False: the decoder learns TAEHV's own frozen, untrained encodings (no teacher;
+#                docs call it decoder-only)
 # Writes $OUT/sanity-*.log and the runs' TensorBoard logs; plot with scripts/plot_curve.py RUN_DIR OUT.png.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_sanity}; W=${W:-/tmp/bc}; mkdir -p "$OUT" "$W"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 REF=$W/ref_vae_cogvideox_real_c16
-[ -d "$REF" ] || python3 -c "import torch, diffusers; torch.manual_seed(0); \
-  diffusers.AutoencoderKLCogVideoX().to(torch.bfloat16).save_pretrained('$REF/vae')" 2>/dev/null
+python3 - "$W" <<'PY'
+import sys, torch
+from pathlib import Path
+from taehv_launch.bench.runs import make_assets
+from taehv_launch.plan.schema import DEFAULTS
+make_assets(dict(DEFAULTS), torch.device("cuda"), Path(sys.argv[1]), ".benchdata/real", print)
+PY
 common=(--set output_dir="'$W/sanity'" --set data_root="'.benchdata/real'" --set ref_vae_path="'$REF'"
         --set height=128 --set width=128 --set micro_batch_size=4 --set gradient_accumulation_steps=1
         --set max_train_steps=${STEPS:-2000} --set lr_warmup_steps=100 --set validation_steps=250

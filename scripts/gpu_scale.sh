@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Weak scaling 1 -> 2 GPUs and ZeRO-2 vs plain DDP (zero_stage=0), on the 2 x H200 machine from the
 # repo root (wheels installed as in scripts/gpu_check.sh; videos in .benchdata/ from
-# scripts/make_bench_videos.py). The h200 profile as users run it (micro 16, compile='all' since 2026-11-24 (rows of 11-23: 'reference'),
-# Seraena crop 256), accumulation 1 so that every micro-batch pays its gradient reduction.
+# scripts/make_bench_videos.py). The h200 profile as users run it (micro 16, Seraena crop 256; compile
+# 'all' since 2026-11-24, 'reference' in the rows of 11-23), accumulation 1 so that every micro-batch
+# pays its gradient reduction.
 #   bash scripts/gpu_scale.sh online   -> 1 GPU ZeRO-2, 2 GPUs ZeRO-2, 2 GPUs DDP; CogVideoX encode online
 #   bash scripts/gpu_scale.sh cached   -> a 2-view latent cache on 2 GPUs, then the same three rows from it
 #   bash scripts/gpu_scale.sh one      -> 1 GPU: compile='reference' (the old default) vs the default 'all'
