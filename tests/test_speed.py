@@ -28,6 +28,25 @@ def test_window_keeps_no_loss_buffers_and_averages():
     assert means["disc"] == 3.0 and means["loss"] == pytest.approx((loss.item() + 1.0) / 2)
 
 
+def test_profile_table_covers_the_steady_window_only(monkeypatch):
+    """--profile's table leaves out the warm-up steps (compile) and shows the time outside every phase."""
+    from taehv_launch.train import timing
+
+    clock = iter(range(0, 1000, 1))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))
+    timer = timing.PhaseTimer(True, torch.device("cpu"))
+    for step in range(1, 7):            # steps 1-6; the steady window starts after step 2
+        with timer("reference VAE encode"):
+            pass
+        timer.at_step(step, steady_from=2, last=6)
+    table = timer.table(6)
+    assert "steps 3-6, after the warm-up" in table, table
+    # the fake clock ticks 1 s per read: each phase takes 1 s; at_step reads it at steps 2 and 6
+    lines = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert float(lines["reference"].split()[3]) == pytest.approx(1000.0)        # 4 s over 4 steps
+    assert float(lines["outside"].split()[3]) == pytest.approx(1250.0)          # 9 s of wall - 4 s of phases
+
+
 def _view(crop: int, h: int = 48, w: int = 64):
     target = torch.arange(2 * 9 * 3 * h * w, dtype=torch.float32).view(2, 9, 3, h, w)
     latents = torch.arange(2 * 3 * 4 * (h // 8) * (w // 8), dtype=torch.float32).view(2, 3, 4, h // 8, w // 8)

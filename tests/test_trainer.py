@@ -121,7 +121,8 @@ def test_profile_and_debug_and_accumulation(tmp_path):
     speed = json.loads((run / "speed.json").read_text())        # steady-state throughput, for bench --compare
     assert speed["steps"] == 2 and speed["from_step"] == 2 and speed["clips_per_s"] > 0, speed
     assert "reference VAE encode" in speed["phases"]
-    assert "where a step's time goes" in proc.stdout
+    assert "where a step's time goes (steps 3-4, after the warm-up" in proc.stdout   # speed.json's window
+    assert "outside the phases" in proc.stdout
     for phase in ("reference VAE encode", "TAEHV forward", "Seraena", "backward + optimizer", "data"):
         assert phase in proc.stdout, phase
     assert list((run / "logs" / "profile").glob("*.pt.trace.json*")), "no torch.profiler trace written"

@@ -250,6 +250,7 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                 self.speed.step(st.step)
+                self.timer.at_step(st.step, self.speed.begin_step, total)
                 if st.step % cfg.log_every == 0 or st.step == total:
                     dt = time.perf_counter() - t_window
                     means = self._log_window(window, samples_window / max(dt, 1e-9), st.step, total, start_step)

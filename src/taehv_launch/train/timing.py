@@ -25,6 +25,21 @@ class PhaseTimer:
         self.enabled, self.device = enabled, device
         self.totals: dict[str, float] = defaultdict(float)
         self.memory_log = int(os.environ.get("TAEHV_MEMORY_LOG", "0") or 0) if device.type == "cuda" else 0
+        self.steady: tuple[int, float] | None = None   # (first step of the steady window, its start time)
+        self.steady_end: tuple[int, float] | None = None
+
+    def at_step(self, step: int, steady_from: int, last: int) -> None:
+        """After optimizer step `step`: the table covers the steady window (SpeedLog's: compile
+        warm-up left out) and ends at the last step, before the final validation and checkpoint."""
+        if not self.enabled or step not in (steady_from, last):
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if step == steady_from:
+            self.totals.clear()
+            self.steady = (step, time.perf_counter())
+        if step == last and self.steady is not None and step > self.steady[0]:
+            self.steady_end = (step, time.perf_counter())
 
     @contextlib.contextmanager
     def __call__(self, name: str):
@@ -52,9 +67,19 @@ class PhaseTimer:
                 self.memory_log -= 1
 
     def table(self, steps: int) -> str:
-        total = sum(self.totals.values()) or 1.0
-        lines = [f"where a step's time goes ({steps} steps, ms per optimizer step):"]
-        for name, secs in sorted(self.totals.items(), key=lambda kv: -kv[1]):
+        """ms per optimizer step and share, per phase; over the steady window when the run reached its
+        end (then also the wall time outside every phase: EMA, logging, launching the next step)."""
+        totals = dict(self.totals)
+        if self.steady is not None and self.steady_end is not None:
+            (first, t0), (last, t1) = self.steady, self.steady_end
+            steps = last - first
+            totals["outside the phases"] = max(0.0, t1 - t0 - sum(totals.values()))
+            what = f"steps {first + 1}-{last}, after the warm-up"
+        else:
+            what = f"{steps} steps, warm-up included"
+        total = sum(totals.values()) or 1.0
+        lines = [f"where a step's time goes ({what}; ms per optimizer step):"]
+        for name, secs in sorted(totals.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {name:<22} {1000 * secs / max(1, steps):9.1f} ms  {100 * secs / total:5.1f}%")
         return "\n".join(lines)
 
