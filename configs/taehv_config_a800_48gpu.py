@@ -68,6 +68,7 @@ args.compile = 'all'  # torch.compile on GPU: the reference VAE encoder, or it a
 args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
 args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)
 args.channels_last = True  # compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout transposes (only with compile='all' on GPU)
+args.ref_channels_last = True  # the compiled reference encoder keeps its activations channels-last (NDHWC, 8-18% faster encode measured for all three families; only with compile on GPU)
 args.output_dir = 'output'  # parent of run directories
 args.log_every = 15  # steps between log lines / scalars
 args.validation_steps = 500  # steps between validations

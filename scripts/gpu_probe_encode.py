@@ -6,6 +6,10 @@ Measured 2026-11-24 on the H100 (docs/benchmarks.md, docs/evidence/speed/probe_*
   micro encoder kernels     conv3d vs conv3d-as-conv2d (rejected: slower), kernel tables
   taehv cl overlap kernels  TAEHV step eager/compiled x NCHW/channels-last, the channels-last encoder,
                             encode on a side stream beside the step
+  ref kernels               the trainer's encode compiled NCDHW vs NDHWC with ChannelsLastGroupNorm (2026-11-24)
+  refmore                   on top of NDHWC: fewer realized intermediates, no conv_cache outputs, cudnn.benchmark
+  refpad kernels            on top of NDHWC: the causal time padding as one replicate pad, CUDA graphs, chunk 4
+  families                  HunyuanVideo and Wan encoders compiled NCDHW vs NDHWC (2026-11-24: NDHWC faster)
 """
 
 from __future__ import annotations
@@ -186,6 +190,134 @@ def encoder_cl():
     return c, run
 
 
+def probe_setup(kind="cogvideox"):
+    """(path, frames, want): a default-architecture VAE of `kind` saved to disk, 8 clips of
+    12 x 480x720, and their eager encode at chunk 2 (the reference every variant is checked against)."""
+    import diffusers
+    from taehv_launch.plan.families import FAMILIES
+    from taehv_launch.train.refvae import load_reference_vae
+
+    path = f"/tmp/probe_ref_{kind}"
+    torch.manual_seed(0)
+    getattr(diffusers, FAMILIES[kind].class_name)().save_pretrained(path)
+    frames = torch.randint(0, 256, (8, 12, 3, 480, 720), dtype=torch.uint8, device=dev)
+    want = load_reference_vae(kind, path, dtype=bf, device=dev, chunk_size=2).encode(frames)
+    return path, frames, want
+
+
+def time_encode(kind, path, frames, want, name, setup, chunk=2, reps=5, profile=True) -> float:
+    """One row: load, apply `setup(ref)`, time ref.encode (first call = compile), check against `want`."""
+    from taehv_launch.train.refvae import load_reference_vae
+
+    ref = load_reference_vae(kind, path, dtype=bf, device=dev, chunk_size=chunk)
+    setup(ref)
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    got = ref.encode(frames)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    ms = bench(lambda: ref.encode(frames), reps=reps)
+    err = (got - want).abs().max().item() / want.abs().max().item()
+    print(f"{kind} encode {name:40s} {ms:8.1f} ms / 8 clips rel err {err:.1e} (first call {first:.0f} s) "
+          f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    if profile and "kernels" in sys.argv:
+        kernels(lambda: ref.encode(frames), name)
+    del ref, got
+    torch.cuda.empty_cache()
+    return ms
+
+
+def ref_layouts():
+    """The trainer's own encode (ReferenceVAE.encode, chunk 2, compiled) NCDHW against NDHWC with
+    ChannelsLastGroupNorm (train/refopt.py), each checked against the eager encode."""
+    from taehv_launch.train.speed import compile_reference
+
+    data = probe_setup()
+    for name, cl in [("compiled NCDHW (until now)", False), ("compiled NDHWC + ChannelsLastGroupNorm", True)]:
+        time_encode("cogvideox", *data, name, lambda ref: compile_reference(ref, channels_last=cl, replicate_pad=False))
+
+
+def ref_more():
+    """Levers on top of the NDHWC encode, each on its own row against the NDHWC row of the same run:
+    cuDNN autotuning, Inductor realizing fewer intermediates (fuses the group norm's affine map into the
+    SiLU + causal-pad copy), and the encoder compiled without its conv_cache outputs."""
+    from taehv_launch.train.speed import compile_reference
+    from taehv_launch.train.refopt import channels_last_encoder
+
+    class NoCache(nn.Module):
+        """The encoder's forward without the conv_cache outputs (one frame batch: nobody reads them)."""
+        def __init__(self, enc):
+            super().__init__()
+            self.enc = enc
+            self.compiled = torch.compile(lambda x: enc(x)[0], dynamic=False)
+
+        def forward(self, x, temb=None, conv_cache=None):
+            assert conv_cache is None
+            return self.compiled(x), None
+
+    def setup_nl(ref):
+        compile_reference(ref, channels_last=True, replicate_pad=False)
+
+    def setup_bench(ref):
+        torch.backends.cudnn.benchmark = True
+        setup_nl(ref)
+
+    def setup_fuse(ref):
+        enc = channels_last_encoder(ref.model.encoder)
+        ref.channels_last = True
+        ref.model.encoder = torch.compile(enc, dynamic=False, options={
+            "realize_reads_threshold": 64, "realize_opcount_threshold": 400, "realize_acc_reads_threshold": 64})
+
+    def setup_nocache(ref):
+        enc = channels_last_encoder(ref.model.encoder)
+        ref.channels_last = True
+        ref.model.encoder = NoCache(enc)
+
+    data = probe_setup()
+    for name, setup in [("NDHWC (new default)", setup_nl), ("NDHWC + realize fewer (fuse GN affine)", setup_fuse),
+                        ("NDHWC, no conv_cache outputs", setup_nocache), ("NDHWC + cudnn.benchmark", setup_bench)]:
+        time_encode("cogvideox", *data, name, setup)
+    torch.backends.cudnn.benchmark = False
+
+
+def ref_pad():
+    """Levers on top of the NDHWC encode, each on its own row against the NDHWC row of the same run."""
+    from taehv_launch.train.speed import compile_reference
+    from taehv_launch.train.refopt import channels_last_encoder, replicate_time_padding
+
+    path, frames, want = data = probe_setup()
+    from taehv_launch.train.refvae import load_reference_vae
+    ref_eager = load_reference_vae("cogvideox", path, dtype=bf, device=dev, chunk_size=2)
+    n = replicate_time_padding(ref_eager.model.encoder)
+    same = (ref_eager.encode(frames) - want).abs().max().item()
+    print(f"replicate-pad eager check: {n} causal convs, max abs diff vs cat {same:.1e}", flush=True)
+    del ref_eager
+
+    def setup_graphs(ref):
+        replicate_time_padding(ref.model.encoder)
+        enc = channels_last_encoder(ref.model.encoder)
+        ref.channels_last = True
+        ref.model.encoder = torch.compile(enc, dynamic=False, mode="reduce-overhead")
+
+    rows = [("NDHWC (default)", lambda ref: compile_reference(ref, True, replicate_pad=False), 2),
+            ("NDHWC + replicate pad", lambda ref: compile_reference(ref, True, replicate_pad=True), 2),
+            ("NDHWC + replicate pad + CUDA graphs", setup_graphs, 2),
+            ("NDHWC chunk 4", lambda ref: compile_reference(ref, True, replicate_pad=False), 4)]
+    for name, setup, chunk in rows:
+        time_encode("cogvideox", *data, name, setup, chunk=chunk, profile="graphs" not in name)
+
+
+def families():
+    """The other families' encoders (diffusers default architectures, random weights), compiled,
+    NCDHW against NDHWC with ChannelsLastGroupNorm, 8 clips of 12 x 480x720 at chunk 2."""
+    from taehv_launch.train.speed import compile_reference
+
+    for kind in ("hunyuan", "wan"):
+        data = probe_setup(kind)
+        for name, cl in [("compiled NCDHW", False), ("compiled NDHWC + ChannelsLastGroupNorm", True)]:
+            time_encode(kind, *data, name, lambda ref: compile_reference(ref, channels_last=cl), reps=3)
+
+
 def taehv_step(cl: bool, compiled: bool):
     from taehv_launch.train.model import TAEHV
     from taehv_launch.train.seraena import VideoSeraena, seraena_crop
@@ -251,10 +383,11 @@ def overlap(encode, step):
 
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    if "micro" in sys.argv:
-        micro()
-    if "encoder" in sys.argv:
-        encoder()
+    modes = {"ref": ref_layouts, "refmore": ref_more, "refpad": ref_pad, "families": families,
+             "micro": micro, "encoder": encoder}
+    for mode, probe in modes.items():
+        if mode in sys.argv:
+            probe()
     if "taehv" in sys.argv:
         for cl, comp in [(False, False), (True, False), (False, True), (True, True)]:
             step = taehv_step(cl, comp)

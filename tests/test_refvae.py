@@ -268,3 +268,72 @@ def test_bad_config_json(vae_dirs, tmp_path):
 def test_unknown_family(vae_dirs):
     with pytest.raises(ConfigError, match="ref_vae_type='ltx' is not supported"):
         load_reference_vae("ltx", vae_dirs["wan"])
+
+
+# ----------------------------------------------------------------------------- channels-last encoder (speed)
+
+@pytest.mark.parametrize("shape,groups,affine", [((2, 16, 5, 12, 10), 4, True), ((1, 8, 3, 8, 8), 8, False),
+                                                 ((2, 6, 1, 4, 4), 1, True)])
+def test_channels_last_group_norm_is_torchs_group_norm(shape, groups, affine):
+    from taehv_launch.train.refopt import ChannelsLastGroupNorm
+
+    torch.manual_seed(0)
+    ref = nn.GroupNorm(groups, shape[1], affine=affine)
+    if affine:
+        nn.init.normal_(ref.weight), nn.init.normal_(ref.bias)
+    ours = ChannelsLastGroupNorm(groups, shape[1], affine=affine)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(shape) * 3 + 5                        # an offset mean: the variance must not cancel
+    want = ref(x)
+    got = ours(x.contiguous(memory_format=torch.channels_last_3d))
+    assert got.is_contiguous(memory_format=torch.channels_last_3d) and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours(x), want)            # NCDHW input: torch's own path
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_channels_last_encoder_gives_the_same_latents(vae_dirs, kind):
+    """The NDHWC encoder (refopt.channels_last_encoder, NDHWC input) matches the diffusers encode for
+    every family (all three run it compiled on GPUs: ref_channels_last)."""
+    from taehv_launch.train.refopt import ChannelsLastGroupNorm, channels_last_encoder
+
+    frames = _frames(n=2)
+    want = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu").encode(frames)
+    vae = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu")
+    channels_last_encoder(vae.model.encoder)
+    vae.channels_last = True
+    swapped = [m for m in vae.model.encoder.modules() if isinstance(m, ChannelsLastGroupNorm)]
+    assert bool(swapped) == any(isinstance(m, nn.GroupNorm) for m in vae.model.encoder.modules())
+    torch.testing.assert_close(vae.encode(frames), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_compile_reference_goes_channels_last_when_asked(vae_dirs, kind):
+    from taehv_launch.train.speed import compile_reference
+
+    vae = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu")
+    compile_reference(vae, channels_last=True)            # wraps lazily: nothing compiles until a call
+    assert vae.channels_last
+    compile_reference(vae, channels_last=False)           # compiled again from the original module
+    assert not hasattr(vae.model.encoder._orig_mod, "_orig_mod")
+    off = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu")
+    compile_reference(off, channels_last=False)
+    assert not off.channels_last
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_replicate_time_padding_gives_the_same_latents(vae_dirs, kind):
+    """CogVideoX's causal convs pad time with one replicate pad: bit-identical latents, also chained
+    with the NDHWC encoder; the other families' convs are left alone."""
+    from taehv_launch.train.refopt import channels_last_encoder, replicate_time_padding
+
+    frames = _frames(n=2)
+    want = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu").encode(frames)
+    vae = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu")
+    changed = replicate_time_padding(vae.model.encoder)
+    assert (changed > 0) == (kind == "cogvideox")
+    assert torch.equal(vae.encode(frames), want)
+    assert replicate_time_padding(vae.model.encoder) == 0            # once only
+    channels_last_encoder(vae.model.encoder)
+    vae.channels_last = True
+    torch.testing.assert_close(vae.encode(frames), want, rtol=1e-4, atol=1e-4)

@@ -155,8 +155,9 @@ def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: i
 
 # ----------------------------------------------------------------------------- our levers, one per row
 
-LEVERS = ("eager", "compile reference encoder", "chunk", "compile TAEHV", "fused AdamW", "no per-step syncs",
-          "Seraena crop")
+LEVERS = ("eager", "compile reference encoder", "chunk", "reference channels-last",
+          "reference replicate pad", "compile TAEHV", "fused AdamW",
+          "no per-step syncs", "Seraena crop")
 
 
 def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: int, chunks: list[int],
@@ -224,12 +225,18 @@ def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: 
 
     row("eager", f"chunk {chunks[0]}, {'bf16 autocast' if cuda else 'fp32'}, syncs", chunks[0])
     if cuda:
-        compile_reference(ref)
+        compile_reference(ref, replicate_pad=False)
         row("compile reference encoder", f"chunk {chunks[0]}", chunks[0])
     for c in chunks[1:]:
         ref.chunk_size = c
         row("chunk", f"chunk {c}", c)
     ref.chunk_size = min((r for r in rows if r["chunk"] is not None), key=lambda r: r["seconds"])["chunk"]
+    if cuda:
+        compile_reference(ref, channels_last=True, replicate_pad=False)     # compiled again, NDHWC
+        row("reference channels-last", f"chunk {ref.chunk_size}, NDHWC group norms")
+    if cuda and ref.kind == "cogvideox":
+        compile_reference(ref, channels_last=True, replicate_pad=True)      # and again
+        row("reference replicate pad", "causal time pad fused")
     if cuda:
         compile_taehv(taehv)
         row("compile TAEHV", f"chunk {ref.chunk_size}")

@@ -119,7 +119,7 @@ def run_cache_job(cfg: Config, run_dir: Path, debug: bool) -> int:
         from .speed import compile_reference, enable_compile_cache
 
         enable_compile_cache(cfg)
-        compile_reference(ref)
+        compile_reference(ref, cfg.ref_channels_last)
         log("compile: reference VAE encoder (the first shard is slow while kernels are built)")
     batches = [list(part[k: k + cfg.micro_batch_size]) for _, part in todo
                for k in range(0, len(part), cfg.micro_batch_size)]

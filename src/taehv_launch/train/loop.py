@@ -111,8 +111,8 @@ class Trainer:
         cache = enable_compile_cache(self.cfg)
         what = []
         if self.ref is not None:
-            compile_reference(self.ref)
-            what.append("reference VAE encoder")
+            compile_reference(self.ref, self.cfg.ref_channels_last)
+            what.append(f"reference VAE encoder{' (channels-last)' if self.ref.channels_last else ''}")
         if self.cfg.compile == "all" and self.zero == 3:   # ZeRO-3's gathering hooks: stay eager
             self.log("compile: TAEHV stays eager under ZeRO-3")
         elif self.cfg.compile == "all":

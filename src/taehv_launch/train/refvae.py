@@ -155,6 +155,7 @@ class ReferenceVAE:
     chunk_size: int = 1
     latent_mean: torch.Tensor | None = None
     latent_std: torch.Tensor | None = None
+    channels_last: bool = False     # feed the encoder NDHWC (set by speed.compile_reference)
 
     @property
     def family(self) -> Family:
@@ -206,6 +207,8 @@ class ReferenceVAE:
         x = frames.to(self.device)
         x = x.to(work) / 255.0 if x.dtype == torch.uint8 else x.to(work)
         x = (x * 2 - 1).to(self.dtype).permute(0, 2, 1, 3, 4)  # NCTHW in [-1, 1]
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
         with torch.autocast(self.device.type, enabled=False):
             z = self.model.encode(x).latent_dist.mode()
         return z.permute(0, 2, 1, 3, 4).float()

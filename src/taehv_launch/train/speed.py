@@ -42,13 +42,24 @@ def enable_compile_cache(cfg: Config) -> Path:
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
-def compile_reference(ref) -> None:
+def compile_reference(ref, channels_last: bool = False, replicate_pad: bool = True) -> None:
     """Compile the reference VAE's encoder module in place (the encode is most of a step).
 
     The encoder is a plain nn.Module in every supported diffusers family; the wrapper
-    (posterior, chunking, layouts) stays eager."""
+    (posterior, chunking, layouts) stays eager. channels_last: the activations stay NDHWC (measured
+    faster for all three families on an H100: CogVideoX -18%, HunyuanVideo -8%, Wan -14%). replicate_pad:
+    CogVideoX's causal time padding as one fusable replicate pad (same tensor). Both in refopt.py.
+    An encoder compiled already is compiled again from its original module."""
+    from .refopt import channels_last_encoder, replicate_time_padding
+
     model = ref.model
-    model.encoder = torch.compile(model.encoder, dynamic=False)
+    encoder = getattr(model.encoder, "_orig_mod", model.encoder)
+    if replicate_pad:
+        replicate_time_padding(encoder)
+    if channels_last:
+        channels_last_encoder(encoder)
+        ref.channels_last = True
+    model.encoder = torch.compile(encoder, dynamic=False)
 
 
 def compile_taehv(taehv: torch.nn.Module, channels_last: bool = True) -> None:
