@@ -41,11 +41,14 @@ class Row:
         return global_batch(self, self.gpus)
 
 
-# ZeRO-2 on 1-8 GPUs is the seeds' choice; on 2 x H200 it ran at the same speed as plain DDP
-# (zero_stage=0) to within 0.1%, DDP peaking 1.8 GiB lower (docs/benchmarks.md, two GPUs).
+# ZeRO-2 on 8 GPUs is the seeds' choice; on 2 x H200 it ran at the same speed as plain DDP
+# (zero_stage=0) to within 0.1%, DDP peaking 1.8 GiB lower (docs/benchmarks.md, two GPUs, TAEHV eager).
+# One GPU: no DeepSpeed (zero_stage=0). A single process has nothing to partition, and the DeepSpeed
+# engine's bf16 bookkeeping cost 2-5% on one H100 with TAEHV compiled (docs/benchmarks.md). 2-7 GPUs
+# derive from this row (row_for), so they run plain DDP too.
 # fmt: off
 H100_ROWS = (
-    Row(gpus=1, micro_batch_size=8, gradient_accumulation_steps=16, learning_rate=1e-4, lr_warmup_steps=2000, zero_stage=2,
+    Row(gpus=1, micro_batch_size=8, gradient_accumulation_steps=16, learning_rate=1e-4, lr_warmup_steps=2000, zero_stage=0,
         checkpointing_steps=2000, validation_steps=1000, log_every=50, dataloader_num_workers=4, prefetch_factor=2),
     Row(gpus=8, micro_batch_size=8, gradient_accumulation_steps=2, learning_rate=1e-4, lr_warmup_steps=2000, zero_stage=2,
         checkpointing_steps=2000, validation_steps=1000, log_every=25, dataloader_num_workers=8, prefetch_factor=2),
