@@ -6,10 +6,19 @@
 #   autoencoder  use_ref_vae=False: the decoder learns TAEHV's own frozen, untrained encodings (no teacher;
 #                docs call it decoder-only)
 # Writes $OUT/sanity-*.log and the runs' TensorBoard logs; plot with scripts/plot_curve.py RUN_DIR OUT.png.
+#   bash scripts/gpu_sanity.sh            the two runs above
+#   bash scripts/gpu_sanity.sh teacher    one distil run whose reference is a small CogVideoX-architecture VAE
+#                                         trained first as an autoencoder on the training split
+#                                         (scripts/train_sanity_reference.py): latents that hold the picture
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_sanity}; W=${W:-/tmp/bc}; mkdir -p "$OUT" "$W"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 REF=$W/ref_vae_cogvideox_real_c16
+if [ "${1:-}" = teacher ]; then
+  REF=$W/teacher
+  python3 scripts/train_sanity_reference.py .benchdata/real "$REF" ${TEACHER_STEPS:-1200} 300 2>&1 \
+    | grep -v Warn | tee "$OUT/sanity-teacher-training.log"
+fi
 python3 - "$W" <<'PY'
 import sys, torch
 from pathlib import Path
@@ -22,6 +31,15 @@ common=(--set output_dir="'$W/sanity'" --set data_root="'.benchdata/real'" --set
         --set max_train_steps=${STEPS:-2000} --set lr_warmup_steps=100 --set validation_steps=250
         --set validation_at_start=True --set checkpointing_steps=100000 --set log_every=100 --set compile="'none'")
 tl() { python3 -c 'from taehv_launch.cli import main; main()' "$@"; }
+if [ "${1:-}" = teacher ]; then
+  # 12 loader workers: the 128x128 clips come from 720p-1080p sources (the clips drawn do not depend on it)
+  tl 1 h100 --run-name sanity-teacher --master-port 29513 "${common[@]}" --set dataloader_num_workers=12 \
+    > "$OUT/sanity-teacher.log" 2>&1
+  echo "== teacher"; grep -E "^validation|^step (100|1000|2000)/|error" "$OUT/sanity-teacher.log"
+  mkdir -p "$OUT/teacher" && cp "$W"/sanity/sanity-teacher/logs/events* "$OUT/teacher/" 2>/dev/null
+  python3 scripts/plot_curve.py "$W/sanity/sanity-teacher" "$OUT/learning_curve.png"
+  exit 0
+fi
 tl 1 h100 --run-name sanity-distil --master-port 29511 "${common[@]}" > "$OUT/sanity-distil.log" 2>&1 &
 tl 1 h100 --run-name sanity-autoencoder --master-port 29512 "${common[@]}" --set use_ref_vae=False \
    --set encoder_loss_weight=0 > "$OUT/sanity-autoencoder.log" 2>&1 &
