@@ -282,11 +282,11 @@ def ref_more():
 
 def ref_pad():
     """Levers on top of the NDHWC encode, each on its own row against the NDHWC row of the same run."""
-    from taehv_launch.train.speed import compile_reference
     from taehv_launch.train.refopt import channels_last_encoder, replicate_time_padding
+    from taehv_launch.train.refvae import load_reference_vae
+    from taehv_launch.train.speed import compile_reference
 
     path, frames, want = data = probe_setup()
-    from taehv_launch.train.refvae import load_reference_vae
     ref_eager = load_reference_vae("cogvideox", path, dtype=bf, device=dev, chunk_size=2)
     n = replicate_time_padding(ref_eager.model.encoder)
     same = (ref_eager.encode(frames) - want).abs().max().item()

@@ -16,7 +16,6 @@ Prints the teacher's own reconstruction PSNR on the training clips and on the he
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 
@@ -26,9 +25,10 @@ from torch.utils.data import DataLoader
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """a, b in [-1, 1]: PSNR of the [0, 1] images."""
-    mse = F.mse_loss((a.float().clamp(-1, 1) + 1) / 2, (b.float() + 1) / 2).item()
-    return 10 * math.log10(1 / max(mse, 1e-10))
+    """a, b in [-1, 1]: PSNR of the [0, 1] images (the trainer's own losses.psnr)."""
+    from taehv_launch.train.losses import psnr as psnr01
+
+    return psnr01((a + 1) / 2, (b + 1) / 2)
 
 
 def main() -> None:

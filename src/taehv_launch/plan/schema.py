@@ -107,7 +107,8 @@ KEYS: dict[str, Key] = {
     "channels_last": Key(True, bool, "compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout "
                                      "transposes (only with compile='all' on GPU)"),
     "ref_channels_last": Key(True, bool, "the compiled reference encoder keeps its activations channels-last "
-                                         "(NDHWC, 8-18% faster encode measured for all three families; only with compile on GPU)"),
+                                         "(NDHWC, 8-18% faster encode measured for all three families; "
+                                         "only with compile on GPU)"),
     # --- logging, validation, checkpoints ---------------------------------------------
     "output_dir": Key("output", str, "parent of run directories"),
     "log_every": Key(50, int, "steps between log lines / scalars"),

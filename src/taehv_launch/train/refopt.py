@@ -2,8 +2,9 @@
 
 Two levers, each measured on its own row (docs/benchmarks.md, `bench --compare --levers`):
 
-Channels-last (NDHWC) without layout copies in the group norms. cuDNN runs the encoder's Conv3d in NDHWC; given NCDHW tensors it transposes every input and
-output (130 of the compiled CogVideoX encode's 720 ms on an H100, docs/benchmarks.md). Keeping
+Channels-last (NDHWC) without layout copies in the group norms. cuDNN runs the encoder's Conv3d
+in NDHWC; given NCDHW tensors it transposes every input and output (130 of the compiled CogVideoX
+encode's 720 ms on an H100, docs/benchmarks.md). Keeping
 the activations channels_last_3d removes those transposes, but torch's GroupNorm views its
 input as (N, G, -1), which needs NCDHW memory, so Inductor copied every normalised tensor back
 and forth instead: no gain. `ChannelsLastGroupNorm` computes the same statistics as one
@@ -85,12 +86,8 @@ def _replicate_pad_class() -> type:
 def replicate_time_padding(encoder: nn.Module) -> int:
     """In place: every CogVideoX causal conv of `encoder` pads time with one replicate pad.
     Returns how many convs changed (0 for the other families: nothing to do)."""
-    if not any(type(m).__name__ == "CogVideoXCausalConv3d" for m in encoder.modules()):
-        return 0
     cls = _replicate_pad_class()
-    changed = 0
-    for module in encoder.modules():
-        if type(module) is cls.__base__:
-            module.__class__ = cls
-            changed += 1
-    return changed
+    convs = [m for m in encoder.modules() if type(m) is cls.__base__]
+    for module in convs:
+        module.__class__ = cls
+    return len(convs)

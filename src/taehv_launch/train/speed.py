@@ -58,7 +58,7 @@ def compile_reference(ref, channels_last: bool = False, replicate_pad: bool = Tr
         replicate_time_padding(encoder)
     if channels_last:
         channels_last_encoder(encoder)
-        ref.channels_last = True
+    ref.channels_last = channels_last
     model.encoder = torch.compile(encoder, dynamic=False)
 
 
