@@ -4,6 +4,7 @@ saying what replaces them."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -69,6 +70,79 @@ def test_every_problem_of_a_config_file_in_one_message(tmp_path):
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "\n" not in err and "has 3 problems" in err, err
     assert "'learnig_rate'" in err and "height must be int" in err and "'n_frame'" in err
+
+
+# The seed docs' config snippets (../shared/seeds/), in both file styles, pasted into a file as such a user would.
+SEED_PLAIN = """train_batch_size = 1              # 减少batch size
+gradient_accumulation_steps = 8   # 增加累积步数
+n_frames = 12                     # 减少帧数
+dataloader_num_workers = 32       # 根据CPU核心数
+prefetch_factor = 8              # 增加预取
+persistent_workers = True        # 保持worker存活
+"""
+SEED_ARGS = """from easydict import EasyDict
+args = EasyDict()
+args.train_batch_size = 6  # 降低到6
+args.validation_batch_size = 1  # 降低到1
+args.gradient_checkpointing = True  # 确保开启
+args.dataloader_num_workers = 16  # 增加到16
+args.prefetch_factor = 4  # 增加到4
+args.max_grad_norm = 0.5  # 降低梯度裁剪阈值
+args.learning_rate = 5e-5  # 降低学习率
+args.gradient_accumulation_steps = 2  # 从1增到2
+args.master_port = "29501"
+"""
+
+
+def test_the_seed_docs_config_snippets_load_in_both_styles(tmp_path):
+    cfg = tmp_path / "plain.py"
+    cfg.write_text(SEED_PLAIN)
+    plan = dry("16", "h100", "--config", str(cfg))
+    assert (plan["config"]["micro_batch_size"], plan["config"]["dataloader_num_workers"]) == (1, 32)
+    assert any("ignoring seed key 'persistent_workers'" in n for n in plan["notes"])
+    cfg.write_text(SEED_ARGS)
+    plan = dry("16", "h100", "--config", str(cfg))
+    assert (plan["config"]["micro_batch_size"], plan["config"]["learning_rate"]) == (6, 5e-5)
+
+
+def test_a_plain_config_file_reports_every_unknown_key(tmp_path):
+    """Plain assignments used to drop a misspelt key silently (#29): now every one is named at once,
+    with the suggestion the args style has, and helpers (_name, UPPER, imports, functions) are no keys."""
+    cfg = tmp_path / "c.py"
+    cfg.write_text("import os\nfrom math import sqrt\nfrom easydict import EasyDict\n_base = 8\nGPUS = 16\n"
+                   "def helper():\n    return 1\nclass Knob:\n    pass\nmicro_batch_size = _base\n"
+                   "learning_rat = 1e-4\nn_frame = 12\nheight = '480'\n")
+    proc = run_cli_here("1", "cpu", "--config", str(cfg), "--dry-run")
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "\n" not in err and "Traceback" not in err and "has 3 problems" in err, err
+    assert "unknown config key 'learning_rat' (did you mean learning_rate?)" in err, err
+    assert "unknown config key 'n_frame' (did you mean n_frames" in err and "height must be int" in err, err
+    assert "start the name of a helper variable of your own with _ (_learning_rat = ...)" in err, err
+    assert "'_base'" not in err and "'helper'" not in err and "'os'" not in err and "GPUS" not in err, err
+
+
+def test_a_plain_config_file_with_helpers_loads(tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("import os\n_base = 8\nSTEPS = 10\nmicro_batch_size = _base // 4\nmax_train_steps = STEPS\n"
+                   "data_root = os.path.join('/data', 'videos')\n")
+    c = dry("8", "h100", "--config", str(cfg))["config"]
+    assert (c["micro_batch_size"], c["max_train_steps"], c["data_root"]) == (2, 10, "/data/videos")
+
+
+@pytest.mark.parametrize("text,match", [
+    ("base = 8\nmicro_batch_size = base\n", r"c\.py: unknown config key 'base'; .* \(_base = \.\.\.\)"),
+    ("LEARNING_RATE = 1e-4\n", r"LEARNING_RATE is upper case, so it is read as a constant of your own: keys are "
+                               r"lower case \(learning_rate\)"),
+    ("from easydict import EasyDict\nargs = EasyDict()\nargs.n_frames = 24\nlearning_rate = 1e-4\n",
+     r"learning_rate = 0\.0001 is a plain name but this file sets its keys on args: write args\.learning_rate"),
+    ("import argparse\nargs = argparse.Namespace(learning_rate=1e-4)\n", r"args is a Namespace: make it"),
+])
+def test_config_file_mistakes_that_used_to_be_ignored(tmp_path, text, match):
+    cfg = tmp_path / "c.py"
+    cfg.write_text(text)
+    proc = run_cli_here("1", "cpu", "--config", str(cfg), "--dry-run")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert re.search(match, proc.stderr), proc.stderr
 
 
 def test_master_port_flag_beats_the_config_file(tmp_path):

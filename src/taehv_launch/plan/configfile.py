@@ -2,7 +2,9 @@
 
 Config files are Python (seed style: `args = EasyDict(); args.learning_rate = 1e-4`, or
 plain assignments `learning_rate = 1e-4`). They are executed, so only run files you trust;
-`--set` values are parsed with `ast.literal_eval` and never executed.
+`--set` values are parsed with `ast.literal_eval` and never executed. In a plain-assignment
+file every top-level name is a key, except helpers: names that start with _ or have no
+lower-case letter, and modules, functions and classes; so a misspelt key is an error, not ignored.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import difflib
 import runpy
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterable
 
 from ..errors import ConfigError
@@ -107,14 +110,9 @@ def load_config_file(path: str | Path) -> ConfigFile:
         detail = " ".join(str(exc).split())
         raise ConfigError(f"config file {path} failed to run: {type(exc).__name__}"
                           + (f": {detail}" if detail else "")) from None
-    args = namespace.get("args")
-    if isinstance(args, dict):  # EasyDict is a dict
-        raw = dict(args)
-    else:
-        raw = {k: v for k, v in namespace.items()
-               if not k.startswith("_") and (k in KEYS or k in ALIASES or k in SEED_ONLY_KEYS or k in LAUNCH_KEYS)}
+    raw, problems, helper_hint = _file_keys(namespace)
     values: dict[str, Any] = {}
-    notes, problems, launch = [], [], {}
+    notes, launch = [], {}
     for name, value in raw.items():
         if name in SEED_ONLY_KEYS:
             notes.append(f"{path.name}: ignoring seed key {name!r}: {SEED_ONLY_KEYS[name]}")
@@ -134,12 +132,50 @@ def load_config_file(path: str | Path) -> ConfigFile:
             other = next(n for n in raw if n != name and ALIASES.get(n, n) == key)
             problems.append(f"{other}={values[key]!r} and {name}={value!r} are two names for one key ({key}): keep one")
         values[key] = value
+    hint = f"; {HELPER_HINT} (_{helper_hint} = ...)" if helper_hint else ""
     if len(problems) == 1:
-        raise ConfigError(f"{path}: {problems[0]}")
+        raise ConfigError(f"{path}: {problems[0]}{hint}")
     if problems:
         raise ConfigError(f"{path} has {len(problems)} problems: " + "; ".join(
-            f"({i}) {p}" for i, p in enumerate(problems, 1)))
+            f"({i}) {p}" for i, p in enumerate(problems, 1)) + hint)
     return ConfigFile(values, notes, launch)
+
+
+HELPER_HINT = "`taehv-launch keys` lists the keys; start the name of a helper variable of your own with _"
+
+
+def _known(name: str) -> bool:
+    return name in KEYS or name in ALIASES or name in SEED_ONLY_KEYS or name in LAUNCH_KEYS
+
+
+def _is_helper(name: str, value: Any) -> bool:
+    """Not a key in a plain-assignment file: private names (`_base`), constants (`BASE`, no lower-case
+    letter), and modules, functions and classes (`import os`, `def f`, `from math import sqrt`)."""
+    return (name.startswith("_") or name == name.upper() or isinstance(value, (ModuleType, type))
+            or callable(value))
+
+
+def _file_keys(namespace: dict[str, Any]) -> tuple[dict[str, Any], list[str], str]:
+    """(the file's keys and values, problems found, the unknown name HELPER_HINT shows, or "").
+
+    Seed style (`args = EasyDict()` or any dict named args): the keys are args' items; a top-level
+    name that is a key but not set in args is a mistake (`learning_rate = 1e-4` beside `args`).
+    Plain style: every top-level name except helpers (_is_helper) is a key, so a typo is an error."""
+    args = namespace.get("args")
+    if isinstance(args, dict):  # EasyDict is a dict
+        stray = [k for k, v in namespace.items() if k != "args" and _known(k) and not _is_helper(k, v) and k not in args]
+        return dict(args), [f"{k} = {namespace[k]!r} is a plain name but this file sets its keys on args: "
+                            f"write args.{k} = ..." for k in stray], ""
+    problems = []
+    if "args" in namespace and not _is_helper("args", args):
+        problems.append(f"args is a {type(args).__name__}: make it `args = EasyDict()` (or a dict), or write "
+                        f"plain assignments (learning_rate = 1e-4)")
+    raw = {k: v for k, v in namespace.items() if k != "args" and not _is_helper(k, v)}
+    unknown = [k for k in raw if not _known(k)]
+    problems += [f"unknown config key {k!r}{suggest(k, KEYS)}" for k in unknown]
+    problems += [f"{k} is upper case, so it is read as a constant of your own: keys are lower case ({k.lower()})"
+                 for k in namespace if k == k.upper() and k != k.lower() and _known(k.lower())]
+    return {k: v for k, v in raw.items() if k not in unknown}, problems, (unknown[0] if unknown else "")
 
 
 def render_config_file(config: dict[str, Any], header: str) -> str:
