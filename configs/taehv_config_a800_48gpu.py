@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `48 a800`: table row; a800: micro 2, accumulation 3 gives 288 instead of the global batch 240, LR scaled to 0.000216.
+"""Resolved by taehv-launch for `48 a800`: table row: the seeds' H100 table, 48 GPUs; a800: micro 2, accumulation 3 gives 288 instead of the global batch 240, LR scaled to 0.000216.
 global batch 288 = micro 2 x 48 GPUs x accumulation 3; 3456 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `64 a800`: table row; a800: micro 2, accumulation 2 keeps the global batch 256.
+"""Resolved by taehv-launch for `64 a800`: table row: the seeds' H100 table, 64 GPUs; a800: micro 2, accumulation 2 keeps the global batch 256.
 global batch 256 = micro 2 x 64 GPUs x accumulation 2; 3072 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

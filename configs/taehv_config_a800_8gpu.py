@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `8 a800`: table row; a800: micro 2, accumulation 8 keeps the global batch 128.
+"""Resolved by taehv-launch for `8 a800`: table row: the seeds' H100 table, 8 GPUs; a800: micro 2, accumulation 8 keeps the global batch 128.
 global batch 128 = micro 2 x 8 GPUs x accumulation 8; 1536 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

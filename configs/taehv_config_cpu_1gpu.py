@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `1 cpu`: table row.
+"""Resolved by taehv-launch for `1 cpu`: table row: the cpu demo's table, 1 process.
 global batch 1 = micro 1 x 1 processes x accumulation 1; 12 frames of 64x64 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `2 cpu`: table row.
+"""Resolved by taehv-launch for `2 cpu`: table row: the cpu demo's table, 2 processes.
 global batch 2 = micro 1 x 2 processes x accumulation 1; 24 frames of 64x64 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

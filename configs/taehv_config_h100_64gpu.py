@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `64 h100`: table row.
+"""Resolved by taehv-launch for `64 h100`: table row: the seeds' H100 table, 64 GPUs.
 global batch 256 = micro 4 x 64 GPUs x accumulation 1; 3072 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

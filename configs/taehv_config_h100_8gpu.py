@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `8 h100`: table row.
+"""Resolved by taehv-launch for `8 h100`: table row: the seeds' H100 table, 8 GPUs.
 global batch 128 = micro 8 x 8 GPUs x accumulation 2; 1536 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `16 h200`: table row.
+"""Resolved by taehv-launch for `16 h200`: table row: the seeds' H100 table, 16 GPUs.
 global batch 128 = micro 8 x 16 GPUs x accumulation 1; 1536 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

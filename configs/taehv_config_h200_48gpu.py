@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `48 h200`: table row.
+"""Resolved by taehv-launch for `48 h200`: table row: the seeds' H100 table, 48 GPUs.
 global batch 240 = micro 5 x 48 GPUs x accumulation 1; 2880 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

@@ -1,4 +1,4 @@
-"""Resolved by taehv-launch for `8 h200`: table row; h200: micro 16, accumulation 1 keeps the global batch 128.
+"""Resolved by taehv-launch for `8 h200`: table row: the seeds' H100 table, 8 GPUs; h200: micro 16, accumulation 1 keeps the global batch 128.
 global batch 128 = micro 16 x 8 GPUs x accumulation 1; 1536 frames of 480x720 per optimizer step.
 Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."""
 

@@ -46,7 +46,7 @@ def test_h100_rows_match_the_seed_table(gpus):
         (warm, zero, ckpt, val, log, workers, prefetch, timeout)
     assert (c["height"], c["width"], c["n_frames"], c["max_train_steps"]) == (480, 720, 12, 100_000)
     assert (c["adam_beta1"], c["adam_beta2"], c["adam_weight_decay"], c["max_grad_norm"]) == (0.9, 0.95, 1e-2, 1.0)
-    assert plan.row_source == "table row"
+    assert plan.row_source == f"table row: the seeds' H100 table, {gpus} GPU{'s' if gpus > 1 else ''}"
 
 
 def test_table_has_exactly_the_seed_rows():
@@ -75,6 +75,23 @@ def test_other_counts_follow_the_documented_rule(gpus, micro, accum, glob, zero)
     assert plan.config["zero_stage"] == zero
     assert plan.config["learning_rate"] == pytest.approx(1e-4 * glob / 128, rel=1e-3)
     assert plan.row_source.startswith("derived from the")
+
+
+@pytest.mark.parametrize("args,rows", [
+    (("16", "h100"), "table row: the seeds' H100 table, 16 GPUs"),
+    (("2", "cpu"), "table row: the cpu demo's table, 2 processes"),
+    (("48", "a800"), "table row: the seeds' H100 table, 48 GPUs; a800: micro 2, accumulation 3 gives 288"),
+    (("24", "h100"), "derived from the 16-GPU row of the seeds' H100 table by the rule in docs/profiles.md: micro 8, "
+                     "accumulation 1 for a global batch near 128 (192), LR 0.00015 scaled linearly from 0.0001 at 128"),
+])
+def test_the_plan_says_which_row_and_where_it_comes_from(args, rows):
+    """The dry run's rows line used to say only "table row" (#29 item 9)."""
+    from conftest import run_cli_here
+
+    proc = run_cli_here(*args, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("  rows "))
+    assert line.split(None, 1)[1].startswith(rows), line
 
 
 def test_timeouts_by_node_count():

@@ -163,7 +163,8 @@ def _file_keys(namespace: dict[str, Any]) -> tuple[dict[str, Any], list[str], st
     Plain style: every top-level name except helpers (_is_helper) is a key, so a typo is an error."""
     args = namespace.get("args")
     if isinstance(args, dict):  # EasyDict is a dict
-        stray = [k for k, v in namespace.items() if k != "args" and _known(k) and not _is_helper(k, v) and k not in args]
+        stray = [k for k, v in namespace.items()
+                 if k != "args" and _known(k) and not _is_helper(k, v) and k not in args]
         return dict(args), [f"{k} = {namespace[k]!r} is a plain name but this file sets its keys on args: "
                             f"write args.{k} = ..." for k in stray], ""
     problems = []

@@ -93,6 +93,7 @@ A800_ALLOC_CONF = "expandable_segments:True,max_split_size_mb:64,roundup_power2_
 class Profile:
     name: str
     description: str
+    table: str                   # where the rows come from, for the plan's "rows" line
     rows: tuple[Row, ...]
     config: dict                 # training-config keys this profile sets beyond the rows
     alloc_conf: str | None       # PYTORCH_CUDA_ALLOC_CONF, None on CPU
@@ -101,6 +102,9 @@ class Profile:
     micro_override: int | None = None   # A800: fixed micro-batch, accumulation raised to compensate
     micro_max: int | None = None        # H200: raise the micro-batch up to this, keeping the global batch
     max_gpus: int = 64
+
+
+SEED_TABLE = "the seeds' H100 table"   # a800 and h200 start from its rows too
 
 
 def _cpu_rows() -> tuple[Row, ...]:
@@ -112,20 +116,21 @@ def _cpu_rows() -> tuple[Row, ...]:
 PROFILES: dict[str, Profile] = {
     # ref_vae_chunk_size 2: the compiled CogVideoX encode of 8 clips took 1280 ms per micro-batch step at
     # chunk 2 vs 1423 ms at chunk 4 (H100), peak 12.8 GiB, far below the step's own (docs/benchmarks.md).
-    "h100": Profile(name="h100", description="NVIDIA H100 80GB (the seeds' table)", rows=H100_ROWS,
+    "h100": Profile(name="h100", description="NVIDIA H100 80GB (the seeds' table)", table=SEED_TABLE,
+                    rows=H100_ROWS,
                     config=GPU_SHARED | {"ref_vae_chunk_size": 2}, alloc_conf=H100_ALLOC_CONF, device="cuda",
                     gpu_gib=80.0),
     "a800": Profile(name="a800", description="NVIDIA A800 80GB: micro-batch 2, accumulation keeps the global batch",
-                    rows=H100_ROWS, config=GPU_SHARED, alloc_conf=A800_ALLOC_CONF, device="cuda",
+                    table=SEED_TABLE, rows=H100_ROWS, config=GPU_SHARED, alloc_conf=A800_ALLOC_CONF, device="cuda",
                     gpu_gib=80.0, micro_override=2),
     # H200: micro-batch raised to 16 where the global batch allows: measured peak at 12x480x720 is
     # 0.28 + 6.31 GiB per clip (+3.3 GiB trainer overhead), ~105 GiB at 16 (memory.py).
     "h200": Profile(name="h200", description="NVIDIA H200 141GB: the H100 table, micro-batch up to 16 (measured to fit)",
-                    rows=H100_ROWS, config=GPU_SHARED | {"ref_vae_chunk_size": 2}, alloc_conf=H100_ALLOC_CONF,
-                    device="cuda", gpu_gib=140.4, micro_max=16),
+                    table=SEED_TABLE, rows=H100_ROWS, config=GPU_SHARED | {"ref_vae_chunk_size": 2},
+                    alloc_conf=H100_ALLOC_CONF, device="cuda", gpu_gib=140.4, micro_max=16),
     "cpu": Profile(
         name="cpu", description="built-in CPU demo: synthetic videos, tiny reference VAE, a few dozen steps",
-        rows=_cpu_rows(), alloc_conf=None, device="cpu", gpu_gib=None, max_gpus=2,
+        table="the cpu demo's table", rows=_cpu_rows(), alloc_conf=None, device="cpu", gpu_gib=None, max_gpus=2,
         config={
             "height": 64, "width": 64, "n_frames": 12, "min_frame_delta": 1, "max_frame_delta": 2,
             "latent_channels": 4, "ref_vae_type": "cogvideox", "ref_vae_dtype": "float32",
@@ -185,16 +190,20 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
         raise ConfigError(f"profile {profile.name!r} supports at most {profile.max_gpus} "
                           f"{'processes' if profile.device == 'cpu' else 'GPUs'}, got {gpus}")
     exact = [r for r in profile.rows if r.gpus == gpus]
+    unit = "process" if profile.device == "cpu" else "GPU"
     if exact:
-        row, how = exact[0], "table row"
+        plural = "" if gpus == 1 else "es" if unit == "process" else "s"
+        row, how = exact[0], f"table row: {profile.table}, {gpus} {unit}{plural}"
     else:
         base = max((r for r in profile.rows if r.gpus < gpus), key=lambda r: r.gpus)
         accum = _closest_accum(BASE_GLOBAL_BATCH, base.micro_batch_size * gpus)
         batch = base.micro_batch_size * gpus * accum
         row = replace(base, gpus=gpus, gradient_accumulation_steps=accum,
                       learning_rate=_round_lr(BASE_LEARNING_RATE * batch / BASE_GLOBAL_BATCH))
-        how = (f"derived from the {base.gpus}-GPU row: micro {base.micro_batch_size}, accumulation {accum} "
-               f"for a global batch near {BASE_GLOBAL_BATCH}, LR scaled linearly to {batch}")
+        how = (f"derived from the {base.gpus}-{unit} row of {profile.table} by the rule in docs/profiles.md: "
+               f"micro {base.micro_batch_size}, accumulation {accum} for a global batch near {BASE_GLOBAL_BATCH} "
+               f"({batch}), LR {row.learning_rate:g} scaled linearly from {BASE_LEARNING_RATE:g} at "
+               f"{BASE_GLOBAL_BATCH}")
     if profile.micro_max is not None:
         per_gpu = row.global_batch // gpus
         micro = max((m for m in range(row.micro_batch_size, profile.micro_max + 1) if per_gpu % m == 0),
