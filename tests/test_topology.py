@@ -25,6 +25,7 @@ from taehv_launch.plan.topology import (
     Topology,
     check_local_gpus,
     detect_topology,
+    listed_gpus,
 )
 
 EIGHT = "0,1,2,3,4,5,6,7"
@@ -550,6 +551,64 @@ def test_check_local_gpus_multi_node_too_few():
     expected = r"2 nodes x 8 GPUs planned but node 1 sees 4: run `taehv-launch 8 h100 --gpus-per-node 4` on every node"
     with pytest.raises(TopologyError, match=expected):
         check_local_gpus(topo, 4, profile="h100")
+
+
+# --- CUDA_VISIBLE_DEVICES, read without torch (the dry run and the launch) -------------------
+
+
+@pytest.mark.parametrize("value,count", [(None, None), ("", 0), ("-1", 0), ("3", 1), (EIGHT, 8), ("0, 1", 2),
+                                         ("0,1,", 2), ("0,1,-1,2", 2), ("GPU-8a1b2c3d-aaaa,GPU-77", 2),
+                                         ("MIG-GPU-8a1b/1/0", 1)])
+def test_listed_gpus(value, count):
+    assert listed_gpus({} if value is None else {"CUDA_VISIBLE_DEVICES": value}) == count
+
+
+@pytest.mark.parametrize("value,match", [("garbage", r"'garbage' is neither an index nor a GPU-/MIG- UUID"),
+                                         ("0,,1", r"'' is neither"), ("0,gpu1", r"'gpu1' is neither"),
+                                         ("1,01", r"lists GPU 01 twice")])
+def test_listed_gpus_refuses_a_malformed_value(value, match):
+    with pytest.raises(TopologyError, match=match):
+        listed_gpus({"CUDA_VISIBLE_DEVICES": value})
+
+
+def test_the_dry_run_refuses_a_bad_cuda_visible_devices_as_the_launch_does(tmp_path):
+    """`CUDA_VISIBLE_DEVICES=garbage taehv-launch 8 h100 --dry-run` showed "GPU ids 0..7" while the launch
+    refused it (#29 item 9): now --dry-run, --dry-run --json and the launch give the same one line, exit 2,
+    on this CPU-only machine (no torch in the check), and nothing is written."""
+    from conftest import assert_one_line_error, clean_env, run_cli
+
+    line = "CUDA_VISIBLE_DEVICES='garbage' is not a list of GPUs: 'garbage' is neither an index nor a GPU-/MIG- UUID"
+    env = clean_env(CUDA_VISIBLE_DEVICES="garbage")
+    procs = [run_cli("8", "h100", *extra, "--set", f"output_dir={tmp_path / 'out'}", env=env)
+             for extra in (("--dry-run",), ("--dry-run", "--json"), ())]
+    for proc in procs:
+        assert_one_line_error(proc, line)
+        assert proc.stdout == ""
+    assert len({proc.stderr for proc in procs}) == 1       # the very same line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_checks_what_cuda_visible_devices_lists_against_the_plan():
+    from conftest import assert_one_line_error, clean_env, run_cli_here
+
+    proc = run_cli_here("8", "h100", "--dry-run", env=clean_env(CUDA_VISIBLE_DEVICES="0,1,2,3"))
+    assert_one_line_error(proc, r"8 GPUs requested but this node sees 4: run `taehv-launch 4 h100`, run on 2 nodes")
+    proc = run_cli_here("8", "h100", "--dry-run", env=clean_env(CUDA_VISIBLE_DEVICES=""))
+    assert_one_line_error(proc, r"no GPU is visible on this node")
+    # enough listed: shown; 16 GPUs = 2 nodes of 8, this node lists its 8
+    proc = run_cli_here("16", "h100", "--dry-run", env=clean_env(CUDA_VISIBLE_DEVICES="4,5,6,7,0,1,2,3"))
+    assert proc.returncode == 0 and "(GPU ids 0,1,2,3,4,5,6,7 = CUDA_VISIBLE_DEVICES 4,5,6,7,0,1,2,3)" in proc.stdout
+    # unset (a CPU-only laptop planning a GPU run) and the cpu profile: nothing to check
+    assert run_cli_here("8", "h100", "--dry-run").returncode == 0
+    assert run_cli_here("1", "cpu", "--dry-run", env=clean_env(CUDA_VISIBLE_DEVICES="garbage")).returncode == 0
+
+
+def test_render_for_other_machines_ignores_this_machines_cuda_visible_devices(tmp_path):
+    from conftest import clean_env, run_cli_here
+
+    proc = run_cli_here("render", "slurm", "16", "h100", "--output-dir", str(tmp_path), "--set", "data_root=/d",
+                        "--set", "ref_vae_path=/v", env=clean_env(CUDA_VISIBLE_DEVICES="garbage"))
+    assert proc.returncode == 0 and "#SBATCH" in proc.stdout, proc.stderr
 
 
 # --- the dataclass ---------------------------------------------------------------------------

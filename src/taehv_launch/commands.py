@@ -162,7 +162,11 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
 
 
 def dry_run(req: Request, as_json: bool) -> int:
+    from .plan.topology import check_listed_gpus
+
     plan = build_plan(req)
+    if plan.profile.device == "cuda":   # the launch's CUDA_VISIBLE_DEVICES check, without torch or a GPU here
+        check_listed_gpus(plan.topology, os.environ, profile=plan.profile.name)
     run_dir = plan.run_dir
     rendered = render(plan, run_dir)
     if as_json:
@@ -179,6 +183,8 @@ def dry_run(req: Request, as_json: bool) -> int:
 def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
     topo, c = plan.topology, plan.config
     demo_data, demo_vae = plan.demo_assets
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES") if plan.profile.device == "cuda" else None
+    gpu_ids = topo.gpu_ids + (f" = CUDA_VISIBLE_DEVICES {listed}" if listed is not None else "")
     default = "NOT SET: --set ref_vae_path=... is required on GPUs"
     default_data = "NOT SET: --set data_root=... is required on GPUs"
     out = [
@@ -187,7 +193,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
         f"  rows      {plan.row_source}",
         f"  topology  {topo.num_machines} node(s) x {topo.gpus_per_machine} "
         f"{'processes' if plan.profile.device == 'cpu' else 'GPUs'}, this is node {topo.machine_rank} "
-        f"(GPU ids {topo.gpu_ids}), master {topo.main_process_ip}:{topo.main_process_port}  [{topo.source}]",
+        f"(GPU ids {gpu_ids}), master {topo.main_process_ip}:{topo.main_process_port}  [{topo.source}]",
         f"  batch     {plan.batch_arithmetic()}",
         f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
         f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),

@@ -3,7 +3,8 @@
 Step 3 of the pipeline. `detect_topology` is pure: it reads only the mapping it is given
 (the caller passes `os.environ`) and the CLI options, never the network or the GPUs.
 `check_local_gpus` compares the result with the GPU count that preflight measured; it runs
-at launch and in validate-env, never on --dry-run. Only the standard library is imported:
+at launch and in validate-env. `--dry-run` runs `check_listed_gpus` instead: the same lines for
+what CUDA_VISIBLE_DEVICES lists, without torch or a GPU. Only the standard library is imported:
 this module is on the CLI's fast path.
 
 Where the node count and node rank come from, first match wins (`Topology.source`):
@@ -55,6 +56,8 @@ JOB_NAME, else HOSTNAME minus its "-<index>" suffix (indexed-Job pods are named
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -232,19 +235,56 @@ def detect_topology(
     )
 
 
-def check_local_gpus(topo: Topology, visible_gpus: int, *, profile: str | None = None) -> None:
+def listed_gpus(env: Mapping[str, str]) -> int | None:
+    """How many GPUs CUDA_VISIBLE_DEVICES lists: None when it is unset (every GPU is visible), 0 when
+    it hides them all ("" or "-1"). Entries are indices or GPU-/MIG- UUIDs; as in CUDA, a negative
+    index ends the list. Anything else (a word, an empty entry, a repeat) is refused: CUDA would
+    silently see fewer GPUs, or none. Reads only `env`: no torch, no GPU needed."""
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    entries = [e.strip() for e in raw.split(",")]
+    if entries[-1] == "":      # "0,1," as CUDA reads it; "" alone hides every GPU
+        entries.pop()
+    seen: list[str] = []
+    for entry in entries:
+        if re.fullmatch(r"-\d+", entry):
+            break
+        if not (entry.isdigit() or re.fullmatch(r"(GPU|MIG)-[0-9A-Za-z/-]+", entry)):
+            raise TopologyError(
+                f"CUDA_VISIBLE_DEVICES={raw!r} is not a list of GPUs: {entry!r} is neither an index nor a GPU-/MIG- "
+                f"UUID; unset it, or list the GPUs to use (e.g. CUDA_VISIBLE_DEVICES=0,1,2,3)"
+            )
+        key = str(int(entry)) if entry.isdigit() else entry
+        if key in seen:
+            raise TopologyError(
+                f"CUDA_VISIBLE_DEVICES={raw!r} lists GPU {entry} twice: list each GPU once"
+            )
+        seen.append(key)
+    return len(seen)
+
+
+def check_listed_gpus(topo: Topology, env: Mapping[str, str], *, profile: str | None = None) -> None:
+    """`--dry-run`'s share of check_local_gpus, without torch or a GPU: refuse a CUDA_VISIBLE_DEVICES
+    that is malformed or lists fewer GPUs than this node runs, with the launch's own line. Unset, it
+    checks nothing (the plan may be for another machine)."""
+    listed = listed_gpus(env)
+    if listed is not None:
+        _check_count(topo, listed, profile or "PROFILE")
+
+
+def check_local_gpus(topo: Topology, visible_gpus: int, *, profile: str | None = None,
+                     env: Mapping[str, str] | None = None) -> None:
     """Refuse to launch when this node cannot run its share of `topo`.
 
-    `visible_gpus` is what this node sees (CUDA_VISIBLE_DEVICES applied). Using fewer GPUs
-    than the node has is fine. Raises TopologyError.
+    `visible_gpus` is what this node sees (CUDA_VISIBLE_DEVICES applied); `env` (default: this
+    process's environment) is checked for a malformed CUDA_VISIBLE_DEVICES first, as --dry-run does.
+    Using fewer GPUs than the node has is fine. Raises TopologyError.
     """
+    listed_gpus(os.environ if env is None else env)
     profile = profile or "PROFILE"
     n, g = topo.num_machines, topo.gpus_per_machine
-    if visible_gpus <= 0:
-        raise TopologyError(
-            "no GPU is visible on this node: check `nvidia-smi` and CUDA_VISIBLE_DEVICES, "
-            "or run the CPU demo with `taehv-launch 1 cpu`"
-        )
+    _check_any(visible_gpus)
     if topo.source == SOURCE_ASSUMED:
         raise TopologyError(
             f"{topo.world_size} GPUs need {n} nodes of {g} but no scheduler was detected: on every node run "
@@ -252,6 +292,21 @@ def check_local_gpus(topo: Topology, visible_gpus: int, *, profile: str | None =
             f"ADDR = node 0's address), or submit it through a scheduler; "
             f"on this node alone use at most {visible_gpus} GPUs"
         )
+    _check_count(topo, visible_gpus, profile)
+
+
+def _check_any(visible_gpus: int) -> None:
+    if visible_gpus <= 0:
+        raise TopologyError(
+            "no GPU is visible on this node: check `nvidia-smi` and CUDA_VISIBLE_DEVICES, "
+            "or run the CPU demo with `taehv-launch 1 cpu`"
+        )
+
+
+def _check_count(topo: Topology, visible_gpus: int, profile: str) -> None:
+    """This node runs topo.gpus_per_machine processes: it needs that many visible GPUs."""
+    _check_any(visible_gpus)
+    n, g = topo.num_machines, topo.gpus_per_machine
     if g <= visible_gpus:
         return
     if n == 1:
