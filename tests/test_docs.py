@@ -13,11 +13,15 @@ docs/zh/*.md (`\\` continuations joined; a trailing `# exit N` says the expected
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 import shlex
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -112,10 +116,29 @@ def test_docs_gpu_command_resolves(cmd, tmp_path):
     if args[0] == "validate-env":                 # the plan it checks, without a GPU
         args = [a for a in args[1:] if a != "--quick"]
     args += [a for a in ("--dry-run", "--json") if a not in args]
+    if args[0] != "cache" and any(a.startswith("latent_cache=") for a in args):
+        args = with_stand_in_cache(args, tmp_path)
     proc = run_cli_here(*args, env=clean_env(), cwd=REPO)     # paths in the docs are relative to the checkout
-    if any(a.startswith("latent_cache=") for a in args) and args[0] != "cache" and "no such folder" in proc.stderr:
-        return        # training from a cache that a `cache` command writes first: resolved up to that check
     assert proc.returncode == cmd.code, (cmd.where, proc.stderr)
+
+
+def with_stand_in_cache(args: list[str], tmp: Path) -> list[str]:
+    """Training from a latent cache that the docs' `cache` command writes first (at a path such as
+    /data/lat that does not exist here): point latent_cache at a folder holding the manifest that
+    cache job would finish with for this plan (its fingerprint; no shards), so the launcher's cache
+    check runs for real and the rest of the plan resolves."""
+    from taehv_launch.train.latentcache import MANIFEST, fingerprint
+
+    drop = {i + d for i, a in enumerate(args) if a.startswith("latent_cache=") for d in (-1, 0)}
+    plain = [a for i, a in enumerate(args) if i not in drop]      # the `--set latent_cache=...` pair
+    proc = run_cli_here(*plain, env=clean_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads(proc.stdout)["config"]
+    cache = tmp / "latents"
+    cache.mkdir()
+    fp = fingerprint(SimpleNamespace(**config), weights="")
+    (cache / MANIFEST).write_text(json.dumps({"format": fp["format"], "fingerprint": fp, "shards": []}))
+    return [f"latent_cache={cache}" if a.startswith("latent_cache=") else a for a in args]
 
 
 @pytest.mark.parametrize("cmd", _ids("fast"))
@@ -130,3 +153,175 @@ def test_docs_quick_command(cmd, tmp_path):
 def test_docs_cpu_command_runs(cmd, tmp_path):
     proc = run_cli(*cmd.args, env=clean_env(), cwd=tmp_path, timeout=900)
     assert proc.returncode == cmd.code, (cmd.where, proc.stdout[-3000:], proc.stderr[-3000:])
+
+
+# --- the common-error tables quote what the product prints ---------------------------------------
+# docs/troubleshooting.md "## Common errors" and docs/zh/troubleshooting.md "## 常见错误": the first
+# column quotes the start of an `error:` line. In a quote, `<word>` stands for any value and `...` for
+# any text. Each quote is checked against the line the product prints when the case is triggered
+# here (a dry run in this process, or a real launch that is refused), or, for the few cases that only
+# a GPU or the trainer reaches, against a string literal / f-string of the source file named.
+
+TABLES = {"en": (REPO / "docs" / "troubleshooting.md", "## Common errors"),
+          "zh": (REPO / "docs" / "zh" / "troubleshooting.md", "## 常见错误")}
+SRC = REPO / "src" / "taehv_launch"
+PLACEHOLDER = re.compile(r"<[A-Za-z_ ]+>|\.\.\.")
+CLOUD_2_NODES = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "10.0.0.1"}
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    key: str                            # the table's quote starts with this
+    args: tuple[str, ...] = ()          # `taehv-launch ARGS`; {tmp} is the test's folder
+    env: tuple[tuple[str, str], ...] = ()
+    launch: bool = False                # a real launch in a subprocess (refused before training), not a dry run
+    hold_port: int | None = None        # listen on this port while it runs
+    slow: bool = False
+    source: str | None = None           # not triggered here: the src file (under src/taehv_launch) that raises it
+
+
+ERROR_CASES = [
+    ErrorCase("12 GPUs are more than one node", ("12", "h100", "--dry-run")),
+    ErrorCase("8 GPUs cannot be split over 2 nodes", ("8", "h100", "--dry-run"), tuple(CLOUD_2_NODES.items())),
+    ErrorCase("srun started", ("16", "h100", "--dry-run"),
+              (("SLURM_STEP_NUM_TASKS", "16"), ("SLURM_STEP_NUM_NODES", "2"))),
+    ErrorCase("taehv-launch is running under torchrun", ("8", "h100", "--dry-run"), (("LOCAL_RANK", "0"),)),
+    ErrorCase("a multi-node run needs one run name", ("16", "h100"), tuple(CLOUD_2_NODES.items()), launch=True),
+    ErrorCase("unknown config key", ("8", "h100", "--set", "micro_batch=4", "--dry-run")),
+    ErrorCase("n_frames=", ("8", "h100", "--set", "n_frames=10", "--dry-run")),
+    ErrorCase("this plan will not fit in GPU memory", ("8", "h100", "--set", "micro_batch_size=64", "--dry-run")),
+    ErrorCase("port 29500 is in use", ("2", "cpu", "--run-name", "t", "--master-port", "29500"), launch=True,
+              hold_port=29500),
+    ErrorCase("no video files", ("1", "cpu", "--set", "data_root={tmp}/empty", "--set", "max_train_steps=1",
+                                 "--set", "dataloader_num_workers=0"), launch=True),
+    # the trainer on a GPU only: on the cpu profile an empty data_root means the demo videos
+    ErrorCase("data_root is empty", source="train/build.py"),
+    # every file unreadable: found by the trainer's data check, after `accelerate launch` started
+    ErrorCase("no usable video among", source="train/data.py"),
+    # needs a reference VAE folder of another channel count
+    ErrorCase("the reference VAE at", source="train/refvae.py"),
+]
+
+
+def error_table(lang: str) -> list[str]:
+    """The quotes in the first column of that page's common-error table."""
+    path, heading = TABLES[lang]
+    text = path.read_text()
+    assert heading in text, f"{path.relative_to(REPO)} has no {heading!r} section"
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [re.match(r"\| `([^`]+)`", row).group(1) for row in rows]
+
+
+def quote_regex(quote: str) -> re.Pattern:
+    parts = PLACEHOLDER.split(quote)
+    return re.compile(".+?".join(re.escape(p) for p in parts))
+
+
+def literal_templates(path: Path) -> list[list[str | None]]:
+    """Every string literal in a Python file as its parts: text, or None for an f-string's {hole}."""
+    tree = ast.parse(path.read_text())
+    inner = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    out: list[list[str | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            out.append([v.value if isinstance(v, ast.Constant) else None for v in node.values])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in inner:
+            out.append([node.value])
+    return out
+
+
+def starts_template(parts: list[str | None], quote: str) -> bool:
+    """Whether some value of the f-string `parts` starts with `quote`: the doc's placeholders and any
+    concrete value (`data_root`, `8`) may stand where the source has a {hole}, never for its text."""
+    if not quote:
+        return True
+    if not parts:
+        return False
+    head, rest = parts[0], parts[1:]
+    if head is None:          # a hole takes some of the quote; text must follow it if more parts follow
+        stop = len(quote) + 1 if not rest else len(quote)
+        return any(starts_template(rest, quote[k:]) for k in range(1, stop))
+    n = min(len(head), len(quote))
+    return quote[:n] == head[:n] and (n < len(head) or starts_template(rest, quote[n:]))
+
+
+_triggered: dict[ErrorCase, str] = {}
+
+
+def trigger(case: ErrorCase, tmp: Path) -> str:
+    """The one `error:` line (without the prefix) that the case prints, with exit code 2."""
+    if case in _triggered:
+        return _triggered[case]
+    (tmp / "empty").mkdir(exist_ok=True)
+    args = [a.replace("{tmp}", str(tmp)) for a in case.args]
+    env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1", **dict(case.env))
+    with socket.socket() as holder:
+        if case.hold_port is not None:
+            try:
+                holder.bind(("", case.hold_port))
+                holder.listen()
+            except OSError:
+                pass          # someone else holds it: in use all the same
+        if case.launch:
+            proc = run_cli(*args, "--set", f"output_dir={tmp / 'output'}", env=env, cwd=tmp, timeout=600)
+        else:
+            proc = run_cli_here(*args, env=env, cwd=tmp)
+    errors = [line.removeprefix("error: ") for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, (case.args, proc.returncode, proc.stderr[-2000:])
+    _triggered[case] = errors[0]
+    return errors[0]
+
+
+def error_rows() -> list:
+    out = []
+    for lang in TABLES:
+        try:
+            quotes = error_table(lang)
+        except AssertionError:
+            continue          # test_error_tables_exist_and_agree says so
+        for quote in quotes:
+            for case in [c for c in ERROR_CASES if quote.startswith(c.key)] or [None]:
+                how = "source" if case and case.source else "triggered"
+                marks = [pytest.mark.slow] if case and case.slow else []
+                out.append(pytest.param(lang, quote, case, marks=marks, id=f"{lang}:{how}:{quote[:40]}"))
+    return out
+
+
+def test_error_tables_exist_and_agree():
+    """Both pages have the table, quoting the same messages (the Chinese page quotes them in English)."""
+    assert error_table("en") == error_table("zh")
+
+
+@pytest.mark.parametrize("lang,quote,case", error_rows())
+def test_error_table_quotes_what_the_product_prints(lang, quote, case, tmp_path_factory):
+    assert case is not None, f"{lang} common-error table: no ErrorCase in tests/test_docs.py for {quote!r}"
+    if case.source:           # that file raises it; any file of src/ may (code moves), none may not
+        quote_holes = PLACEHOLDER.sub("\0", quote).rstrip("\0").rstrip()
+        assert any(starts_template(t, quote_holes) for path in sorted(SRC.rglob("*.py"))
+                   for t in literal_templates(path)), \
+            f"{lang} table quotes {quote!r}, which no string in src/ (expected: {case.source}) starts with"
+        return
+    line = trigger(case, tmp_path_factory.mktemp("err"))
+    assert quote_regex(quote).match(line), f"{lang} table quotes {quote!r}; the product prints {line!r}"
+
+
+def test_memory_headroom_in_the_docs():
+    """The share of GPU memory above which a plan is refused, as the pages state it."""
+    from taehv_launch.plan.memory import HEADROOM
+
+    for lang in TABLES:
+        path, heading = TABLES[lang]
+        row = next(r for r in path.read_text().splitlines() if r.startswith("| `this plan will not fit"))
+        assert re.findall(r"(\d+)%", row) == [f"{HEADROOM * 100:.0f}"], (lang, row)
+
+
+def test_exit_codes_in_the_docs():
+    """The exit-code tables list exactly the codes in errors.py."""
+    from taehv_launch import errors
+
+    codes = {str(v) for k, v in vars(errors).items() if k.startswith("EXIT_")}
+    for page in (REPO / "docs" / "troubleshooting.md", REPO / "docs" / "zh" / "troubleshooting.md",
+                 REPO / "docs" / "resume.md"):
+        rows = set(re.findall(r"^\| (\d+) \|", page.read_text(), re.M))
+        assert rows == codes, (page.name, rows, codes)
