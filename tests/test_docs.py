@@ -325,3 +325,25 @@ def test_exit_codes_in_the_docs():
                  REPO / "docs" / "resume.md"):
         rows = set(re.findall(r"^\| (\d+) \|", page.read_text(), re.M))
         assert rows == codes, (page.name, rows, codes)
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_docs_links_resolve():
+    """Relative links between the docs (pages that link to docs/benchmarks.md instead of repeating
+    its figures) point at a file that exists and, with `#anchor`, at one of its headings."""
+    bad = []
+    for md in DOCS:
+        for target, anchor in re.findall(r"\]\(([^)#:\s]+\.md)(?:#([^)\s]+))?\)", md.read_text()):
+            path = (md.parent / target).resolve()
+            if not path.is_file():
+                bad.append(f"{md.relative_to(REPO)}: {target}")
+            elif anchor:
+                headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+                if anchor not in {github_anchor(h) for h in headings}:
+                    bad.append(f"{md.relative_to(REPO)}: {target}#{anchor}")
+    assert not bad, bad
