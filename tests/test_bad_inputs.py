@@ -378,13 +378,18 @@ def test_disk_full(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_mixed_dataset_skips_broken_files_and_trains(tmp_path: Path) -> None:
-    """Good videos with broken ones (empty, 1x1, a text file, a folder named .mp4): trains, logs each skip.
+    """Good videos with broken ones (empty, 1x1, a text file, 5 frames for a 12-frame clip, a folder named
+    .mp4): trains, logs each skip.
 
     The folder is named so that the video held out for validation is a broken one: validation
     has no other videos to fall back on, so that one must be left out up front, not stop the run."""
     from taehv_launch.train.index import VideoEntry, split_train_val
 
-    good, broken = ["chaplin.mp4", "big_buck_bunny_432_433.webm"], ["empty.webm", "test_video.mp4", "notes.mp4"]
+    import cv2
+    import numpy as np
+
+    good = ["chaplin.mp4", "big_buck_bunny_432_433.webm"]
+    broken = ["empty.webm", "test_video.mp4", "notes.mp4", "short.avi"]
     for k in range(1000):
         data = tmp_path / f"mixed{k}"
         train, val = split_train_val([VideoEntry(str(data / n)) for n in sorted(good + broken)], 0.2, 64, 42)
@@ -394,6 +399,10 @@ def test_mixed_dataset_skips_broken_files_and_trains(tmp_path: Path) -> None:
     for name in good + broken[:2]:
         shutil.copy(videos_dir() / name, data / name)
     (data / "notes.mp4").write_text("a text file renamed .mp4\n")
+    writer = cv2.VideoWriter(str(data / "short.avi"), cv2.VideoWriter_fourcc(*"FFV1"), 10, (64, 64))
+    for k in range(5):                    # a real video, shorter than the profile's 12 frames: skipped, not frozen
+        writer.write(np.full((64, 64, 3), 40 * k, np.uint8))
+    writer.release()
     (data / "x.mp4").mkdir()                                          # a folder named like a video: not indexed
     # one batch of all training videos: each is the first choice of one sample, so every broken one is hit
     proc = run_cli("1", "cpu", "--run-name", "t", "--master-port", str(free_port()),

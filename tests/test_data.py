@@ -159,9 +159,45 @@ def test_short_video_falls_back_to_smaller_stride(tmp_path):
     assert [b - a for a, b in zip(idx, idx[1:])] == [2] * 11  # stride 3 needs 34 frames: 2 fits
 
 
-def test_video_shorter_than_clip_holds_last_frame(tmp_path):
-    ds = VideoClipDataset([_coded_video(tmp_path / "5.avi", 5)], 16, 24, T, 1, 2, False, seed=0)
-    assert _indices(ds[0]["frames"]) == [0, 1, 2, 3, 4] + [4] * 7
+def test_video_shorter_than_clip_is_skipped(tmp_path):
+    """A clip shorter than n_frames used to freeze on its last frame silently (#29 item 9): now the video is
+    skipped like a broken file (the item's "skipped" list, one warning with the reason) and another is used."""
+    short, exact = _coded_video(tmp_path / "5.avi", 5), _coded_video(tmp_path / "12.avi", T)
+    for train in (True, False):
+        ds = VideoClipDataset([short, exact], 16, 24, T, 1, 2, False, seed=0, train=train)
+        item = ds[0]
+        assert item["skipped"] == [short] and _indices(item["frames"]) == list(range(T))   # exactly T frames: used
+    with pytest.raises(DataError, match=r"no usable video among 1 files: .*shorter than n_frames=12 frames"):
+        VideoClipDataset([short], 16, 24, T, 1, 2, False, seed=0)[0]
+
+
+def test_short_video_reason_is_logged(tmp_path, caplog):
+    ds = VideoClipDataset([_coded_video(tmp_path / "11.avi", T - 1), _coded_video(tmp_path / "40.avi", 40)],
+                          16, 24, T, 1, 2, False, seed=0)
+    with caplog.at_level("WARNING", logger="taehv_launch.train.data"):
+        ds[0]
+    assert [r.getMessage() for r in caplog.records] == [f"skipping video {tmp_path / '11.avi'}: 11 frames, "
+                                                        f"fewer than n_frames=12"]
+
+
+def test_a_short_header_count_is_checked_before_skipping(tmp_path):
+    """The header is only a hint: a file whose header claims fewer frames than it has is counted, not skipped."""
+    from unittest import mock
+
+    ds = VideoClipDataset([_coded_video(tmp_path / "40.avi", 40)], 16, 24, T, 1, 2, False, seed=0)
+    with mock.patch("taehv_launch.train.data.header_frame_count", return_value=3):
+        assert ds[0]["skipped"] == [] and ds[0]["frames"].shape[0] == T
+
+
+def test_probe_and_validation_leave_out_short_videos(tmp_path):
+    from taehv_launch.train.data import usable_entries
+
+    short, good = VideoEntry(_coded_video(tmp_path / "5.avi", 5)), VideoEntry(_coded_video(tmp_path / "24.avi", 24))
+    assert probe_first_usable([short, good], T) == (1, [short.path])
+    assert usable_entries([short, good], T) == [good]
+    with pytest.raises(DataError, match=r"none of the first 1 videos gives a usable clip of n_frames=12 frames .*"
+                                        r"at least 12 frames long"):
+        probe_first_usable([short], T)
 
 
 def test_validation_is_the_centre_clip(tmp_path):

@@ -2,8 +2,8 @@
 
 Some files of a large dataset are broken, so:
 - `VideoClipDataset` finds broken files lazily: a file that cannot be opened, has no
-  frames or is degenerate is skipped (reported in the item's "skipped" list) and another
-  video is tried, so a bad file never crashes or stalls training;
+  frames, is degenerate or is shorter than n_frames is skipped (reported in the item's
+  "skipped" list) and another video is tried, so a bad file never crashes or stalls training;
 - clips are a pure function of (seed, epoch, index): a resumed run that replays the same
   index sequence gets the same clips, whatever the number of workers; indices past
   len(dataset) mean "the same video, a fresh clip" (for endless samplers).
@@ -46,9 +46,10 @@ def plan_frames(
 ) -> list[int]:
     """Frame indices of one clip from a video of `length` frames; rng None = centre clip, stride 1.
 
-    Stride is drawn from [min_delta, max_delta] and lowered until the clip fits; a video
-    shorter than n_frames gives all its frames and then holds the last one (a freeze
-    reads like real video; looping would insert a cut the causal VAE must encode).
+    Stride is drawn from [min_delta, max_delta] and lowered until the clip fits. A video
+    shorter than n_frames gives all its frames and then holds the last one; VideoClipDataset
+    skips such videos instead (a frozen tail is not real motion), only the loader benchmark
+    relies on this.
     """
     assert length >= 1 and n_frames >= 1, (length, n_frames)
     stride = 1 if rng is None else int(rng.integers(min_delta, max_delta + 1))
@@ -201,9 +202,9 @@ class VideoClipDataset(Dataset):
             if clip is not None:
                 return {"frames": clip, "skipped": skipped}
             skipped.append(path)
-        raise DataError(f"no usable video among {len(self.entries)} files: every one is unreadable, empty or "
-                        f"smaller than {MIN_SIDE}x{MIN_SIDE} pixels (e.g. {skipped[0]}): check data_root / "
-                        f"annotation_file")
+        raise DataError(f"no usable video among {len(self.entries)} files: every one is unreadable, empty, "
+                        f"shorter than n_frames={self.n_frames} frames or smaller than {MIN_SIDE}x{MIN_SIDE} pixels "
+                        f"(e.g. {skipped[0]}): check data_root / annotation_file")
 
     def _rng(self, i: int, video: int, stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed % 2**63, self.epoch % 2**63, i, video, stream])
@@ -251,6 +252,8 @@ class VideoClipDataset(Dataset):
         if length == 0:
             return None, [], seek, "cannot be opened or has no frames"
         for _ in range(2):  # second pass only when the header count was too large
+            if length < self.n_frames:    # a frozen tail would teach stillness: skipped, like a broken file
+                return None, [], seek, f"{length} frames, fewer than n_frames={self.n_frames}"
             wanted = plan_frames(rng(0) if rng else None, length, self.n_frames, self.min_frame_delta,
                                  self.max_frame_delta)
             decoded, real_length = _decode_path(path, sorted(set(wanted)), seek)
@@ -262,11 +265,12 @@ class VideoClipDataset(Dataset):
         return None, [], seek, "cannot be decoded"
 
     def _length_hint(self, path: str) -> int:
-        """The header's frame count if plausible, else the counted one (cached); 0 = unusable."""
+        """The header's frame count if plausible and long enough for a clip, else the counted one
+        (cached); 0 = unusable. A short header count is checked, so a long file is never skipped on it."""
         if path in self._lengths:
             return self._lengths[path]
         hint = header_frame_count(path)
-        if hint > 0:
+        if hint >= self.n_frames:
             return hint
         self._lengths[path] = count_frames(path)     # 0 when it cannot be opened
         return self._lengths[path]
@@ -298,11 +302,11 @@ def collate(batch: list[dict]) -> dict:
 
 
 def probe_first_usable(entries: Sequence[VideoEntry], n_frames: int, max_tries: int = 16) -> tuple[int, list[str]]:
-    """Read the first videos until one gives >= 1 usable frame: (its position, broken paths before it).
+    """Read the first videos until one gives a usable clip: (its position, unusable paths before it).
 
-    Run at startup so that a dataset of unreadable files fails in seconds with one line,
-    not after the DataLoader workers have started. Each try reads at most n_frames frames
-    from the start; fewer is fine (short videos are held on their last frame).
+    Run at startup so that a dataset of unreadable (or too short) files fails in seconds with one
+    line, not after the DataLoader workers have started. Each try reads at most n_frames frames
+    from the start: a video with fewer is skipped in training, so it is unusable here too.
     """
     broken: list[str] = []
     for k, entry in enumerate(entries[: max(1, max_tries)]):
@@ -311,8 +315,9 @@ def probe_first_usable(entries: Sequence[VideoEntry], n_frames: int, max_tries: 
         broken.append(entry.path)
     if not broken:
         raise DataError("the dataset has no videos: check data_root / annotation_file")
-    raise DataError(f"none of the first {len(broken)} videos gives a usable frame (e.g. {broken[0]}): check "
-                    f"data_root / annotation_file and that the files are videos OpenCV can read")
+    raise DataError(f"none of the first {len(broken)} videos gives a usable clip of n_frames={n_frames} frames "
+                    f"(e.g. {broken[0]}): check data_root / annotation_file, that the files are videos OpenCV can "
+                    f"read, and that they are at least {n_frames} frames long")
 
 
 def usable_entries(entries: Sequence[VideoEntry], n_frames: int) -> list[VideoEntry]:
@@ -322,8 +327,9 @@ def usable_entries(entries: Sequence[VideoEntry], n_frames: int) -> list[VideoEn
 
 
 def _gives_usable_frame(path: str, n_frames: int) -> bool:
+    """n_frames decodable frames of at least MIN_SIDE pixels a side."""
     frames = _read_prefix(path, max(1, n_frames))
-    return bool(frames) and min(frames[0].shape[:2]) >= MIN_SIDE
+    return len(frames) >= max(1, n_frames) and min(frames[0].shape[:2]) >= MIN_SIDE
 
 
 def _read_prefix(path: str, n: int) -> list[np.ndarray]:
