@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -52,6 +53,22 @@ def _bin_dir(tmp: Path) -> Path:
     _exe(bin_dir / "scontrol", FAKE_SCONTROL)
     _exe(bin_dir / "taehv-launch", f'#!/bin/bash\nexec {shlex.quote(sys.executable)} -m taehv_launch.cli "$@"\n')
     return bin_dir
+
+
+JOB_UID_LABEL = "metadata.labels['batch.kubernetes.io/controller-uid']"
+
+
+def _pod_env(container: dict, uid: str, index: int) -> dict[str, str]:
+    """The container's environment in a pod of the Job with this uid, as the kubelet makes it: the
+    Job controller labels every pod with the Job's uid, and `$(VAR)` expands earlier entries."""
+    env: dict[str, str] = {}
+    for entry in container["env"]:
+        if "valueFrom" in entry:
+            assert entry["valueFrom"] == {"fieldRef": {"fieldPath": JOB_UID_LABEL}}
+            env[entry["name"]] = uid
+        else:
+            env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), entry["value"])
+    return env | {"JOB_COMPLETION_INDEX": str(index)}
 
 
 def _render(*args: str) -> str:
@@ -128,8 +145,9 @@ def test_k8s_job_parses_and_every_pod_resolves_its_node(tmp_path, gpus, nodes):
     assert pod["subdomain"] == name and pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] >= 120
     (container,) = pod["containers"]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env == {"NNODES": str(nodes), "MASTER_ADDR": f"{name}-0.{name}", "MASTER_PORT": "29500", "JOB_NAME": name}
+    env = {e["name"]: e.get("value") or e["valueFrom"] for e in container["env"]}
+    assert env == {"NNODES": str(nodes), "MASTER_ADDR": f"{name}-0.{name}", "MASTER_PORT": "29500",
+                   "JOB_UID": {"fieldRef": {"fieldPath": JOB_UID_LABEL}}, "JOB_NAME": f"{name}-$(JOB_UID)"}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts == {"dshm": "/dev/shm", "shared": "/shared"}
@@ -139,7 +157,7 @@ def test_k8s_job_parses_and_every_pod_resolves_its_node(tmp_path, gpus, nodes):
     assert argv[:3] == ["taehv-launch", str(gpus), "h100"] and argv[-2:] == ["--resume", "this-run"]
     bin_dir = _bin_dir(tmp_path)
     for index in sorted({0, 1, nodes - 1}):
-        pod_env = clean_env(**env, JOB_COMPLETION_INDEX=str(index), HOSTNAME=f"{name}-{index}")
+        pod_env = clean_env(**_pod_env(container, "5f0c-uid", index), HOSTNAME=f"{name}-{index}-x7k2p")
         proc = subprocess.run([str(bin_dir / "taehv-launch"), *argv[1:], "--dry-run", "--json"], env=pod_env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
@@ -147,10 +165,39 @@ def test_k8s_job_parses_and_every_pod_resolves_its_node(tmp_path, gpus, nodes):
         topo = plan["topology"]
         assert (topo["num_machines"], topo["machine_rank"], topo["source"]) == (nodes, index, "kubernetes (JOB_COMPLETION_INDEX)")
         assert topo["main_process_ip"] == f"{name}-0.{name}" and topo["ranks"][0] == 8 * index
-        assert plan["run_dir"] == f"/shared/taehv/job-{name}"
+        assert plan["run_dir"] == f"/shared/taehv/job-{name}-5f0c-uid"
         shm = shm_bytes(plan["config"], topo["gpus_per_machine"])
         size = volumes["dshm"]["emptyDir"]["sizeLimit"]
         assert size.endswith("Gi") and shm <= int(size[:-2]) * 2**30 < shm + 2**30
+
+
+def _pod_plan(container: dict, uid: str, index: int = 0) -> dict:
+    proc = run_cli_here(*container["command"][1:], "--dry-run", "--json", env=clean_env(**_pod_env(container, uid, index)))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_k8s_job_applied_again_is_a_new_run(tmp_path):
+    """The run id is the Job's uid (#29): a pod replaced within the Job continues the run, the same
+    manifest applied again later (same Job name, new uid) starts a new one, as docs/resume.md says."""
+    out = tmp_path / "runs"
+    args = ["k8s", "16", "h100", "--output-dir", str(out), "--mount", str(tmp_path), "--set", "data_root=/d",
+            "--set", "ref_vae_path=/v", "--image", "img:1", "--pvc", "c"]
+    _, job = yaml.safe_load_all(_render(*args))
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    first, again = _pod_plan(container, "uid-a"), _pod_plan(container, "uid-b")
+    assert first["run_dir"] == str(out / "job-taehv-16-h100-uid-a") and first["run_id_source"] == "scheduler job id"
+    assert again["run_dir"] == str(out / "job-taehv-16-h100-uid-b")
+    ck = fake_checkpoint(out / "job-taehv-16-h100-uid-a", 40)
+    (ck / "trainer_state.json").write_text(json.dumps({"step": 40, "world_size": 16, "config": first["config"],
+                                                       "zero_stage": first["config"]["zero_stage"]}))
+    assert _pod_plan(container, "uid-a", 1)["resume"] == str(ck)       # a replaced pod: same Job, same run
+    assert _pod_plan(container, "uid-b")["resume"] is None              # a new Job: never the old run's checkpoint
+    _, named = yaml.safe_load_all(_render(*args, "--run-name", "long-run"))
+    (container,) = named["spec"]["template"]["spec"]["containers"]
+    for uid in ("uid-a", "uid-b"):                                      # --run-name: one run across Jobs
+        plan = _pod_plan(container, uid)
+        assert plan["run_dir"] == str(out / "long-run") and plan["run_id_source"] == "--run-name"
 
 
 def test_render_passes_the_users_request_through(tmp_path):

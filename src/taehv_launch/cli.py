@@ -146,6 +146,8 @@ def render_cmd(
                                                       "path every node mounts (= --set output_dir=...)")] = None,
     gpus_per_node: GpusPerNode = None,
     job_name: Annotated[Optional[str], typer.Option("--job-name", help="default taehv-GPUS-PROFILE")] = None,
+    run_name: Annotated[Optional[str], typer.Option("--run-name", help="one run every job continues (default: each "
+                                                    "job is a new run, named by its job id)")] = None,
     partition: Annotated[Optional[str], typer.Option("--partition", rich_help_panel="SLURM")] = None,
     account: Annotated[Optional[str], typer.Option("--account", rich_help_panel="SLURM")] = None,
     time: Annotated[Optional[str], typer.Option("--time", help="time limit, e.g. 24:00:00",
@@ -169,7 +171,7 @@ def render_cmd(
 
     req = _request(gpus, profile, set_, config, Options(), None, None, None, None, gpus_per_node)
     argv = ["taehv-launch", "render", *sys.argv[2:]] if sys.argv[1:2] == ["render"] else ["taehv-launch", "render"]
-    _exit(lambda: render_job(kind, req, output_dir=output_dir, job_name=job_name, render_argv=argv,
+    _exit(lambda: render_job(kind, req, output_dir=output_dir, job_name=job_name, render_argv=argv, run_name=run_name,
                              partition=partition, account=account, time=time, signal_seconds=signal_seconds,
                              image=image, pvc=pvc, mount=mount, namespace=namespace, grace_period=grace_period,
                              restarts=restarts))

@@ -1,6 +1,8 @@
 """YAML text without importing PyYAML on the CLI path (the launcher's YAML and the cluster templates).
 
-Block style for dicts and lists, JSON-quoted strings (valid YAML scalars). `plain=True` leaves
+Block style for dicts and lists, JSON-quoted strings (valid YAML scalars) in which every character
+that does not print (DEL, C1 controls, U+2028 and the other line breaks YAML would fold, lone
+surrogates) is escaped too, so any string loads back unchanged. `plain=True` leaves
 simple strings unquoted for files people read (`name: trainer`); words YAML would read as
 something else (true, no, null, 1e3, ...) are always quoted.
 """
@@ -25,7 +27,18 @@ def scalar(value: Any, plain: bool = False) -> str:
     text = str(value)
     if plain and _PLAIN.match(text) and text.lower() not in _RESERVED:
         return text
-    return json.dumps(text, ensure_ascii=False)
+    return _NOT_ASCII_PRINTABLE.sub(_escape, json.dumps(text, ensure_ascii=False))
+
+
+_NOT_ASCII_PRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def _escape(match: re.Match) -> str:
+    char = match.group()
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"    # YAML's \U: one escape, no surrogate pair
 
 
 def yaml_text(mapping: dict[str, Any], plain: bool = False) -> str:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..commands import Request, build_plan
 from ..errors import ConfigError
 from ..plan.configfile import parse_set
-from .job import cluster_job
+from .job import check_path, check_text, cluster_job
 
 KINDS = ("slurm", "k8s")
 SLURM_ONLY = ("partition", "account", "time", "signal_seconds")
@@ -22,7 +22,7 @@ def render_job(kind: str, req: Request, **kw) -> int:
 
 
 def render_text(kind: str, req: Request, *, output_dir: str | None, job_name: str | None, render_argv: list[str],
-                **kw) -> str:
+                run_name: str | None = None, **kw) -> str:
     if kind not in KINDS:
         raise ConfigError(f"unknown cluster kind {kind!r}: use `taehv-launch render slurm ...` or "
                           f"`taehv-launch render k8s ...`")
@@ -31,11 +31,16 @@ def render_text(kind: str, req: Request, *, output_dir: str | None, job_name: st
     if stray:
         raise ConfigError(f"{', '.join(stray)} {'goes' if len(stray) == 1 else 'go'} with "
                           f"`render {'slurm' if kind == 'k8s' else 'k8s'}`, not `render {kind}`")
+    for label, value in [("--set", s) for s in req.sets]:
+        check_text(label, value)                   # before the plan: a NUL byte breaks even a path lookup
+    for label, value in [("--config", req.config), ("--output-dir", output_dir)]:
+        if value:
+            check_path(label, value)
     sets = [*req.sets, *([_set_item("output_dir", output_dir)] if output_dir else [])]
     req = replace(req, sets=sets)
     plan = build_plan(req, env={}, local=False)        # the nodes' plan: nothing from this machine's environment
     job = cluster_job(plan, sets=sets, config=req.config, gpus_per_node=req.gpus_per_node, name=job_name,
-                      render_argv=render_argv)
+                      render_argv=render_argv, run_name=run_name)
     given = {k: v for k, v in kw.items() if v is not None}      # the rest take the render functions' defaults
     if kind == "slurm":
         from .slurm import render_slurm

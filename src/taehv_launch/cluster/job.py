@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 from ..errors import ConfigError
 from ..plan.memory import shm_bytes
 from ..plan.resolve import Plan
-from ..run.runs import THIS_RUN
+from ..run.runs import THIS_RUN, run_id_for
 
 JOB_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,50}[a-z0-9])?$")   # a DNS label, room for "-<index>"
 
@@ -36,19 +36,65 @@ class ClusterJob:
     shm_gib: int
     port: int
 
+    run_name: str | None = None    # --run-name: the run every node continues; else each job is a run of its own
+
     @property
     def rendered_by(self) -> str:
-        """The render command line, shell-quoted, for the template's header."""
-        return " ".join(shlex.quote(a) for a in self.render_argv)
+        """The render command line, shell-quoted on one line, for the template's header."""
+        return " ".join(one_line_word(a) for a in self.render_argv)
+
+
+def one_line_word(text: str) -> str:
+    """`text` as one bash word on one line (a header comment must not end early, and each option
+    of a command keeps its line): shlex.quote when every character prints, else bash's $'...' with
+    the UTF-8 bytes of the others as \\xHH, which means the same bytes in every locale (bytes that
+    were not UTF-8 come back as themselves)."""
+    if text.isprintable():
+        return shlex.quote(text)
+    out = []
+    for char in text:
+        if char in "\\'":
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        elif 0xDC80 <= ord(char) <= 0xDCFF:        # surrogateescape: the byte the command line had
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char) or "".join(
+                f"\\x{b:02x}" for b in char.encode("utf-8", "surrogatepass")))
+    return "$'" + "".join(out) + "'"
+
+
+def check_text(label: str, text: str) -> None:
+    """A value that goes into a command line or a manifest: no NUL byte (no argv can carry one) and
+    valid text (bytes that were not UTF-8 cannot be written into a job file faithfully)."""
+    if "\0" in text:
+        raise ConfigError(f"{label} {shown(text)} contains a NUL byte, which no command line can carry: remove it")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        raise ConfigError(f"{label} {shown(text)} is not valid UTF-8 text: use a UTF-8 (or plain ASCII) value")
+
+
+def check_path(label: str, text: str) -> None:
+    """check_text, and a path Linux can open (a name at most 255 bytes, the whole under 4096)."""
+    check_text(label, text)
+    if len(text.encode()) >= 4096 or any(len(part.encode()) > 255 for part in PurePosixPath(text).parts):
+        raise ConfigError(f"{label} {shown(text)} is longer than a path can be (255 bytes a folder or file "
+                          f"name, 4095 in all): use a shorter path")
+
+
+def shown(text: str) -> str:
+    """A value for a one-line message: its repr, cut short when long."""
+    return repr(text) if len(text) <= 100 else f"{text[:60]!r}... ({len(text)} characters)"
 
 
 def cluster_job(plan: Plan, *, sets: list[str], config: str | None, gpus_per_node: int | None,
-                name: str | None, render_argv: list[str]) -> ClusterJob:
+                name: str | None, render_argv: list[str], run_name: str | None = None) -> ClusterJob:
     """sets: the user's --set items, `output_dir=...` included (render's --output-dir adds it)."""
     if plan.profile.device != "cuda":
         raise ConfigError(f"render makes GPU cluster jobs; the {plan.profile.name} profile runs here: "
                           f"`taehv-launch {plan.gpus} {plan.profile.name}`")
     output_dir = str(plan.config["output_dir"])
+    check_path("output_dir", output_dir)
     if not PurePosixPath(output_dir).is_absolute():
         raise ConfigError(f"output_dir {output_dir!r} is not absolute: pass --output-dir /shared/path, a folder "
                           f"every node mounts (run directories, checkpoints and the dead-rank watchdog's heartbeats live there)")
@@ -71,8 +117,11 @@ def cluster_job(plan: Plan, *, sets: list[str], config: str | None, gpus_per_nod
         argv += ["--set", item]
     if gpus_per_node is not None:
         argv += ["--gpus-per-node", str(gpus_per_node)]
+    if run_name is not None:
+        run_id_for(run_name, None)             # the same check every node makes, here once
+        argv += ["--run-name", run_name]
     argv += ["--resume", THIS_RUN]
     return ClusterJob(name=name, gpus=plan.gpus, profile=plan.profile.name, nodes=topo.num_machines,
                       gpus_per_node=topo.gpus_per_machine, output_dir=output_dir, argv=tuple(argv),
                       render_argv=tuple(render_argv), shm_gib=max(1, math.ceil(shm_bytes(c, topo.gpus_per_machine) / 2**30)),
-                      port=topo.main_process_port)
+                      port=topo.main_process_port, run_name=run_name)

@@ -3,27 +3,50 @@ gives pod 0 a name for the rendezvous.
 
 Each pod runs `taehv-launch` as PID 1 (so a pod deletion's SIGTERM reaches it) with
 JOB_COMPLETION_INDEX as its node rank, NNODES and MASTER_ADDR (pod 0 through the Service) and
-JOB_NAME, which names the run directory on the shared volume. A stop signal makes the ranks
-save a checkpoint and exit 75; the podFailurePolicy treats 75 (and evictions, preemption) as not
-the pod's fault, so the pod is replaced without counting against backoffLimit, and its
-`--resume this-run` continues the run. /dev/shm is a memory-backed emptyDir sized from the plan.
-Pure: returns the text. podFailurePolicy needs Kubernetes 1.26 or newer.
+JOB_NAME = <job name>-<the Job's uid> (downward API), which names the run directory on the shared
+volume: a pod replaced within the Job keeps the run, the Job applied again (same name, new uid)
+starts a new one, as a new SLURM job does. A stop signal makes the ranks save a checkpoint and
+exit 75; the podFailurePolicy treats 75 (and evictions, preemption) as not the pod's fault, so the
+pod is replaced without counting against backoffLimit, and its `--resume this-run` continues the
+run. /dev/shm is a memory-backed emptyDir sized from the plan. Pure: returns the text.
+podFailurePolicy and the Job's uid label on its pods need Kubernetes 1.27 or newer.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import EXIT_RESUMABLE, ConfigError
 from ..yamltext import yaml_text
-from .job import ClusterJob
+from .job import ClusterJob, one_line_word
+
+JOB_UID = "metadata.labels['batch.kubernetes.io/controller-uid']"   # the Job's uid, on each of its pods
+_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_NAMES = {   # option: (pattern, what Kubernetes accepts)
+    "namespace": (re.compile(rf"^{_LABEL}$"), "a DNS label: lowercase letters, digits and '-', at most 63"),
+    "pvc": (re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$"),
+            "a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253"),
+    "image": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,1023}$"),
+              "an image reference such as registry.example.com/taehv-launch:1.0 (no spaces or quotes)"),
+}
+
+
+def _check_names(**values: str | None) -> None:
+    for key, value in values.items():
+        pattern, what = _NAMES[key]
+        if value and not pattern.match(value):
+            raise ConfigError(f"--{key} {value!r} is not {what}")
 
 
 def render_k8s(job: ClusterJob, *, image: str, pvc: str, mount: str = "/shared", namespace: str | None = None,
                grace_period: int = 300, restarts: int = 3) -> str:
-    if not PurePosixPath(mount).is_absolute() or not PurePosixPath(job.output_dir).is_relative_to(mount):
-        raise ConfigError(f"output_dir {job.output_dir} is not on the shared volume mounted at {mount}: pass "
+    _check_names(namespace=namespace, pvc=pvc, image=image)
+    if not mount.isprintable() or not PurePosixPath(mount).is_absolute():
+        raise ConfigError(f"--mount {mount!r} is not an absolute path of printable characters: pass e.g. --mount /shared")
+    if not PurePosixPath(job.output_dir).is_relative_to(mount):
+        raise ConfigError(f"output_dir {job.output_dir!r} is not on the shared volume mounted at {mount}: pass "
                           f"--output-dir {PurePosixPath(mount) / 'taehv-output'} (or --mount the folder that holds it)")
     meta: dict[str, Any] = {"name": job.name} | ({"namespace": namespace} if namespace else {})
     labels = {"app.kubernetes.io/name": "taehv-launch", "app.kubernetes.io/instance": job.name}
@@ -33,11 +56,12 @@ def render_k8s(job: ClusterJob, *, image: str, pvc: str, mount: str = "/shared",
                  "selector": {"job-name": job.name},
                  "ports": [{"name": "rendezvous", "port": job.port}]},
     }
-    env = {"NNODES": str(job.nodes), "MASTER_ADDR": f"{job.name}-0.{job.name}", "MASTER_PORT": str(job.port),
-           "JOB_NAME": job.name}
+    env = {"NNODES": str(job.nodes), "MASTER_ADDR": f"{job.name}-0.{job.name}", "MASTER_PORT": str(job.port)}
     container = {
         "name": "trainer", "image": image, "command": list(job.argv),
-        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "env": [{"name": k, "value": v} for k, v in env.items()]   # JOB_NAME, the run's job id: unique per Job
+               + [{"name": "JOB_UID", "valueFrom": {"fieldRef": {"fieldPath": JOB_UID}}},
+                  {"name": "JOB_NAME", "value": f"{job.name}-$(JOB_UID)"}],
         "ports": [{"containerPort": job.port, "name": "rendezvous"}],
         "resources": {"limits": {"nvidia.com/gpu": job.gpus_per_node}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "shared", "mountPath": mount}],
@@ -67,10 +91,13 @@ def render_k8s(job: ClusterJob, *, image: str, pvc: str, mount: str = "/shared",
         f"Rendered by: {job.rendered_by}",
         "Render it again rather than edit it. Start: kubectl apply -f <this file>; logs of node 0:",
         f"kubectl logs -f {job.name}-0-<suffix> (or `kubectl logs -f job/{job.name}`); the run:",
-        f"{job.output_dir}/job-{job.name}/ on the volume '{pvc}' (ReadWriteMany: every pod mounts it).",
+        f"{one_line_word(job.output_dir.rstrip('/') + '/')}{job.run_name or f'job-{job.name}-<uid>'}/ on the volume "
+        f"'{pvc}' (ReadWriteMany: every pod mounts it)" + ("." if job.run_name else "; <uid> is the Job's:"),
+        *([] if job.run_name else [f"kubectl get job {job.name} -o jsonpath='{{.metadata.uid}}'. A replaced pod "
+                                   f"continues its Job's run; a Job applied again starts a new one."]),
         f"Exit {EXIT_RESUMABLE} (checkpoint saved after SIGTERM) and evictions replace the pod without counting",
         f"against backoffLimit ({restarts} failures per pod); each pod has {grace_period} s after SIGTERM to finish",
-        "its step and save the checkpoint. podFailurePolicy needs Kubernetes 1.26 or newer.",
+        "its step and save the checkpoint. Needs Kubernetes 1.27 or newer (podFailurePolicy, the Job uid label).",
     ]
     return ("\n".join(f"# {line}" for line in head) + "\n" + yaml_text(service, plain=True) + "---\n"
             + yaml_text(job_obj, plain=True))

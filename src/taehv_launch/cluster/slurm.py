@@ -9,25 +9,37 @@ the job back in the queue. The requeued job keeps its job id, so the same run di
 
 from __future__ import annotations
 
-import shlex
+import re
 
-from ..errors import EXIT_RESUMABLE
-from .job import ClusterJob
+from ..errors import EXIT_RESUMABLE, ConfigError
+from .job import ClusterJob, one_line_word
+
+# What an #SBATCH value may hold: sbatch reads the directive line itself (no shell quoting), so
+# a space, quote, '#' or line break cannot be carried; partition/account names and times never need one.
+_DIRECTIVE = {"partition": (re.compile(r"^[A-Za-z0-9_.,-]{1,256}$"), "letters, digits and _ . , -"),
+              "account": (re.compile(r"^[A-Za-z0-9_.-]{1,256}$"), "letters, digits and _ . -"),
+              "time": (re.compile(r"^(?:[0-9][0-9:-]{0,30}|UNLIMITED|infinite)$"),
+                       "a SLURM time such as 24:00:00, 2-00:00:00 or 90")}
 
 
 def render_slurm(job: ClusterJob, *, partition: str | None = None, account: str | None = None,
                  time: str | None = None, signal_seconds: int = 120) -> str:
+    for key, value in (("partition", partition), ("account", account), ("time", time)):
+        pattern, what = _DIRECTIVE[key]
+        if value and not pattern.match(value):
+            raise ConfigError(f"--{key} {value!r} cannot go on an #SBATCH line: use {what}")
     sbatch = [f"--job-name={job.name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
               f"--gpus-per-node={job.gpus_per_node}", "--exclusive", "--mem=0"]
     sbatch += [f"--partition={partition}"] * bool(partition) + [f"--account={account}"] * bool(account)
     sbatch += [f"--time={time}"] * bool(time)
     sbatch += [f"--signal=USR1@{signal_seconds}", "--requeue", "--open-mode=append", "--output=slurm-%x-%j.out"]
     cmd = " \\\n    ".join(_lines(job.argv))
+    run = job.run_name or "job-<jobid>"
     return f"""#!/bin/bash
 # taehv-launch {job.gpus} {job.profile} on SLURM: {job.nodes} node(s) x {job.gpus_per_node} GPUs, one launcher per node.
 # Rendered by: {job.rendered_by}
 # Render it again rather than edit it. Submit: sbatch <this file>. Log: slurm-{job.name}-<jobid>.out;
-# the run: {job.output_dir}/job-<jobid>/ (launch.log, checkpoints, REQUEUE).
+# the run: {one_line_word(job.output_dir.rstrip("/") + "/")}{run}/ (launch.log, checkpoints, REQUEUE).
 {chr(10).join(f"#SBATCH {s}" for s in sbatch)}
 set -uo pipefail
 
@@ -52,8 +64,9 @@ exit "$code"
 
 
 def _lines(argv: tuple[str, ...]) -> list[str]:
-    """The command with each option and its value on a line of their own."""
-    words = [shlex.quote(a) for a in argv]
+    """The command with each option and its value on a line of their own (a value with a line
+    break is written $'...\\n...', so no line of the script is part of a value)."""
+    words = [one_line_word(a) for a in argv]
     lines, i = [" ".join(words[:3])], 3
     while i < len(words):
         take = 2 if words[i].startswith("--") and i + 1 < len(words) and not words[i + 1].startswith("--") else 1
