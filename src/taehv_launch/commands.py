@@ -187,21 +187,27 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
     gpu_ids = topo.gpu_ids + (f" = CUDA_VISIBLE_DEVICES {listed}" if listed is not None else "")
     default = "NOT SET: --set ref_vae_path=... is required on GPUs"
     default_data = "NOT SET: --set data_root=... is required on GPUs"
+    cache = plan.options.task == "cache"     # a cache job encodes: no optimizer, checkpoints or validation
     out = [
-        f"taehv-launch {'cache ' if plan.options.task == 'cache' else ''}{plan.gpus} {plan.profile.name}: "
+        f"taehv-launch {'cache ' if cache else ''}{plan.gpus} {plan.profile.name}: "
         f"{plan.profile.description}",
         f"  rows      {plan.row_source}",
         f"  topology  {topo.num_machines} node(s) x {topo.gpus_per_machine} "
         f"{'processes' if plan.profile.device == 'cpu' else 'GPUs'}, this is node {topo.machine_rank} "
         f"(GPU ids {gpu_ids}), master {topo.main_process_ip}:{topo.main_process_port}  [{topo.source}]",
-        f"  batch     {plan.batch_arithmetic()}",
-        f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
-        f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
+        *([f"  batch     {plan.batch_arithmetic()}",
+           f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
+           f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP")]
+          if not cache else
+          [f"  encode    micro-batch {c['micro_batch_size']} (clips per reference encode call) per process, "
+           f"{plan.world_size} in all; nothing is trained"]),
         f"  clips     {c['n_frames']} frames of {c['height']}x{c['width']}, stride {c['min_frame_delta']}-"
         f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default}{' = built-in tiny demo VAE' if demo_vae and c['ref_vae_path'] == demo_vae else ''})",
         f"  data      {c['data_root'] or default_data}{' (built-in synthetic demo videos)' if demo_data and c['data_root'] == demo_data else ''}",
-        f"  timeouts  process group {c['nccl_timeout']} s; checkpoint every {c['checkpointing_steps']}, "
-        f"validate every {c['validation_steps']}, log every {c['log_every']}",
+        f"  timeouts  process group {c['nccl_timeout']} s" + ("" if cache else
+                                                             f"; checkpoint every {c['checkpointing_steps']}, "
+                                                             f"validate every {c['validation_steps']}, "
+                                                             f"log every {c['log_every']}"),
         f"  run dir   {run_dir}",
         "  env       " + (", ".join(f"{k}={v.value}" + (" (kept)" if v.kept else "")
                                     for k, v in rendered.env.items()) or "-"),

@@ -150,14 +150,22 @@ def run_cache_job(cfg: Config, run_dir: Path, debug: bool) -> int:
         bar = None
     acc.wait_for_everyone()
     if acc.is_main_process:
-        records = [lc.ShardRecord(**{k: v for k, v in lc.read_index(out, name).items() if k != "views"})
-                   for name, _ in shards]
+        indexes = [lc.read_index(out, name) for name, _ in shards]
+        records = [lc.ShardRecord(**{k: v for k, v in ix.items() if k != "views"}) for ix in indexes]
         manifest = lc.write_manifest(out, job, records)
         _write_speed(run_dir, clock, world, device)
-        log(f"cache: done: {manifest['clips']} clips ({manifest['skipped_views']} views of unusable videos skipped), "
+        log(f"cache: done: {manifest['clips']} clips{_skipped_note(indexes, manifest['skipped_views'])}, "
             f"{manifest['bytes'] / 2**30:.2f} GiB in {out}; train with --set latent_cache={out}")
     _end(world)
     return EXIT_OK
+
+
+def _skipped_note(indexes: list[dict[str, Any]], n: int) -> str:
+    """' (3 views of unusable videos skipped, e.g. a.mp4: 5 frames, fewer than n_frames=12)', or ''."""
+    first = next((v for ix in indexes for v in ix["views"] if "skipped" in v), None)
+    if not n or first is None:
+        return ""
+    return f" ({n} view{'s' if n > 1 else ''} of unusable videos skipped, e.g. {first['video']}: {first['skipped']})"
 
 
 class Clock:
