@@ -68,30 +68,46 @@ RANK_SCRIPT = textwrap.dedent("""
     deadline = time.time() + 20
     while not flag.local and time.time() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)            # more signals may come: only a second direct one aborts
+    time.sleep(3.0)            # more signals may come: only a second direct one aborts
     print("stopping once", flag.local, flush=True)
 """)
 
 
-@pytest.mark.parametrize("sequence,code", [
-    ((signal.SIGTERM, signal.SIGUSR2), 0),        # direct and through the launcher: once
-    ((signal.SIGUSR2, signal.SIGUSR1), 0),        # through the launcher, then SLURM's direct one: once
-    ((signal.SIGUSR2, signal.SIGUSR2), 0),
-    ((signal.SIGUSR1, signal.SIGTERM), 130),      # two direct signals: abort at once
+@pytest.mark.parametrize("sequence,gap,code", [
+    ((signal.SIGTERM, signal.SIGUSR2), 0.1, 0),        # direct and through the launcher: once
+    ((signal.SIGUSR2, signal.SIGUSR1), 0.1, 0),        # through the launcher, then SLURM's direct one: once
+    ((signal.SIGUSR2, signal.SIGUSR2), 0.1, 0),
+    ((signal.SIGTERM, signal.SIGTERM), 0.005, 0),      # one stop delivered twice (GNU timeout): once
+    ((signal.SIGTERM, signal.SIGTERM, signal.SIGTERM), 0.3, 0),   # repeats within the window: once
+    ((signal.SIGUSR1, signal.SIGTERM), 0.1, 130),      # two different direct signals: abort at once
+    ((signal.SIGTERM, signal.SIGINT), 0.005, 130),     # a person's Ctrl-C after a SIGTERM: abort
+    ((signal.SIGTERM, signal.SIGTERM), 2.3, 130),      # the same signal again, later: abort
 ])
-def test_relay_never_counts_as_a_second_signal(sequence, code):
+def test_relay_never_counts_as_a_second_signal(sequence, gap, code):
     proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     assert proc.stdout.readline().strip() == "ready"
     for sig in sequence:
         proc.send_signal(sig)
-        time.sleep(0.1)
+        time.sleep(gap)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, (out, err)
     if code == 0:
         assert "stopping once True" in out
     else:
-        assert "second signal (SIGTERM): exiting without a checkpoint" in err
+        name = signal.Signals(sequence[-1]).name
+        assert f"second signal ({name}): exiting without a checkpoint" in err
+
+
+def test_counts_once_rule():
+    from taehv_launch.train.stop import REPEAT_WINDOW_S, counts_once
+
+    first = (signal.SIGTERM, 100.0)
+    assert counts_once(first, signal.SIGTERM, 100.001)
+    assert counts_once(first, signal.SIGTERM, 100.0 + REPEAT_WINDOW_S)
+    assert not counts_once(first, signal.SIGTERM, 100.1 + REPEAT_WINDOW_S)
+    assert not counts_once(first, signal.SIGINT, 100.001)
+    assert not counts_once(first, signal.SIGUSR1, 100.001)
 
 
 def test_worker_death_message_is_one_line():

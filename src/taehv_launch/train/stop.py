@@ -5,7 +5,9 @@ Who gets which signal (docs/troubleshooting.md has the table):
 - A rank process: the first SIGTERM/SIGINT/SIGUSR1 sent to it (SLURM signals every process of a
   step; `--signal=USR1@120` is its pre-timeout warning) sets the flag; the loop all-reduces it at
   each optimizer step, so every rank stops after the same step, saves a checkpoint and exits with
-  EXIT_RESUMABLE. A second such signal exits at once (EXIT_ABORTED).
+  EXIT_RESUMABLE. A second such signal exits at once (EXIT_ABORTED), unless it repeats the first
+  within REPEAT_WINDOW_S (`counts_once`): GNU `timeout` and schedulers that signal a job step and
+  its process group deliver one stop twice within milliseconds.
 - RELAY_SIGNAL (SIGUSR2) is what `taehv-launch` sends to the ranks when it is signalled itself.
   It sets the flag and never counts as a second signal, so a rank that is signalled both
   directly (SLURM, `kill` on every process) and through the launcher stops once, with a checkpoint.
@@ -23,21 +25,39 @@ import re
 import signal
 import sys
 import threading
+import time
 
 from ..errors import EXIT_ABORTED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 RELAY_SIGNAL = signal.SIGUSR2
+REPEAT_WINDOW_S = 2.0          # the same signal again this soon after the first is the same stop
 
-_direct: list[int] = []        # stop signals sent to this process itself
+
+def counts_once(first: tuple[int, float], signum: int, at: float) -> bool:
+    """Whether a stop signal `signum` arriving at `at` (time.monotonic()) repeats the first stop
+    signal `first` = (signum, time): the same signal within REPEAT_WINDOW_S. A different signal
+    (a person's Ctrl-C after a scheduler's SIGTERM), or the same one later, is a second signal."""
+    return signum == first[0] and 0 <= at - first[1] <= REPEAT_WINDOW_S
+
+
+_direct: list[int] = []        # stop signals sent to this process itself (repeats not counted)
+_first: list[tuple[int, float]] = []   # the first direct stop signal and when it came
 _relayed: list[int] = []       # RELAY_SIGNAL from the launcher
 _installed = False
 
 
 def _handle(signum, _frame) -> None:
+    """Only list appends and a clock read here (no import, no lock): a signal can arrive while
+    this handler runs for the previous one."""
     if signum == RELAY_SIGNAL:
         _relayed.append(signum)
         return
+    now = time.monotonic()
+    if _first and counts_once(_first[0], signum, now):
+        return
+    if not _first:
+        _first.append((signum, now))
     _direct.append(signum)
     if len(_direct) > 1:
         sys.stderr.write(f"[rank {os.environ.get('RANK', '0')}] second signal ({signal.Signals(signum).name}): "
