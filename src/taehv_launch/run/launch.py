@@ -19,20 +19,25 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+import psutil   # accelerate depends on it; imported here, never inside a signal handler
 
 from ..errors import EXIT_ABORTED, LaunchError
 from ..files import write_atomic
 from .host import port_free
+from .lock import RunLock
 from .render import TRAINER_SCRIPT, Rendered
 from ..plan.resolve import Plan
-from .runs import point_latest, status_path
-from ..train.stop import RELAY_SIGNAL
+from .runs import REQUEUE, point_latest, status_path
+from ..train.stop import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts_once
 
 MIN_FREE_BYTES = 2 << 30
 
@@ -54,8 +59,10 @@ def write_files(run_dir: Path, files: dict[str, str]) -> list[str]:
     return notes
 
 
-def prepare_run_dir(plan: Plan, run_dir: Path) -> None:
-    """Create the run dir (and `latest` on node 0); fail clearly when the disk is unusable."""
+def prepare_run_dir(plan: Plan, run_dir: Path, lock: RunLock) -> None:
+    """Create the run dir, take this node's lock on it (a second launch of the run is refused), remove
+    the half-written .tmp-checkpoint-* a killed launch left, and point `latest` at it on node 0; fail
+    clearly when the disk is unusable."""
     output_dir = run_dir.parent
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,6 +76,10 @@ def prepare_run_dir(plan: Plan, run_dir: Path) -> None:
     if free < MIN_FREE_BYTES:
         raise LaunchError(f"only {free / 2**30:.1f} GiB free under {run_dir}: checkpoints need more; "
                           f"free space or choose another --set output_dir")
+    lock.acquire()
+    if plan.topology.machine_rank == 0:
+        for tmp in run_dir.glob(".tmp-checkpoint-*"):      # a checkpoint a killed run never finished
+            shutil.rmtree(tmp, ignore_errors=True)
     if plan.topology.machine_rank == 0 and plan.options.task == "train":   # `latest` is the newest training run
         point_latest(output_dir, run_dir)
 
@@ -107,8 +118,6 @@ def trainer_pids(root_pid: int) -> list[int]:
     """PIDs of the trainer's rank processes under `root_pid`: the direct children of the agent
     (accelerate's simple launcher or torchrun's agent, running in `root_pid`) that run main.py.
     Not their DataLoader workers, which are forked from a rank and share its command line."""
-    import psutil   # accelerate depends on it; imported only when a signal arrives
-
     try:
         children = psutil.Process(root_pid).children(recursive=False)
     except psutil.NoSuchProcess:
@@ -126,8 +135,6 @@ def trainer_pids(root_pid: int) -> list[int]:
 
 def launch_pids(root_pid: int) -> list[int]:
     """`root_pid` and every process under it, in whatever process group or session."""
-    import psutil
-
     try:
         root = psutil.Process(root_pid)
         return [root_pid, *(p.pid for p in root.children(recursive=True))]
@@ -145,6 +152,79 @@ def kill_launch(root_pid: int, pids: list[int] | None = None) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class SignalRelay:
+    """The launcher's stop signals. The handler only records the signal and wakes a thread (no
+    import, no lock, no process listing: a signal can arrive while the handler runs for the one
+    before, as GNU `timeout` delivers its signal twice); the thread acts on it:
+    the first stop signal is relayed to the ranks as RELAY_SIGNAL (they save and exit 75), the same
+    signal again within REPEAT_WINDOW_S counts once, and any later or different one kills the launch."""
+
+    def __init__(self, child_pid: int, log, task: str) -> None:
+        self.child_pid, self.log, self.task = child_pid, log, task
+        self.events: list[tuple[int, float]] = []
+        self.aborted = False
+        self.not_started = False
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._thread = threading.Thread(target=self._serve, name="signal-relay", daemon=True)
+        self._thread.start()
+
+    def handler(self, signum, _frame) -> None:
+        self.events.append((signum, time.monotonic()))
+        try:
+            os.write(self._write, b"s")
+        except OSError:       # the pipe is full: the thread has wake-ups enough queued
+            pass
+
+    def close(self) -> None:
+        os.close(self._write)   # the thread reads EOF and ends
+        self._thread.join(timeout=5)
+        os.close(self._read)
+
+    def _serve(self) -> None:
+        done = 0
+        while os.read(self._read, 64):
+            while done < len(self.events):
+                self._act(done)
+                done += 1
+
+    def _say(self, msg: str) -> None:
+        sys.stderr.write(msg)
+        sys.stderr.flush()
+        try:
+            self.log.write(msg.encode())
+            self.log.flush()
+        except (OSError, ValueError):    # the log is closed: the launch has ended
+            pass
+
+    def _act(self, i: int) -> None:
+        signum, at = self.events[i]
+        name = signal.Signals(signum).name
+        if i == 0:
+            pids = trainer_pids(self.child_pid)
+            what = "cache job" if self.task == "cache" else "trainer"
+            if pids:
+                save = "finish its shard" if self.task == "cache" else "save a checkpoint"
+                self._say(f"taehv-launch: got {name}: asking the {what} to {save} and stop (signal again to "
+                          f"abort at once; a repeat within {REPEAT_WINDOW_S:g} s counts as this one)\n")
+                for pid in pids:
+                    try:
+                        os.kill(pid, RELAY_SIGNAL)
+                    except ProcessLookupError:
+                        pass
+            else:
+                self._say(f"taehv-launch: got {name} before the {what} started: stopping, nothing to save\n")
+                self.not_started = True
+                kill_launch(self.child_pid)
+        elif counts_once(self.events[0], signum, at):
+            if i == 1:
+                self._say(f"taehv-launch: {name} again within moments: the same stop, counted once\n")
+        elif not self.aborted:
+            self.aborted = True
+            self._say(f"taehv-launch: second signal ({name}): stopping now, without a checkpoint\n")
+            kill_launch(self.child_pid)
 
 
 def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
@@ -167,50 +247,22 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
         except OSError as exc:
             raise LaunchError(f"cannot start {rendered.argv[0]}: {exc.strerror or exc}; "
                               f"is accelerate installed in this environment?") from None
-        signals_seen = []
-        not_started = []
-
-        def relay(signum, _frame):
-            signals_seen.append(signum)
-            if len(signals_seen) == 1:
-                pids = trainer_pids(child.pid)
-                if pids:
-                    msg = (f"taehv-launch: got {signal.Signals(signum).name}: asking the trainer to save a "
-                           f"checkpoint and stop (send it again to abort at once)\n")
-                else:
-                    msg = (f"taehv-launch: got {signal.Signals(signum).name} before the trainer started: "
-                           f"stopping, nothing to save\n")
-                sys.stderr.write(msg)
-                try:
-                    log.write(msg.encode())
-                    log.flush()
-                except (RuntimeError, ValueError):   # the tee was writing it (reentrant call): console only
-                    pass
-                for pid in pids:
-                    try:
-                        os.kill(pid, RELAY_SIGNAL)
-                    except ProcessLookupError:
-                        pass
-                if not pids:
-                    not_started.append(signum)
-                    kill_launch(child.pid)
-            else:
-                sys.stderr.write("taehv-launch: second signal: stopping now, without a checkpoint\n")
-                kill_launch(child.pid)
-
-        previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        relay = SignalRelay(child.pid, log, plan.options.task)
+        previous = {s: signal.signal(s, relay.handler) for s in STOP_SIGNALS}
         try:
             _tee(child, log, status_file)
             code = child.wait()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            relay.close()
     status = read_status(run_dir, plan.topology.machine_rank)
-    if len(signals_seen) > 1 or (not_started and status is None):
+    if relay.aborted or (relay.not_started and status is None):
         return EXIT_ABORTED
-    if status is not None:
-        return int(status.get("code", code))
-    return code if code >= 0 else 128 - code
+    code = int(status.get("code", code)) if status is not None else (code if code >= 0 else 128 - code)
+    if code == 0 and plan.topology.machine_rank == 0:
+        (run_dir / REQUEUE).unlink(missing_ok=True)    # the requeued run has finished
+    return code
 
 
 # torch.profiler's Kineto prints "USDT:... profiler_start/profiler_stop" under --profile whatever
@@ -227,9 +279,22 @@ def final_state(line: bytes) -> bytes:
     return body.rsplit(b"\r", 1)[-1] + line[len(body):].replace(b"\r", b"")
 
 
+# torchrun's agent logs a rank's non-zero exit as an error ("E1124 ... torch/distributed/elastic/...
+# failed (exitcode: 75)"), also for the clean requeue stop.
+ELASTIC_LOG = re.compile(rb"^[EWI]\d{4} [\d:.]+ +\d+ .*torch/distributed/elastic/")
+
+
+def _recorded_code(status_path: Path) -> int | None:
+    try:
+        return int(json.loads(status_path.read_text() or "{}").get("code", 1))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def _tee(child: subprocess.Popen, log, status_path: Path) -> None:
-    """Copy the child's output to the console and the log. Once the trainer has recorded its
-    exit status, the wrappers' tracebacks that follow go to the log only."""
+    """Copy the child's output to the console and the log. Once the trainer has recorded a
+    non-zero exit status, the wrappers' tracebacks and torchrun's error lines that follow go to the
+    log only (the launcher prints the one error line, or the requeue line for exit 75)."""
     quiet = False
     assert child.stdout is not None
     for line in iter(child.stdout.readline, b""):
@@ -237,9 +302,8 @@ def _tee(child: subprocess.Popen, log, status_path: Path) -> None:
             continue
         log.write(final_state(line))
         log.flush()
-        if not quiet and line.startswith(b"Traceback (most recent call last)") and status_path.exists():
-            status = json.loads(status_path.read_text() or "{}")
-            quiet = status.get("code", 1) != 0
+        if not quiet and (line.startswith(b"Traceback (most recent call last)") or ELASTIC_LOG.match(line)):
+            quiet = _recorded_code(status_path) not in (None, 0)
         if not quiet:
             sys.stdout.buffer.write(line)
             sys.stdout.buffer.flush()
