@@ -23,6 +23,7 @@ args.use_ref_vae = True  # distil from a reference VAE (False: decoder trains on
 args.ref_vae_type = 'cogvideox'  # diffusers reference VAE family (plan/families.py)
 args.ref_vae_path = ''  # local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE
 args.ref_vae_dtype = 'bfloat16'  # dtype of the frozen reference VAE
+args.allow_family_change = False  # let a resume distil from another reference VAE family than its checkpoint's (refused otherwise); the change is noted in the run
 args.ref_vae_chunk_size = 2  # samples per reference encode call (memory/speed trade-off)
 args.ref_latent_mean = ()  # optional per-channel mean subtracted from reference latents
 args.ref_latent_std = ()  # optional per-channel std dividing reference latents

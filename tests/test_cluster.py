@@ -255,7 +255,8 @@ def test_resume_this_run_stays_in_its_own_run(tmp_path):
     out = tmp_path / "output"
     fake_checkpoint(out / "other-run", 50)
     assert resolve_resume("this-run", out, out / "job-7")[0] is None         # never another run's checkpoint
-    assert resolve_resume("auto", out, out / "job-7")[0] == out / "other-run" / "checkpoint-50"
+    assert resolve_resume("auto", out, out / "job-7")[0] is None             # a named run: its own only (#29)
+    assert resolve_resume("auto", out, None)[0] == out / "other-run" / "checkpoint-50"   # unnamed: the newest run
     ck = fake_checkpoint(out / "job-7", 20)
     assert resolve_resume("this-run", out, out / "job-7")[0] == ck
     proc = run_cli_here("1", "cpu", "--dry-run", "--resume", "this-run", "--set", f"output_dir={out}")

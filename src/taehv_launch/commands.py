@@ -12,10 +12,10 @@ from typing import Any
 from .plan.configfile import ConfigFile, load_config_file, parse_sets
 from .plan.demo import demo_cache_dir, demo_paths
 from .plan.profiles import get_profile
-from .errors import EXIT_RESUMABLE, EXIT_USAGE, ConfigError, LaunchError
+from .errors import EXIT_RESUMABLE, EXIT_USAGE, CheckpointError, ConfigError, LaunchError
 from .run.render import Rendered, render
 from .plan.resolve import Options, Plan, resolve
-from .run.checkpoints import layout_change_note
+from .run.checkpoints import layout_change_note, resume_problem
 from .run.runs import resolve_resume, run_id_for
 from .plan.schema import ALIASES, KEYS
 from .plan.topology import check_local_gpus, detect_topology
@@ -102,8 +102,11 @@ def settle(plan: Plan, env: dict[str, str], local: bool = True) -> Plan:
         ckpt, resume_notes = resolve_resume(options.resume, run_dir.parent, run_dir if explicit_run else None)
         notes += resume_notes
         if ckpt is not None:
+            refusal, family_note = resume_problem(ckpt, config)
+            if refusal:
+                raise CheckpointError(refusal)
             note = layout_change_note(ckpt, plan.world_size, config)
-            notes += [note] if note else []
+            notes += [n for n in (note, family_note) if n]
             if not explicit_run:
                 run_dir, source = ckpt.parent, "resumed run"     # continue the run the checkpoint belongs to
         options = replace(options, resume=str(ckpt) if ckpt else None)
@@ -227,9 +230,11 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
 def launch(req: Request) -> int:
     from .run import launch as edge
     from .run.host import visible_gpus
+    from .run.inputs import check_inputs
+    from .run.lock import RunLock
     from .run.toolcheck import check_accelerate_yaml, check_deepspeed_config
 
-    plan = build_plan(req)
+    plan = build_plan(req)      # resolves --resume and refuses a checkpoint that cannot continue
     if plan.memory.fits is False and plan.options.task == "train":    # a cache job only encodes
         raise ConfigError(NO_FIT + plan.memory.detail)
     run_dir, notes = plan.run_dir, []
@@ -238,19 +243,24 @@ def launch(req: Request) -> int:
                           "on each node (no scheduler job id was found)")
     if plan.profile.device == "cuda":
         check_local_gpus(plan.topology, visible_gpus())
+    check_inputs(plan.config, plan.demo_assets)    # what the trainer would refuse first, before writing
     rendered = render(plan, run_dir)
+    if rendered.deepspeed is not None:
+        check_deepspeed_config(rendered.deepspeed, plan.world_size)
     edge.check_port_free(plan)     # before writing: a launch that cannot start must not repoint `latest`
-    edge.prepare_run_dir(plan, run_dir)
+    lock = RunLock(run_dir, plan.topology.machine_rank)
+    edge.prepare_run_dir(plan, run_dir, lock)      # refuses a run dir another launch holds
     notes += edge.write_files(run_dir, rendered.files)   # identical on every node: safe on a shared filesystem
     notes += edge.write_files(run_dir, {f"env{rendered.node_suffix}.json": edge.env_record(plan, rendered)})
     check_accelerate_yaml(run_dir / "accelerate.yaml")
-    if rendered.deepspeed is not None:
-        check_deepspeed_config(rendered.deepspeed, plan.world_size)
     print_plan(plan, rendered, run_dir)     # with the plan's notes (config file, resume)
     for note in notes:                      # and what writing the run's files found
         print(f"  note      {note}")
     sys.stdout.flush()
-    code = edge.run(plan, rendered, run_dir)
+    try:
+        code = edge.run(plan, rendered, run_dir)
+    finally:
+        lock.release()
     log = run_dir / f"launch{rendered.node_suffix}.log"
     what = "cache job" if plan.options.task == "cache" else "trainer"
     print(f"taehv-launch: {what} exited with code {code}; run: {run_dir}; log: {log}", flush=True)

@@ -47,6 +47,8 @@ KEYS: dict[str, Key] = {
     "ref_vae_type": Key("cogvideox", str, "diffusers reference VAE family (plan/families.py)", FAMILIES),
     "ref_vae_path": Key("", str, "local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE"),
     "ref_vae_dtype": Key("bfloat16", str, "dtype of the frozen reference VAE", ("float32", "bfloat16", "float16")),
+    "allow_family_change": Key(False, bool, "let a resume distil from another reference VAE family than its "
+                                             "checkpoint's (refused otherwise); the change is noted in the run"),
     "ref_vae_chunk_size": Key(1, int, "samples per reference encode call (memory/speed trade-off)"),
     "ref_latent_mean": Key((), tuple, "optional per-channel mean subtracted from reference latents"),
     "ref_latent_std": Key((), tuple, "optional per-channel std dividing reference latents"),

@@ -244,6 +244,42 @@ def layout_change_note(ckpt: Path, new_world: int, new_cfg: dict) -> str | None:
     return note + (f" ({', '.join(changes)})" if changes else "")
 
 
+# Config keys that decide the shapes of the saved tensors (TAEHV and Seraena's discriminator).
+SHAPE_KEYS = ("latent_channels", "patch_size", "encoder_time_downscale", "decoder_time_upscale",
+              "decoder_space_upscale", "use_seraena", "n_seraena_frames")
+
+
+def _same(a, b) -> bool:
+    return (list(a) if isinstance(a, (list, tuple)) else a) == (list(b) if isinstance(b, (list, tuple)) else b)
+
+
+def resume_problem(ckpt: Path, new_cfg: dict) -> tuple[str | None, str | None]:
+    """(refusal, note) for continuing `ckpt` with `new_cfg`, read from its trainer_state.json before
+    anything is written or started: a model of other shapes, another reference VAE family (unless
+    allow_family_change), or a checkpoint already at max_train_steps."""
+    state = read_state(ckpt)
+    old_cfg = state.get("config") or {}
+    changed = [f"{k}={old_cfg[k]!r} -> {new_cfg[k]!r}" for k in SHAPE_KEYS
+               if k in old_cfg and k in new_cfg and not _same(old_cfg[k], new_cfg[k])]
+    if changed:
+        return (f"checkpoint {ckpt} does not fit this model ({', '.join(changed)}): resume with its settings, or "
+                f"start a new run from its weights with --set pretrained_model_path={ckpt / EMA_FILE}"), None
+    note = None
+    old_family, new_family = old_cfg.get("ref_vae_type"), new_cfg.get("ref_vae_type")
+    if old_family and new_family and old_family != new_family:
+        if not new_cfg.get("allow_family_change"):
+            return (f"{ckpt.name} was trained against the {old_family} reference VAE, this run asks for "
+                    f"{new_family}: resume with --set ref_vae_type={old_family}, or pass --set "
+                    f"allow_family_change=True to go on distilling from {new_family} (recorded in the run)"), None
+        note = (f"reference VAE family changes on resume: {old_family} ({ckpt.name}) -> {new_family} "
+                f"(allow_family_change=True)")
+    step, total = int(state.get("step", 0)), int(new_cfg["max_train_steps"])
+    if step >= total:
+        return (f"{ckpt.name} is at step {step}, and max_train_steps is {total}: nothing left to train (its "
+                f"run's final_model holds the result); raise --set max_train_steps to train further"), None
+    return None, note
+
+
 def rotate(run_dir: Path, keep: int, best_step: int) -> list[str]:
     """Delete the oldest complete checkpoints beyond `keep`; never the newest or the best one."""
     complete = [(s, p) for s, p, why in list_checkpoints(run_dir) if why is None]

@@ -42,24 +42,6 @@ def run_id_for(run_name: str | None, job_id: str | None, now: float | None = Non
     return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)), "timestamp"
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def latest_run(output_dir: Path) -> Path | None:
     link = output_dir / "latest"
     if link.is_symlink() or link.is_dir():
@@ -81,8 +63,11 @@ THIS_RUN = "this-run"
 
 
 def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple[Path | None, list[str]]:
-    """`auto` -> newest complete checkpoint of this run, else of the newest run that has one
-    (a run that failed before its first checkpoint is passed over). None: start fresh.
+    """`auto` with a named run (run_dir: --run-name or the scheduler's job id) -> newest complete
+    checkpoint of that run only, else start fresh: naming the run is how a user says which one.
+    `auto` without a name (each launch gets a new timestamped run) -> the newest complete checkpoint
+    of the newest run that has one (a run that failed before its first checkpoint is passed over);
+    the caller continues in that checkpoint's run directory. None: start fresh.
 
     `this-run` -> newest complete checkpoint of this named run only (run_dir, from --run-name or the
     scheduler's job id), else start fresh: what a requeued SLURM job or a restarted Kubernetes pod
@@ -91,29 +76,34 @@ def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple
     A path -> that checkpoint (or the newest complete one inside a run dir); missing or
     incomplete is an error.
     """
-    if resume == THIS_RUN:
-        if run_dir is None:
-            raise CheckpointError("--resume this-run needs a named run: pass --run-name NAME, or run under a "
-                                  "scheduler job id (SLURM_JOB_ID, a Kubernetes Job name)")
+    if resume == THIS_RUN and run_dir is None:
+        raise CheckpointError("--resume this-run needs a named run: pass --run-name NAME, or run under a "
+                              "scheduler job id (SLURM_JOB_ID, a Kubernetes Job name)")
+    if resume in (THIS_RUN, "auto") and run_dir is not None:
         found, skipped = newest_complete(run_dir, verify=True) if run_dir.is_dir() else (None, [])
         if found is None:
-            skipped.append(f"--resume this-run: no complete checkpoint in {run_dir} yet; starting from scratch")
+            skipped.append(f"--resume {resume}: no complete checkpoint in {run_dir} yet; starting from scratch "
+                           f"(a named run resumes only its own checkpoints)")
         return found, skipped
     if resume == "auto":
         notes: list[str] = []
         seen: set[Path] = set()
-        for candidate in [run_dir, latest_run(output_dir), *runs_newest_first(output_dir)]:
+        for candidate in [latest_run(output_dir), *runs_newest_first(output_dir)]:
             if candidate is None or candidate.resolve() in seen:
                 continue
             seen.add(candidate.resolve())
             found, skipped = newest_complete(candidate, verify=True)
             notes += skipped
             if found is not None:
-                return found, notes
+                return found, notes + [f"--resume auto: continuing run {found.parent.name} from {found.name} "
+                                       f"(in {found.parent})"]
         return None, notes + ["--resume auto: no complete checkpoint found; starting from scratch"]
     path = Path(resume).expanduser()
     if not path.exists():
         raise CheckpointError(f"resume checkpoint {str(path)!r} does not exist: pass a checkpoint-<step> "
+                              f"folder, a run folder, or --resume auto")
+    if not path.is_dir():
+        raise CheckpointError(f"--resume {str(path)!r} is a file, not a checkpoint: pass a checkpoint-<step> "
                               f"folder, a run folder, or --resume auto")
     if checkpoint_step(path) is None and path.is_dir():   # a run directory
         found, skipped = newest_complete(path, verify=True)
@@ -141,10 +131,5 @@ def point_latest(output_dir: Path, run_dir: Path) -> None:
         tmp.unlink()
     os.symlink(os.path.relpath(run_dir, output_dir), tmp)
     os.replace(tmp, link)
-
-
-
-
-
 
 

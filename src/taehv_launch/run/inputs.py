@@ -1,0 +1,65 @@
+"""What the trainer would refuse in its first seconds, checked before the launch writes or starts
+anything, so that exit 2 means nothing was written: the data folder (exists, holds a video) and the
+reference VAE folder (config.json of the family asked for, with the latent channel count the config
+says). Cheap: one config.json read and a walk that stops at the first video file. The trainer
+checks everything again, fully (every file, the weights), when it loads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, DataError, ModelError
+from ..plan.families import family_of_class, get_family
+
+
+def check_inputs(config: dict[str, Any], demo_assets: tuple[str, str]) -> None:
+    demo_data, demo_vae = demo_assets
+    reads_videos = not (config["latent_cache"] and config["latent_cache_encode"] == "never")
+    if reads_videos and not config["annotation_file"] and config["data_root"] and config["data_root"] != demo_data:
+        check_data_root(config["data_root"])
+    if reads_videos and config["use_ref_vae"] and config["ref_vae_path"] and config["ref_vae_path"] != demo_vae:
+        check_reference_folder(config["ref_vae_path"], config["ref_vae_type"], config["latent_channels"])
+
+
+def check_data_root(data_root: str) -> None:
+    from ..train.index import VIDEO_EXTENSIONS, check_root
+
+    root = check_root(data_root, "")
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        if any(f.lower().endswith(VIDEO_EXTENSIONS) and os.path.isfile(os.path.join(folder, f)) for f in files):
+            return
+        dirs.sort()
+    raise DataError(f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
+                    f"your videos or give an annotation_file")
+
+
+def check_reference_folder(path: str, kind: str, latent_channels: int) -> None:
+    """The reference VAE's config.json: the family's class and its latent channels."""
+    fix = "set ref_vae_path to a local diffusers folder (with vae/config.json or config.json)"
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelError(f"reference VAE folder not found: {path}: {fix}")
+    cfg_file = next((f for f in (folder / "vae" / "config.json", folder / "config.json") if f.is_file()), None)
+    if cfg_file is None:
+        raise ModelError(f"no config.json in {path} or {path}/vae: {fix}")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot read {cfg_file} ({err}): re-download the reference VAE") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{cfg_file} is not a diffusers config: re-download the reference VAE")
+    family = get_family(kind)
+    found = cfg.get("_class_name")
+    if found and found != family.class_name:
+        other = family_of_class(found)
+        hint = f"set ref_vae_type={other.name}" if other else f"use a {family.class_name} folder"
+        raise ModelError(f"{cfg_file.parent} is an {found}, not the {family.class_name} that ref_vae_type={kind} "
+                         f"needs: {hint}")
+    channels = cfg.get(family.channels_key)
+    if isinstance(channels, int) and channels != latent_channels:
+        raise ConfigError(f"the reference VAE at {path} has {channels} latent channels but "
+                          f"latent_channels={latent_channels}: set --set latent_channels={channels}")
