@@ -218,7 +218,7 @@ TRAINER_CASES = [
     Case("annotation-paths-all-missing", ("1", "cpu", *ANN), r"none of the 2 videos listed in .*ann\.json exist",
          setup=_annotated({"list": [{"path": "gone1.mp4"}, {"path": "sub/gone2.mp4"}]}), slow=True),
     Case("only-broken-videos", ("1", "cpu", "--set", "data_root='{tmp}/broken'"),
-         r"none of the first \d videos gives a usable frame", setup=_broken_videos),
+         r"none of the first \d videos gives a usable clip of n_frames=12 frames", setup=_broken_videos),
     Case("ref-vae-missing", ("1", "cpu", "--set", "ref_vae_path='{tmp}/no-vae'"),
          r"reference VAE folder not found: .*no-vae: set ref_vae_path"),
     Case("ref-vae-not-diffusers", ("1", "cpu", "--set", "ref_vae_path='{tmp}/vae'"), r"no config\.json in .*vae",
