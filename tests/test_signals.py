@@ -47,7 +47,7 @@ class Launch:
     """`taehv-launch RANKS cpu` in a session of its own (so SIGINT to its group is Ctrl-C),
     output into files (no pipe to fill)."""
 
-    def __init__(self, tmp: Path, name: str, ranks: int, workers: int, *args: str):
+    def __init__(self, tmp: Path, name: str, ranks: int, workers: int, *args: str, wrapper: tuple[str, ...] = ()):
         self.tmp, self.run = tmp, tmp / "output" / name
         n = len(list(tmp.glob(f"{name}.*.out")))
         self.out, self.err = tmp / f"{name}.{n}.out", tmp / f"{name}.{n}.err"
@@ -55,7 +55,7 @@ class Launch:
         argv = [*CLI, str(ranks), "cpu", "--run-name", name, "--master-port", str(free_port()),
                 "--set", f"output_dir='{tmp / 'output'}'", *settings(workers), *args]
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=tmp,
+            self.proc = subprocess.Popen([*wrapper, *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=tmp,
                                          start_new_session=True)
 
     def text(self) -> tuple[str, str]:
@@ -121,6 +121,7 @@ def check_stopped(launch: Launch, cell: str, before: int) -> int:
     out, err = launch.text()
     assert code == 75, (cell, code, out[-3000:], err[-3000:])
     assert "Traceback" not in out + err, (cell, out[-3000:], err[-3000:])
+    assert "exitcode: 75" not in out + err, (cell, out[-3000:])      # torchrun's error lines: launch.log only
     saved = complete_steps(launch.run)[-1]
     assert saved > before, (cell, saved, before)
     ckpt = launch.run / f"checkpoint-{saved}"
@@ -150,6 +151,7 @@ def test_signal_matrix(tmp_path, workers, ranks):
         launch.wait_for(f"at step {saved}")            # "resumed from .../checkpoint-<saved> at step <saved>"
         assert f"checkpoint-{saved} at step {saved}" in launch.text()[0], (cell, launch.text()[0][-2000:])
     assert launch.finish() == 0, launch.text()
+    assert not (launch.run / "REQUEUE").exists()        # the requeued run has finished
     assert ref.finish() == 0, ref.text()
     reference = scalars(ref.run)["train/loss"]
     assert [s for s, _ in reference] == list(range(1, REF_STEPS + 1))
@@ -170,7 +172,7 @@ def test_second_signal_aborts_at_once(tmp_path, ranks):
     pids = launch.processes()
     launch.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
-    launch.proc.send_signal(signal.SIGTERM)
+    launch.proc.send_signal(signal.SIGINT)     # a person's Ctrl-C after the scheduler's SIGTERM
     t0 = time.time()
     assert launch.finish(timeout=60) == 130, launch.text()
     assert time.time() - t0 < 15
@@ -199,3 +201,30 @@ def test_a_worker_killed_for_another_reason_is_one_error_line(tmp_path):
     assert ("killed by signal" in lines[0] or "exited unexpectedly" in lines[0]), err
     assert "dataloader_num_workers" in lines[0], err
     assert "Traceback" not in out + err
+
+
+TWICE = 10
+
+
+@pytest.mark.parametrize("how", ["twice to the launcher", "GNU timeout: to the launcher and its group"])
+def test_one_signal_delivered_twice_is_one_stop(tmp_path, how):
+    """GNU `timeout` (and schedulers that signal a job step and its process group) deliver one
+    SIGTERM twice within milliseconds: it is one stop, 10 times out of 10, with 2 DataLoader workers.
+    A chain: each launch resumes the previous one's checkpoint and is stopped after one new step."""
+    wrapper = ("timeout", "900") if how.startswith("GNU") else ()
+    saved = 0
+    for i in range(TWICE):
+        launch = Launch(tmp_path, "twice", 1, 2, "--set", f"max_train_steps={BIG}", *(["--resume", "auto"] * bool(i)),
+                        wrapper=wrapper)
+        launch.wait_for(f"step {saved + 1}/")
+        if wrapper:     # as when timeout's own limit runs out: it signals its child, then its process group
+            os.kill(launch.proc.pid, signal.SIGTERM)
+        else:
+            launcher = launch.proc.pid
+            os.kill(launcher, signal.SIGTERM)
+            time.sleep(0.005)
+            os.kill(launcher, signal.SIGTERM)
+        saved = check_stopped(launch, f"{how}, stop {i + 1}", saved)
+        out, err = launch.text()
+        assert "second signal" not in out + err, (i, err[-2000:])
+        assert "counted once" in err or wrapper, err[-2000:]
