@@ -45,9 +45,9 @@ HOSTILE = {
     "long path": "/folder" * 400,       # 2800 characters in names of 6: a path Linux can open
     "not utf-8": "\udcff",
 }
-# fields whose value is quoted into the file: only a NUL byte, bytes that are not UTF-8 (or, for the
-# run directory's parent, a path no file system can hold) may be refused
-QUOTED = {"data_root": (), "ref_vae_path": (), "annotation_file": (), "output_dir": ("long",)}
+# fields whose value is quoted into the file: only a NUL byte, bytes that are not UTF-8 or (all of
+# them are paths) a path no file system can hold may be refused
+QUOTED = {"data_root": ("long",), "ref_vae_path": ("long",), "annotation_file": ("long",), "output_dir": ("long",)}
 REFUSED_ANYWHERE = ("nul", "not utf-8")
 IN_ARGV = ("data_root", "ref_vae_path", "annotation_file", "output_dir", "config", "run_name", "mount")
 COMMON = ("data_root", "ref_vae_path", "annotation_file", "output_dir", "config", "job_name", "run_name")

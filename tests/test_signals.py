@@ -176,6 +176,8 @@ def test_second_signal_aborts_at_once(tmp_path, ranks):
     t0 = time.time()
     assert launch.finish(timeout=60) == 130, launch.text()
     assert time.time() - t0 < 15
+    assert "error: stopped at once by a second signal, nothing more was saved; --resume auto continues" \
+        in launch.text()[1], launch.text()[1]
     time.sleep(1)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"processes of the launch left running: {alive}"      # ranks and workers too

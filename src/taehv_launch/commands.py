@@ -12,12 +12,13 @@ from typing import Any
 from .plan.configfile import ConfigFile, load_config_file, parse_sets
 from .plan.demo import demo_cache_dir, demo_paths
 from .plan.profiles import get_profile
-from .errors import EXIT_RESUMABLE, EXIT_USAGE, CheckpointError, ConfigError, LaunchError
+from .errors import EXIT_ABORTED, EXIT_RESUMABLE, EXIT_USAGE, CheckpointError, ConfigError, LaunchError
 from .run.render import Rendered, render
 from .plan.resolve import Options, Plan, resolve
 from .run.checkpoints import layout_change_note, resume_problem
 from .run.runs import resolve_resume, run_id_for
 from .plan.schema import ALIASES, KEYS
+from .plan.text import PATH_KEYS, check_path, check_text
 from .plan.topology import check_local_gpus, detect_topology
 
 NO_FIT = "this plan will not fit in GPU memory: "
@@ -53,6 +54,10 @@ def build_plan(req: Request, env: dict[str, str] | None = None, local: bool = Tr
     is not checked on this one."""
     env = dict(os.environ if env is None else env)
     gpus = parse_gpus(req.gpus)
+    for item in req.sets:
+        check_text("--set", item)       # a NUL byte breaks even a path lookup
+    if req.config:
+        check_path("--config", req.config)
     file = load_config_file(req.config) if req.config else ConfigFile({}, [], {})
     set_values = parse_sets(req.sets)
     get_profile(req.profile)   # an unknown profile is the first thing to report
@@ -68,6 +73,9 @@ def build_plan(req: Request, env: dict[str, str] | None = None, local: bool = Tr
         notes.append(f"NCCL_TIMEOUT={env['NCCL_TIMEOUT']} from the environment sets nccl_timeout")
     plan = resolve(gpus, req.profile, topology, file_values=file.values, set_values=set_values,
                    env_values=env_values, options=req.options, notes=tuple(notes))
+    for key in PATH_KEYS:
+        if plan.config[key]:
+            check_path(key, str(plan.config[key]))
     if req.options.task == "cache" and not plan.config["latent_cache"]:
         raise ConfigError("taehv-launch cache needs --set latent_cache=DIR: the folder the latents go to "
                           "(training then reads it with the same --set)")
@@ -242,7 +250,7 @@ def launch(req: Request) -> int:
         raise LaunchError("a multi-node run needs one run name on every node: pass the same --run-name "
                           "on each node (no scheduler job id was found)")
     if plan.profile.device == "cuda":
-        check_local_gpus(plan.topology, visible_gpus())
+        check_local_gpus(plan.topology, visible_gpus(), profile=plan.profile.name)
     check_inputs(plan.config, plan.demo_assets)    # what the trainer would refuse first, before writing
     rendered = render(plan, run_dir)
     if rendered.deepspeed is not None:
@@ -265,8 +273,13 @@ def launch(req: Request) -> int:
     what = "cache job" if plan.options.task == "cache" else "trainer"
     print(f"taehv-launch: {what} exited with code {code}; run: {run_dir}; log: {log}", flush=True)
     status = edge.read_status(run_dir, plan.topology.machine_rank) or {}
-    if code not in (0, EXIT_RESUMABLE):
-        print(f"error: {status.get('message') or 'the trainer failed: see ' + str(log)}", file=sys.stderr)
+    if code == EXIT_ABORTED:
+        kept = ("complete shards are kept: run the same command to continue" if plan.options.task == "cache" else
+                "--resume auto continues from the newest complete checkpoint")
+        print(f"error: stopped at once by a second signal, nothing more was saved; {kept}", file=sys.stderr)
+    elif code not in (0, EXIT_RESUMABLE):
+        message = status.get("message") if status.get("code") == code else None
+        print(f"error: {message or f'the {what} failed: see {log}'}", file=sys.stderr)
     return code
 
 

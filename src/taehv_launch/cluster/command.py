@@ -9,7 +9,8 @@ from dataclasses import replace
 from ..commands import Request, build_plan
 from ..errors import ConfigError
 from ..plan.configfile import parse_set
-from .job import check_path, check_text, cluster_job
+from ..plan.text import check_path, check_text
+from .job import cluster_job
 
 KINDS = ("slurm", "k8s")
 SLURM_ONLY = ("partition", "account", "time", "signal_seconds")
