@@ -14,6 +14,8 @@ docs/zh/*.md (`\\` continuations joined; a trailing `# exit N` says the expected
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
 import json
 import re
 import shlex
@@ -176,6 +178,8 @@ class ErrorCase:
     env: tuple[tuple[str, str], ...] = ()
     launch: bool = False                # a real launch in a subprocess (refused before training), not a dry run
     hold_port: int | None = None        # listen on this port while it runs
+    lock_run: str | None = None         # hold this run directory's lock (output/<name>/.lock) while it runs
+    files: tuple[tuple[str, str], ...] = ()     # (path under {tmp}, text) written first
     slow: bool = False
     source: str | None = None           # not triggered here: the src file (under src/taehv_launch) that raises it
 
@@ -192,14 +196,22 @@ ERROR_CASES = [
     ErrorCase("this plan will not fit in GPU memory", ("8", "h100", "--set", "micro_batch_size=64", "--dry-run")),
     ErrorCase("port 29500 is in use", ("2", "cpu", "--run-name", "t", "--master-port", "29500"), launch=True,
               hold_port=29500),
-    ErrorCase("no video files", ("1", "cpu", "--set", "data_root={tmp}/empty", "--set", "max_train_steps=1",
-                                 "--set", "dataloader_num_workers=0"), launch=True),
+    ErrorCase("no video files", ("1", "cpu", "--set", "data_root={tmp}/empty"), launch=True),
+    ErrorCase("the reference VAE at", ("1", "cpu", "--run-name", "v", "--set", "ref_vae_path={tmp}/vae"), launch=True,
+              files=(("vae/config.json", '{"_class_name": "AutoencoderKLCogVideoX", "latent_channels": 16}'),)),
+    ErrorCase("<run dir> is in use by another launch", ("1", "cpu", "--run-name", "t"), launch=True, lock_run="t"),
+    # the trainer's start-up probe, after `accelerate launch` started: slow here, and checked in the source too
+    ErrorCase("none of the first", ("1", "cpu", "--run-name", "b", "--set", "data_root={tmp}/broken",
+                                    "--set", "dataloader_num_workers=0"), launch=True, slow=True,
+              files=(("broken/a.mp4", "not a video"),)),
+    ErrorCase("none of the first", source="train/data.py"),
     # the trainer on a GPU only: on the cpu profile an empty data_root means the demo videos
     ErrorCase("data_root is empty", source="train/build.py"),
-    # every file unreadable: found by the trainer's data check, after `accelerate launch` started
+    # every file unusable later in training (the probe above saw a usable one first)
     ErrorCase("no usable video among", source="train/data.py"),
-    # needs a reference VAE folder of another channel count
-    ErrorCase("the reference VAE at", source="train/refvae.py"),
+    # need a real complete checkpoint (tests/test_trust.py resumes one for each)
+    ErrorCase("checkpoint-<n> is at step", source="run/checkpoints.py"),
+    ErrorCase("checkpoint-<n> was trained against", source="run/checkpoints.py"),
 ]
 
 
@@ -254,9 +266,16 @@ def trigger(case: ErrorCase, tmp: Path) -> str:
     if case in _triggered:
         return _triggered[case]
     (tmp / "empty").mkdir(exist_ok=True)
+    for rel, text in case.files:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(text)
     args = [a.replace("{tmp}", str(tmp)) for a in case.args]
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1", **dict(case.env))
-    with socket.socket() as holder:
+    with socket.socket() as holder, contextlib.ExitStack() as stack:
+        if case.lock_run is not None:       # what a live launch of that run holds (run/lock.py)
+            (tmp / "output" / case.lock_run).mkdir(parents=True)
+            lock = stack.enter_context(open(tmp / "output" / case.lock_run / ".lock", "w"))
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if case.hold_port is not None:
             try:
                 holder.bind(("", case.hold_port))
@@ -346,4 +365,28 @@ def test_docs_links_resolve():
                 headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
                 if anchor not in {github_anchor(h) for h in headings}:
                     bad.append(f"{md.relative_to(REPO)}: {target}#{anchor}")
+    assert not bad, bad
+
+
+SET_IN_PROSE = re.compile(r"--set ([a-z_]+=[^\s`)]*)")
+
+
+def test_docs_set_values_parse():
+    """Every `--set KEY=VALUE` the docs mention names a real key, with a value its type check
+    accepts (where the value is concrete, not `...`, `<c>` or `/path`-like placeholders)."""
+    from taehv_launch.errors import ConfigError
+    from taehv_launch.plan.configfile import parse_set
+
+    bad = []
+    for md in DOCS:
+        for item in sorted(set(SET_IN_PROSE.findall(md.read_text()))):
+            item = shlex.split(item)[0] if item.count('"') % 2 == 0 and item.count("'") % 2 == 0 else item
+            value = item.split("=", 1)[1]
+            if "..." in value or "<" in value or not value:
+                item = item.split("=", 1)[0] + "=0"       # the key only: any value, the name must exist
+            try:
+                parse_set(item)
+            except ConfigError as err:
+                if "=0" not in item or "unknown" in str(err):
+                    bad.append(f"{md.relative_to(REPO)}: --set {item}: {err}")
     assert not bad, bad
