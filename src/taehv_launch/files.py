@@ -1,11 +1,20 @@
-"""Writing files that other processes read while we write them (one rule for the whole package)."""
+"""Writing files that other processes read while we write them (one rule for the whole package).
+
+write_atomic replaces one file; publish_dir builds a folder under a temporary name and renames it into
+place; disk_errors turns a failed write (disk full, quota, `ulimit -f`) into DiskWriteError, one line
+that says what to do. Stdlib only."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import threading
 from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import EXIT_FAILED, UserError
 
 
 def write_atomic(path: str | Path, text: str | bytes, durable: bool = False) -> None:
@@ -26,3 +35,115 @@ def write_atomic(path: str | Path, text: str | bytes, durable: bool = False) -> 
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+class DiskWriteError(UserError):
+    """A file or folder could not be written (disk full, quota, file size limit, I/O error)."""
+
+    exit_code = EXIT_FAILED
+
+
+def _free_space(where: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(where).free / 2**30:.1f} GiB free"
+    except OSError:
+        return "free space unknown"
+
+
+def _what_failed(exc: OSError) -> str:
+    """The OS error in words, and the file size limit (`ulimit -f`) where one is set."""
+    what = exc.strerror or str(exc) or "a write failed"
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY:
+            most = f"{soft / 2**20:.0f} MiB" if soft >= 2**20 else f"{soft} bytes"
+            what += f"; this process may write files of at most {most} (ulimit -f)"
+    except (ImportError, OSError, ValueError):
+        pass
+    return what
+
+
+def disk_error_message(what: str, where: Path, exc: OSError, then: str = "") -> str:
+    """The one line for a write that failed: what, where, why, the free space, and what to do."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = f"make {where} writable"
+    else:
+        fix = "free disk space, or raise the quota / file size limit (`ulimit -f`)"
+    return f"could not write {what} in {where} ({_what_failed(exc)}; {_free_space(where)}): {fix}" + \
+        (f", {then}" if then else "")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def disk_errors(what: str, where: str | Path, then: str | Callable[[], str] = "", remove: str | Path | None = None,
+                error: type[UserError] = DiskWriteError) -> Iterator[None]:
+    """An OSError inside (disk full, quota, `ulimit -f`, I/O error) becomes `error` with one line that
+    says what to do; `remove` (a temporary file or folder) is deleted first, so the space comes back.
+    `then`: what to do once the disk has room (a callable is asked after the removal)."""
+    try:
+        yield
+    except OSError as exc:
+        if remove is not None:
+            _remove(Path(remove))
+        then_text = then() if callable(then) else then
+        raise error(disk_error_message(what, Path(where), exc, then_text)) from None
+
+
+@contextlib.contextmanager
+def publish_dir(final: str | Path, *, what: str | None = None, then: str | Callable[[], str] = "",
+                tmp: str | Path | None = None, marker: str | None = None,
+                error: type[UserError] = DiskWriteError) -> Iterator[Path]:
+    """Build a folder under a temporary name; rename it to `final` only once it is whole.
+
+        with publish_dir(run_dir / "best_model") as tmp:
+            (tmp / "taehv.safetensors").write_bytes(data)
+
+    Readers see the previous `final` or the new one, never a part of it. `tmp` (default
+    `.tmp-<name>` beside `final`; one left by a killed attempt is removed first) is made empty and
+    yielded. When the block ends, `marker` (an empty file, if named) is written in it last and it
+    replaces `final`; a `final` that already holds `marker` (made meanwhile by another process) is
+    kept and ours dropped. An OSError in the block or the rename (disk full ...) removes `tmp`, leaves
+    `final` as it was and raises `error` in one line (disk_errors); any other exception removes
+    `tmp` and goes on."""
+    final = Path(final)
+    tmp = Path(tmp) if tmp is not None else final.with_name(f".tmp-{final.name}")
+    with disk_errors(what or final.name, final.parent, then, remove=tmp, error=error):
+        try:
+            _remove(tmp)
+            tmp.mkdir(parents=True)
+            yield tmp
+            if marker is not None:
+                (tmp / marker).touch()
+            _swap_in(tmp, final, marker)
+        finally:
+            _remove(tmp)          # gone already when renamed
+
+
+def _swap_in(tmp: Path, final: Path, marker: str | None) -> None:
+    """Rename `tmp` to `final`. A previous `final` is first renamed aside (and put back if the rename
+    fails), so it is never deleted before the new one is in place."""
+    if marker is not None and (final / marker).is_file():
+        return
+    old = final.with_name(f".old-{final.name}") if final.exists() else None
+    if old is not None:
+        _remove(old)
+        os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old is not None:
+            os.replace(old, final)
+        if marker is not None and (final / marker).is_file():
+            return        # another process (without the lock) published it meanwhile: keep its copy
+        raise
+    if old is not None:
+        _remove(old)

@@ -2,9 +2,9 @@
 
 A checkpoint is written into `.tmp-checkpoint-<step>/`, then every file is listed in a
 COMPLETE marker with its size and CRC-32 (run/checkpoints.py, the format; a resume verifies them), then the
-folder is renamed to `checkpoint-<step>/`; a crash at any point leaves either the previous
-checkpoints or a temp folder that resume ignores. A write that fails (disk full) is one error line
-and removes the temp folder. Assumes the run
+folder is renamed to `checkpoint-<step>/` (files.publish_dir, as the exports are); a crash at any point
+leaves either the previous checkpoints or a temp folder that resume ignores. A write that fails (disk
+full) is one error line and removes the temp folder. Assumes the run
 directory is on a filesystem every node sees (as DeepSpeed's own checkpoints do).
 
 Contents: model + optimizer as a world-size-free state (portable.py: full fp32 weights and
@@ -23,10 +23,10 @@ import contextlib
 import json
 import os
 import random
-import shutil
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
+from ..files import disk_errors, publish_dir
 from ..run.checkpoints import (DEEPSPEED_DIR, EMA_FILE, STATE_FILE, CheckpointMismatch, CheckpointWriteError,
                                checkpoint_dir, layout_change_problem, list_checkpoints, rng_file, seraena_file,
                                write_complete, writing_dir)
@@ -76,45 +77,37 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
 
 
 @contextlib.contextmanager
-def _writing(run_dir: Path, tmp: Path, step: int):
-    """Turn a failed write into one line; the partial folder stays a temporary one (and is removed)."""
+def torch_write_errors():
+    """torch.save and safetensors report a failed write (disk full ...) as a RuntimeError or SafetensorError:
+    raise it as the OSError it is, so files.disk_errors turns it into one line."""
     try:
         yield
-    except (OSError, RuntimeError, SafetensorError) as exc:
+    except (RuntimeError, SafetensorError) as exc:
         if isinstance(exc, RuntimeError) and not any(s in str(exc) for s in _TORCH_WRITE_FAILURES):
             raise            # not a write failure (e.g. a collective with a dead peer): the full error
-        shutil.rmtree(tmp, ignore_errors=True)     # give the space back; never named checkpoint-<step>
-        try:
-            free = f"{shutil.disk_usage(run_dir).free / 2**30:.1f} GiB free"
-        except OSError:
-            free = "free space unknown"
-        detail = _write_failure(exc)
-        previous = [p.name for s, p, why in list_checkpoints(run_dir) if why is None]
-        raise CheckpointWriteError(
-            f"could not write checkpoint-{step} in {run_dir} ({detail}; {free}): free disk space, or raise "
-            f"the quota / file size limit (`ulimit -f`), then continue with --resume auto"
-            + (f" from {previous[-1]}, which is complete" if previous else " (no complete checkpoint yet)")) from None
-
-
-def _write_failure(exc: BaseException) -> str:
-    """What went wrong, in words: the OS error where there is one (torch.save hides it)."""
-    import re
-    import resource
-
-    if isinstance(exc, OSError) and exc.strerror:
-        what = exc.strerror
-    elif m := re.search(r"os error (\d+)", str(exc)):          # safetensors' I/O errors
-        what = os.strerror(int(m.group(1)))
-    else:
-        what = "a write failed"
-    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    if soft != resource.RLIM_INFINITY:
-        what += f"; this process may write files of at most {soft / 2**20:.0f} MiB (ulimit -f)"
-    return what
+        if m := re.search(r"os error (\d+)", str(exc)):          # safetensors' I/O errors
+            raise OSError(int(m.group(1)), os.strerror(int(m.group(1)))) from exc
+        err = OSError("a write failed")                          # torch.save hides the OS error
+        err.strerror = "a write failed"
+        raise err from exc
 
 
 # torch.save's messages when the underlying write fails (PyTorchStreamWriter)
 _TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "inline_container", "PytorchStreamWriter")
+
+
+def _then_resume(run_dir: Path) -> Callable[[], str]:
+    """What to do once the disk has room, asked after the failed folder is removed."""
+    def then() -> str:
+        previous = [p.name for s, p, why in list_checkpoints(run_dir) if why is None]
+        return "then continue with --resume auto" + (f" from {previous[-1]}, which is complete" if previous
+                                                     else " (no complete checkpoint yet)")
+    return then
+
+
+def _writing(run_dir: Path, tmp: Path, step: int):
+    """A failed write is one line; the partial folder stays a temporary one and is removed."""
+    return disk_errors(f"checkpoint-{step}", run_dir, _then_resume(run_dir), remove=tmp, error=CheckpointWriteError)
 
 
 def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, state: TrainState,
@@ -126,17 +119,15 @@ def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, 
     final = checkpoint_dir(run_dir, state.step)
     tmp = writing_dir(run_dir, state.step)
     rank = accelerator.process_index
-    if accelerator.is_main_process:
-        with _writing(run_dir, tmp, state.step):
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    if accelerator.state.deepspeed_plugin is not None:
-        with _writing(run_dir, tmp, state.step):
+    if accelerator.is_main_process:     # makes tmp, and renames it to final once COMPLETE is in it
+        folder = publish_dir(final, then=_then_resume(run_dir), tmp=tmp, error=CheckpointWriteError)
+    else:                               # writes its files into tmp
+        folder = _writing(run_dir, tmp, state.step)
+    with folder, torch_write_errors():
+        accelerator.wait_for_everyone()          # the main rank made tmp
+        if accelerator.state.deepspeed_plugin is not None:
             model.save_checkpoint(str(tmp / DEEPSPEED_DIR), tag="state", save_latest=False)
-    full = portable.gather(accelerator, model, optimizer)
-    with _writing(run_dir, tmp, state.step):
+        full = portable.gather(accelerator, model, optimizer)
         if full is not None:
             portable.save(tmp, full)
         torch.save(rng_state(), tmp / rng_file(rank))
@@ -146,13 +137,9 @@ def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, 
         if accelerator.is_main_process:
             save_file(_contiguous(ema.state_dict()), str(tmp / EMA_FILE))
             (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        with _writing(run_dir, tmp, state.step):
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
             write_complete(tmp, state.step)      # every file with its size and checksum
-            if final.exists():   # a checkpoint of the same step from an interrupted earlier attempt
-                shutil.rmtree(final)
-            os.replace(tmp, final)
     accelerator.wait_for_everyone()
     return final
 
@@ -205,18 +192,24 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
 
 
 def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[str, Any]) -> None:
-    """Write EMA TAEHV weights as taehv.safetensors and taehv.pth (loads in public taehv.py)."""
-    tmp = folder.with_name(f".tmp-{folder.name}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    """Write EMA TAEHV weights as taehv.safetensors and taehv.pth (loads in public taehv.py).
+
+    All or nothing: a write that fails (disk full ...) leaves the previous export as it was and raises
+    DiskWriteError in one line."""
     sd = {k: v.detach().float().cpu().contiguous() for k, v in taehv_state.items()}
-    save_file(sd, str(tmp / "taehv.safetensors"), metadata={k: str(v) for k, v in meta.items()})
-    torch.save(sd, tmp / "taehv.pth")
-    (tmp / "export.json").write_text(json.dumps(meta, indent=2, default=str))
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
+    with publish_dir(folder, then=_then_export(folder, meta.get("step"))) as tmp, torch_write_errors():
+        save_file(sd, str(tmp / "taehv.safetensors"), metadata={k: str(v) for k, v in meta.items()})
+        torch.save(sd, tmp / "taehv.pth")
+        (tmp / "export.json").write_text(json.dumps(meta, indent=2, default=str))
+
+
+def _then_export(folder: Path, step: int | None) -> str:
+    """What to do after a failed export: the previous one is kept; the step's checkpoint has the weights."""
+    then = "then continue with --resume auto" + (f" (the previous {folder.name} is kept)" if folder.exists() else "")
+    ckpt = checkpoint_dir(folder.parent, step) if step is not None else None
+    if ckpt is not None and (ckpt / EMA_FILE).is_file():
+        then += f"; {ckpt.name}/{EMA_FILE} holds the same EMA weights"
+    return then
 
 
 def _contiguous(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..files import write_atomic
+from ..files import disk_errors, write_atomic
 
 FORMAT = 1
 # How a view is drawn (data.VideoClipDataset.make_view with these random streams): a change here
@@ -38,6 +38,8 @@ VIEW_RULE = ("v1: video key = first 8 bytes of sha1(path under data_root); view 
 FINGERPRINT_KEYS = ("ref_vae_type", "ref_vae_dtype", "ref_latent_mean", "ref_latent_std", "latent_channels",
                     "height", "width", "n_frames", "min_frame_delta", "max_frame_delta", "random_flip")
 MANIFEST, JOB, SHARDS = "manifest.json", "cache.json", "shards"
+# after a failed write (disk full ...): a resumed job keeps every complete shard
+_THEN = "then run the same command again: the complete shards are kept"
 
 
 def fingerprint(cfg: Any, weights: str) -> dict[str, Any]:
@@ -125,7 +127,8 @@ def write_shard(root: Path, name: str, latents, views: list[dict[str, Any]]) -> 
     from safetensors.torch import save
 
     folder = root / SHARDS
-    folder.mkdir(parents=True, exist_ok=True)
+    with disk_errors(f"latent cache shard {name}", folder, _THEN):
+        folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(f".{name}.*.tmp"):      # what a killed writer of this shard left
         stale.unlink(missing_ok=True)
     # No safetensors metadata: its header is written from a hash map in an order that changes from one
@@ -135,10 +138,11 @@ def write_shard(root: Path, name: str, latents, views: list[dict[str, Any]]) -> 
     assert len(rows) == latents.shape[0], (len(rows), tuple(latents.shape))
     for v in rows:
         v["crc32"] = row_crc(latents[v["row"]])
-    write_atomic(folder / f"{name}.safetensors", data, durable=True)
     record = ShardRecord(name, len(rows), len(views) - len(rows), len(data), zlib.crc32(data))
-    write_atomic(folder / f"{name}.json", json.dumps({**record.__dict__, "views": views}, separators=(",", ":")) + "\n",
-                 durable=True)
+    with disk_errors(f"latent cache shard {name}", folder, _THEN):    # write_atomic leaves no partial file
+        write_atomic(folder / f"{name}.safetensors", data, durable=True)
+        write_atomic(folder / f"{name}.json", json.dumps({**record.__dict__, "views": views},
+                                                         separators=(",", ":")) + "\n", durable=True)
     return record
 
 
@@ -174,10 +178,12 @@ def claim(root: Path, job: dict[str, Any]) -> bool:
     if path.exists():
         same_job(read_job(root), job, root)
         return False
-    root.mkdir(parents=True, exist_ok=True)
+    with disk_errors(f"the latent cache's {JOB}", root, _THEN):
+        root.mkdir(parents=True, exist_ok=True)
     if (root / SHARDS).exists() and any((root / SHARDS).iterdir()):
         raise DataError(f"{root} holds shards but no {JOB}: use an empty folder for latent_cache")
-    write_atomic(path, json.dumps(job, indent=1) + "\n", durable=True)
+    with disk_errors(f"the latent cache's {JOB}", root, _THEN):
+        write_atomic(path, json.dumps(job, indent=1) + "\n", durable=True)
     return True
 
 
@@ -228,7 +234,8 @@ def write_manifest(root: Path, job: dict[str, Any], records: list[ShardRecord]) 
         "bytes": sum(r.bytes for r in records),
         "shards": [r.__dict__ for r in records],
     }
-    write_atomic(root / MANIFEST, json.dumps(manifest, indent=1) + "\n", durable=True)
+    with disk_errors(f"the latent cache's {MANIFEST}", root, _THEN):
+        write_atomic(root / MANIFEST, json.dumps(manifest, indent=1) + "\n", durable=True)
     return manifest
 
 

@@ -7,21 +7,23 @@ randomly initialised diffusers VAE with the real temporal 4x / spatial 8x compre
 (PLATFORM.md's tiny configs), saved with save_pretrained so the normal loader reads it.
 
 Each asset folder is built in a temporary folder and renamed into place with a
-`.complete` marker inside, under a file lock (index.exclusive_lock): concurrent ranks or runs either build it
-once or find it done, and a crash never leaves a half-written folder that looks done.
+`.complete` marker inside (files.publish_dir), under a file lock (index.exclusive_lock): concurrent
+ranks or runs either build it once or find it done, and a crash never leaves a half-written folder
+that looks done. A full disk is one line (DiskWriteError) and leaves no temporary folder.
 Folder names carry their parameters, so asking for another family or size never
 returns a stale asset.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import shutil
 import tempfile
 
 import numpy as np
 
 from ..errors import DataError
+from ..files import disk_errors, publish_dir
 from ..plan.demo import DEMO_FRAMES, DEMO_SIZE, DEMO_VIDEOS, demo_paths
 
 MARKER = ".complete"
@@ -58,7 +60,8 @@ def ensure_demo_assets(
 ) -> tuple[str, str]:
     """Make (once) and return (data_root, ref_vae_path) for the CPU demo (paths: plan/demo.py). size is (H, W)."""
     height, width = size
-    os.makedirs(cache_dir, exist_ok=True)
+    with disk_errors("the CPU demo's assets", cache_dir, then=_THEN):
+        os.makedirs(cache_dir, exist_ok=True)
     data_root, ref_path = demo_paths(cache_dir, ref_vae_type, latent_channels, n_videos, size, n_frames)
     from .index import exclusive_lock
 
@@ -82,8 +85,28 @@ def write_demo_videos(folder: str, n_videos: int, height: int, width: int, n_fra
         for frame in synthetic_frames(i, height, width, n_frames):
             writer.write(frame)
         writer.release()
+        if not _whole_mp4(path):       # OpenCV's writer says nothing when the disk is full
+            raise OSError(errno.EIO, f"OpenCV could not finish writing {os.path.basename(path)}")
         paths.append(path)
     return paths
+
+
+def _whole_mp4(path: str) -> bool:
+    """The file's top-level MP4 boxes end exactly at its end and include the index (moov, written last)."""
+    import struct
+
+    size, pos, seen = os.path.getsize(path), 0, set()
+    with open(path, "rb") as f:
+        while pos + 8 <= size:
+            f.seek(pos)
+            n, kind = struct.unpack(">I4s", f.read(8))
+            if n == 1:                                    # a 64-bit size follows
+                n = struct.unpack(">Q", f.read(8))[0]
+            if n < 8:
+                return False
+            seen.add(kind)
+            pos += n
+    return pos == size and b"moov" in seen
 
 
 def synthetic_frames(index: int, height: int, width: int, n_frames: int):
@@ -150,23 +173,16 @@ class _Shape:
 
 
 def _build_once(final: str, build) -> None:
-    """Run build(tmp_dir) and rename tmp_dir to final, unless final is already complete."""
+    """Run build(tmp_dir) and rename tmp_dir to final, unless final is already complete. A write that
+    fails (disk full ...) removes tmp_dir and is one line (DiskWriteError)."""
     if os.path.isfile(os.path.join(final, MARKER)):
         return
     parent = os.path.dirname(final)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-    try:
-        build(tmp)
-        open(os.path.join(tmp, MARKER), "w").close()
-        if os.path.isfile(os.path.join(final, MARKER)):  # built meanwhile by a process without the lock
-            return
-        if os.path.isdir(final):  # left incomplete by some other tool: replace it
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process (without the lock) won the race: keep its copy
-            if not os.path.isfile(os.path.join(final, MARKER)):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with disk_errors("the CPU demo's assets", parent, then=_THEN):
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)     # unique: a process without the lock may build too
+    with publish_dir(final, what="the CPU demo's assets", then=_THEN, tmp=tmp, marker=MARKER) as folder:
+        build(str(folder))
+
+
+_THEN = "then run the same command again (or set TAEHV_CACHE to a folder on a disk with room)"
