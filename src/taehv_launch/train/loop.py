@@ -306,7 +306,7 @@ class Trainer:
             dist.all_reduce(t)
             means = dict(zip(keys, (t / self.world).tolist()))
         lr = self.optimizer.param_groups[0]["lr"]
-        mem = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else 0.0
+        mem = self.speed.memory.interval_gib() or 0.0      # GPU: peak since the last log line; CPU: 0
         for k, v in means.items():
             self.scalar(f"train/{k}", v, step)
         self.scalar("train/learning_rate", lr, step)

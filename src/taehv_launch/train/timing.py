@@ -8,11 +8,66 @@ import os
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from ..files import disk_errors, write_atomic
 from ..plan.schema import Config, global_batch
+
+
+class PeakMemory:
+    """The GPU's peak allocated (and reserved) memory per log interval and over speed.json's window.
+
+    torch keeps one peak counter per device, and resetting it is the only way to see a later
+    interval's peak; so every reset goes through here (`restart`), which first folds the counter into
+    both measures: a reset for one (the interval, a --profile phase) loses nothing for the other.
+    `read` and `reset` stand in for torch's calls in tests. Without CUDA every measure is None."""
+
+    def __init__(self, device: torch.device, read: Callable[[], tuple[int, int]] | None = None,
+                 reset: Callable[[], None] | None = None):
+        self.enabled = device.type == "cuda" or read is not None
+        self._read = read or (lambda: (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)))
+        self._reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(device))
+        self._interval = self._window = (0, 0)      # bytes (allocated, reserved) before the last reset
+
+    def restart(self) -> None:
+        """Reset torch's counter, keeping what it held in the interval's and the window's peaks."""
+        if self.enabled:
+            now = self._read()
+            self._interval, self._window = _peak(self._interval, now), _peak(self._window, now)
+            self._reset()
+
+    def interval_gib(self) -> float | None:
+        """Peak allocated GiB since the previous call (the log line's `mem`); starts the next interval."""
+        if not self.enabled:
+            return None
+        self.restart()
+        peak, self._interval = self._interval, (0, 0)
+        return peak[0] / 2**30
+
+    def start_window(self) -> None:
+        self.restart()
+        self._window = (0, 0)
+
+    def window_gib(self) -> tuple[float, float] | None:
+        """Peak (allocated, reserved) GiB since start_window."""
+        if not self.enabled:
+            return None
+        allocated, reserved = _peak(self._window, self._read())
+        return allocated / 2**30, reserved / 2**30
+
+
+def _peak(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return max(a[0], b[0]), max(a[1], b[1])
+
+
+_PEAKS: dict[str, PeakMemory] = {}
+
+
+def peak_memory(device: torch.device) -> PeakMemory:
+    """The one PeakMemory of `device` in this process (torch's counter is one per device too)."""
+    return _PEAKS.setdefault(str(device), PeakMemory(device))
 
 
 class PhaseTimer:
@@ -44,7 +99,7 @@ class PhaseTimer:
     @contextlib.contextmanager
     def __call__(self, name: str):
         if self.memory_log > 0:
-            torch.cuda.reset_peak_memory_stats(self.device)
+            peak_memory(self.device).restart()
         if not self.enabled:
             yield
             self._memory(name)
@@ -96,6 +151,7 @@ class SpeedLog:
         self.begin_step = self.t0 = None
         self.last_step, self.t1 = None, None
         self.min_free_gib = float("inf")
+        self.memory = peak_memory(device)     # the log line's interval peak and this window's peak
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -110,8 +166,7 @@ class SpeedLog:
         if step == self.begin_step:
             self._sync()
             self.t0 = time.perf_counter()
-            if self.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(self.device)
+            self.memory.start_window()
         if self.device.type == "cuda" and step % self.cfg.log_every == 0:
             free, _ = torch.cuda.mem_get_info(self.device)
             self.min_free_gib = min(self.min_free_gib, free / 2**30)
@@ -136,14 +191,15 @@ class SpeedLog:
         if self.device.type == "cuda":
             stats = torch.cuda.memory_stats(self.device)
             _, total = torch.cuda.mem_get_info(self.device)
+            peak_allocated, peak_reserved = self.memory.window_gib()
             out |= {"gpu": torch.cuda.get_device_name(self.device), "torch": torch.__version__,
-                    "peak_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
-                    "peak_reserved_gib": torch.cuda.max_memory_reserved(self.device) / 2**30,
+                    "peak_allocated_gib": peak_allocated, "peak_reserved_gib": peak_reserved,
                     "min_free_gib": None if self.min_free_gib == float("inf") else self.min_free_gib,
                     "total_gib": total / 2**30, "alloc_retries": stats.get("num_alloc_retries", 0),
                     "cuda_malloc_ooms": stats.get("num_ooms", 0)}
         if self.main:
-            (self.run_dir / "speed.json").write_text(json.dumps(out, indent=2))
+            with disk_errors("speed.json", self.run_dir, "then continue with --resume auto"):
+                write_atomic(self.run_dir / "speed.json", json.dumps(out, indent=2))
         return out
 
 
