@@ -276,7 +276,7 @@ def test_scan_skips_directories_named_like_videos(video_tree, tmp_path):
 def test_index_cache_is_reused(video_tree, tmp_path):
     cache = tmp_path / "cache"
     first = build_index(str(video_tree), "", str(cache))
-    files = list(cache.glob("index-*.json"))
+    files = list(cache.glob("index-*.npz"))
     assert len(files) == 1 and not first.from_cache
     mtime = files[0].stat().st_mtime_ns
     time.sleep(0.01)

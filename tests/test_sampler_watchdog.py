@@ -160,6 +160,37 @@ def test_dataloader_batches_the_draws_in_order():
     assert [int(x) for b in batches for x in b] == draws(7, 1, 2, 12, start=5)
 
 
+class VideoPaths(Dataset):
+    """What the trainer's dataset does with a draw: read entry (i % n) of its index."""
+
+    def __init__(self, entries):
+        self.entries = entries
+
+    def __getitem__(self, i):
+        return self.entries[i % len(self.entries)].path
+
+
+@pytest.mark.parametrize("world,rank,start", [(1, 0, 0), (1, 0, 5), (2, 1, 7), (3, 2, 13)])
+def test_resume_reads_the_same_videos_with_the_flat_index(videos, tmp_path, world, rank, start):
+    """The flat index (#27) behind the real sampler and forked workers: a run resumed at `start` reads the
+    videos the uninterrupted run read from its start-th draw on, and the old list of VideoEntry agrees."""
+    from taehv_launch.train.flatindex import FlatIndex
+    from taehv_launch.train.index import VideoEntry, build_index, split_train_val
+
+    train, _ = split_train_val(build_index(str(videos), "", str(tmp_path / "cache")), 0.2, 64, SEED)
+    assert isinstance(train, FlatIndex) and train.rows is not None       # a split: a subset of the arrays
+    old = [VideoEntry(e.path, e.frame_count) for e in train]
+
+    def read(entries, begin: int, count: int) -> list[str]:
+        sampler = ShardedInfiniteSampler(len(entries), rank, world, SEED, start=begin)
+        loader = DataLoader(VideoPaths(entries), batch_size=2, sampler=sampler, num_workers=2, drop_last=True)
+        return [p for batch in islice(iter(loader), count // 2) for p in batch]
+
+    whole = read(train, 0, 40)
+    assert whole == read(old, 0, 40)
+    assert read(train, start, 40 - start - start % 2) == whole[start: 40 - start % 2]
+
+
 # ----------------------------------------------------------------------------- watchdog
 
 PERIOD, STALE = 0.05, 0.4

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError, DataError
 from .decode import _decode_path, count_frames, header_frame_count, open_video
-from .index import VideoEntry
+from .flatindex import VideoEntry, as_flat
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class VideoClipDataset(Dataset):
         *,
         random_downscale: bool = True,
     ):
-        self.entries = [e if isinstance(e, VideoEntry) else VideoEntry(str(e)) for e in entries]
+        self.entries = as_flat(entries)      # flat arrays: forked workers read it without copying it
         if not self.entries:
             raise DataError("the dataset has no videos: check data_root / annotation_file")
         _check_sizes(height, width, n_frames, min_frame_delta, max_frame_delta)

@@ -1,45 +1,35 @@
 """The dataset index and the train/validation split.
 
 Datasets may hold millions of files and some of them are broken, so `build_index` lists files
-once (stat only, never decoding) and caches the list as JSON that every rank and every later
-run reuses; `split_train_val` holds out a deterministic share for validation.
+once (stat only, never decoding) and caches it as an .npz of flat arrays (flatindex.py) that every
+rank and every later run reuses; `split_train_val` holds out a deterministic share for validation.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import json
 import logging
 import os
-from dataclasses import dataclass
 from typing import Sequence
+
+import numpy as np
 
 from ..errors import DataError
 from ..files import write_atomic
 from .decode import header_frame_count
+from .flatindex import FlatIndex, VideoEntry, as_flat
 
 log = logging.getLogger(__name__)
 
 VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov")
-INDEX_VERSION = 1
+INDEX_VERSION = 2        # 2: flat arrays in an .npz (1: JSON list)
 
 # --- the index --------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class VideoEntry:
-    """One video file: its absolute path and the container's frame count (-1 = unknown)."""
-
-    path: str
-    frame_count: int = -1
-
-
-class VideoIndex(list):
-    """A list of VideoEntry plus how it was made (missing listed files, cache file used)."""
-
-    missing: int = 0
-    cache_path: str = ""
-    from_cache: bool = False
+VideoIndex = FlatIndex       # the index type build_index returns (flat arrays: see flatindex.py)
 
 
 def build_index(
@@ -61,7 +51,7 @@ def build_index(
     key = _index_key(root, annotation_file, probe_frame_counts)
     if not cache_dir:
         return _make_index(root, annotation_file, probe_frame_counts)
-    cache_path = os.path.join(cache_dir, f"index-{hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]}.json")
+    cache_path = os.path.join(cache_dir, f"index-{hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]}.npz")
     cached = _read_index(cache_path, key)
     if cached is not None:
         return cached
@@ -110,7 +100,7 @@ def _make_index(root: str, annotation_file: str, probe: bool) -> VideoIndex:
         if not paths:
             raise DataError(f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
                             f"your videos or give an annotation_file")
-    index = VideoIndex(VideoEntry(p, header_frame_count(p) if probe else -1) for p in paths)
+    index = FlatIndex.from_paths(paths, (header_frame_count(p) for p in paths) if probe else None)
     index.missing = missing
     return index
 
@@ -180,28 +170,29 @@ def _read_annotation(annotation_file: str) -> list[str]:
 
 
 
-def _read_index(cache_path: str, key: dict) -> VideoIndex | None:
+def _read_index(cache_path: str, key: dict) -> FlatIndex | None:
     """The cached index if the file exists, parses and was made for this key; else None."""
     try:
-        with open(cache_path, encoding="utf-8") as f:
-            doc = json.load(f)
-        if doc.get("key") != key:
+        index, meta = FlatIndex.load(cache_path)
+        if meta.get("key") != key:
             return None
-        index = VideoIndex(VideoEntry(str(p), int(n)) for p, n in doc["entries"])
-        index.missing = int(doc.get("missing", 0))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
         return None
     index.cache_path, index.from_cache = cache_path, True
     return index
 
 
-def _write_index(cache_path: str, key: dict, index: VideoIndex) -> None:
+def _write_index(cache_path: str, key: dict, index: FlatIndex) -> None:
     """Write the index atomically (tmp file + os.replace); a read-only cache dir only warns."""
-    doc = {"key": key, "missing": index.missing, "entries": [[e.path, e.frame_count] for e in index]}
+    tmp = f"{cache_path}.tmp-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)
-        write_atomic(cache_path, json.dumps(doc))
+        with open(tmp, "wb") as f:
+            index.save(f, {"key": key})
+        os.replace(tmp, cache_path)
     except OSError as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
         log.warning("cannot cache the video index in %s (%s); every rank will rescan", cache_path, err)
 
 
@@ -247,23 +238,26 @@ def split_train_val(
     validation_fraction: float,
     max_validation_videos: int,
     seed: int,
-) -> tuple[list[VideoEntry], list[VideoEntry]]:
+) -> tuple[FlatIndex, FlatIndex]:
     """Hold out round(fraction * n) videos (at least 1, at most max and n - 1) for validation.
 
     Membership is decided by a hash of (seed, path), so it is the same on every rank and in
     every resumed run, and never depends on file order. A single video cannot be split: it
     is returned as the train set and reused as the validation set. validation_fraction <= 0
-    or max_validation_videos <= 0 turn validation off (empty val).
+    or max_validation_videos <= 0 turn validation off (empty val). Both parts keep the index's
+    order and share its arrays.
     """
+    entries = as_flat(entries)
     n = len(entries)
     if n == 0:
         raise DataError("no videos to split: the index is empty")
     if validation_fraction <= 0 or max_validation_videos <= 0:
-        return list(entries), []
+        return entries, entries.take([])
     if n == 1:
         log.warning("only one video: validation reuses the training video %s", entries[0].path)
-        return list(entries), list(entries)
+        return entries, entries
     k = min(max(1, round(validation_fraction * n)), max_validation_videos, n - 1)
-    ranked = sorted(range(n), key=lambda i: hashlib.sha1(f"{seed}:{entries[i].path}".encode()).digest())
-    held = set(ranked[:k])
-    return [e for i, e in enumerate(entries) if i not in held], [e for i, e in enumerate(entries) if i in held]
+    held = heapq.nsmallest(k, range(n), key=lambda i: hashlib.sha1(f"{seed}:{entries.path(i)}".encode()).digest())
+    mask = np.zeros(n, dtype=bool)
+    mask[held] = True
+    return entries.take(np.flatnonzero(~mask)), entries.take(np.flatnonzero(mask))

@@ -1,0 +1,129 @@
+"""The flat-array index (#27) against the list of VideoEntry it replaces, on the real test videos.
+
+The old index was a list of VideoEntry built from the sorted scan and split by sorting every
+path's sha1(seed:path); the reference below is that code, so the flat index must give the same
+entries, in the same order, and the same train/validation split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader, Dataset
+
+from taehv_launch.train.data import VideoClipDataset, probe_first_usable, usable_entries
+from taehv_launch.train.flatindex import FlatIndex
+from taehv_launch.train.index import VideoEntry, _scan, build_index, split_train_val
+
+
+def old_split(entries: list[VideoEntry], fraction: float, max_val: int, seed: int):
+    """split_train_val as it was before the flat index (the list version)."""
+    n = len(entries)
+    if fraction <= 0 or max_val <= 0:
+        return list(entries), []
+    if n == 1:
+        return list(entries), list(entries)
+    k = min(max(1, round(fraction * n)), max_val, n - 1)
+    ranked = sorted(range(n), key=lambda i: hashlib.sha1(f"{seed}:{entries[i].path}".encode()).digest())
+    held = set(ranked[:k])
+    return [e for i, e in enumerate(entries) if i not in held], [e for i, e in enumerate(entries) if i in held]
+
+
+@pytest.fixture
+def tree(videos: Path, tmp_path: Path) -> Path:
+    """The test videos, several times over in nested folders (so the split has something to choose)."""
+    root = tmp_path / "data"
+    for k, sub in enumerate(["", "a", "a/b", "c", "ü-ñ"]):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        for f in sorted(videos.iterdir()):
+            if f.suffix.lower() in (".mp4", ".webm"):
+                shutil.copy(f, root / sub / f"{k}-{f.name}")
+    return root
+
+
+def test_flat_index_equals_the_old_list_on_the_testdata(tree: Path, tmp_path: Path):
+    old = [VideoEntry(p) for p in _scan(str(tree))]
+    flat = build_index(str(tree), "", str(tmp_path / "cache"))
+    assert isinstance(flat, FlatIndex) and len(flat) == len(old) == 45
+    assert list(flat) == old and [flat[i] for i in range(len(flat))] == old
+    assert flat[-1] == old[-1] and list(flat[3:17:2]) == old[3:17:2]
+    again = build_index(str(tree), "", str(tmp_path / "cache"))          # read back from the .npz cache
+    assert again.from_cache and list(again) == old
+    for seed in (0, 1, 42):
+        for fraction, max_val in ((0.05, 64), (0.3, 5), (0.0, 64), (0.9, 64)):
+            train, val = split_train_val(again, fraction, max_val, seed)
+            old_train, old_val = old_split(old, fraction, max_val, seed)
+            assert list(train) == old_train and list(val) == old_val, (seed, fraction)
+
+
+def test_annotation_index_and_split_equal_the_old_list(tree: Path, tmp_path: Path, videos: Path):
+    rel = [os.path.relpath(p, tree) for p in _scan(str(tree))][::-1]   # annotation order is kept, not sorted
+    outside = str(videos / "chaplin.mp4")                              # an absolute path outside data_root
+    ann = tmp_path / "ann.json"
+    ann.write_text(json.dumps({"list": [{"path": p} for p in rel] + [{"path": outside}]}))
+    flat = build_index(str(tree), str(ann), str(tmp_path / "cache"))
+    old = [VideoEntry(os.path.normpath(os.path.join(tree, p))) for p in rel] + [VideoEntry(outside)]
+    assert list(flat) == old and flat.prefix == "/"    # no folder common to all: paths kept whole
+    assert [list(x) for x in split_train_val(flat, 0.2, 64, 7)] == list(old_split(old, 0.2, 64, 7))
+
+
+def test_the_dataset_and_its_helpers_read_the_flat_index(tree: Path, tmp_path: Path):
+    train, val = split_train_val(build_index(str(tree), "", str(tmp_path / "cache")), 0.1, 64, 3)
+    first, broken = probe_first_usable(train, 12)
+    assert not any(Path(p).name.endswith("empty.webm") for p in broken[1:]) or first > 0
+    ok = usable_entries(val, 12)
+    assert all(isinstance(e, VideoEntry) for e in ok) and set(ok) <= set(val)
+    ds = VideoClipDataset(train, 32, 32, 4)
+    assert ds.entries is train        # not copied into a list
+    assert ds[first]["frames"].shape == (4, 3, 32, 32)
+
+
+class Paths(Dataset):
+    def __init__(self, entries):
+        self.entries = entries
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __getitem__(self, i):
+        return self.entries[i].path
+
+
+def test_forked_workers_read_the_same_paths(tree: Path, tmp_path: Path):
+    flat = build_index(str(tree), "", str(tmp_path / "cache"))
+    got = [p for batch in DataLoader(Paths(flat), batch_size=3, num_workers=2) for p in batch]
+    assert got == [e.path for e in _scan_entries(tree)]
+
+
+def _scan_entries(tree: Path) -> list[VideoEntry]:
+    return [VideoEntry(p) for p in _scan(str(tree))]
+
+
+def test_undecodable_file_names_round_trip(tmp_path: Path, videos: Path):
+    root = tmp_path / "d"
+    root.mkdir()
+    name = os.fsdecode(b"bad-\xff-name.mp4")          # not UTF-8: a surrogate escape
+    shutil.copy(videos / "chaplin.mp4", os.path.join(root, name))
+    flat = build_index(str(root), "", str(tmp_path / "cache"))
+    again = build_index(str(root), "", str(tmp_path / "cache"))
+    assert again.from_cache and flat[0].path == again[0].path == os.path.join(str(root), name)
+    assert os.path.isfile(again[0].path)
+
+
+def test_frame_counts_and_subsets_share_the_arrays():
+    paths = [f"/data/v/{i:05d}.mp4" for i in range(1000)]
+    flat = FlatIndex.from_paths(paths, range(1000))
+    assert flat.prefix == "/data/v/" and flat.buf.nbytes == 9 * 1000      # the folder is stored once
+    assert flat[10] == VideoEntry("/data/v/00010.mp4", 10) and flat[-1].frame_count == 999
+    sub = flat.take(np.array([5, 3, 900]))
+    assert sub.buf is flat.buf and [e.frame_count for e in sub] == [5, 3, 900]
+    assert list(sub[1:]) == [flat[3], flat[900]] and sub.take([2])[0] == flat[900]
+    with pytest.raises(IndexError):
+        flat[1000]
+    assert len(FlatIndex.from_paths([])) == 0 and list(flat.take([])) == []
