@@ -203,8 +203,8 @@ def test_final_export_on_a_full_disk_after_training(tmp_path, tmpfs):
     proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert_one_line_error(proc, rf"^error: could not write final_model in {re.escape(str(run))} \(No space left on "
                                 r"device; 0\.0 GiB free\): free disk space, or raise the quota / file size limit "
-                                r"\(`ulimit -f`\), then continue with --resume auto \(the previous final_model is "
-                                r"kept\); checkpoint-4/ema\.safetensors holds the same EMA weights$", code=1)
+                                r"\(`ulimit -f`\), then take checkpoint-4/ema\.safetensors, which holds the same EMA "
+                                r"weights \(the previous final_model is kept\)$", code=1)
     assert "Traceback" not in proc.stdout and "checkpoint: checkpoint-4" in proc.stdout
     assert leftovers(run) == []
     assert contents(run / "final_model") == final_before                    # the previous export, byte for byte

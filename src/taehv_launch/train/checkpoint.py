@@ -204,12 +204,13 @@ def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[
 
 
 def _then_export(folder: Path, step: int | None) -> str:
-    """What to do after a failed export: the previous one is kept; the step's checkpoint has the weights."""
-    then = "then continue with --resume auto" + (f" (the previous {folder.name} is kept)" if folder.exists() else "")
+    """What to do after a failed export. At the end of a run the step's checkpoint (written just before)
+    holds the weights, and a resume of it is refused (nothing left to train): point there instead."""
+    kept = f" (the previous {folder.name} is kept)" if folder.exists() else ""
     ckpt = checkpoint_dir(folder.parent, step) if step is not None else None
     if ckpt is not None and (ckpt / EMA_FILE).is_file():
-        then += f"; {ckpt.name}/{EMA_FILE} holds the same EMA weights"
-    return then
+        return f"then take {ckpt.name}/{EMA_FILE}, which holds the same EMA weights{kept}"
+    return f"then continue with --resume auto{kept}"
 
 
 def _contiguous(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
