@@ -127,3 +127,31 @@ def test_frame_counts_and_subsets_share_the_arrays():
     with pytest.raises(IndexError):
         flat[1000]
     assert len(FlatIndex.from_paths([])) == 0 and list(flat.take([])) == []
+
+
+@pytest.mark.slow       # two fresh interpreters with torch and forked workers: ~20 s
+def test_bench_index_measures_both_indexes_side_by_side():
+    """`taehv-launch bench index` (#27 item 2) at a small N: the flat index's workers stay flat, the old list's grow."""
+    import subprocess
+
+    from conftest import CLI, clean_env
+
+    done = subprocess.run([*CLI, "bench", "index", "--files", "60000", "--workers", "2", "--json"],
+                          capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = {r["variant"]: r for r in json.loads(done.stdout)}
+    old, flat = rows["list"], rows["flat"]
+    assert flat["files"] == old["files"] == 60000 and flat["train_entries"] == old["train_entries"] == 60000 - 64
+    assert flat["paths_read"] == flat["train_entries"]                     # one epoch of reads
+    assert old["worker_growth_max"] > 4e6                                  # ~110 MB per million entries
+    assert flat["worker_growth_max"] < 2e6 and flat["rank_index_bytes"] < old["rank_index_bytes"] / 2
+
+
+def test_bench_index_bad_input_is_one_line():
+    import subprocess
+
+    from conftest import CLI, clean_env
+
+    done = subprocess.run([*CLI, "bench", "index", "--files", "1"], capture_output=True, text=True, env=clean_env())
+    assert done.returncode == 2 and done.stderr.strip() == ("error: --files 1: give at least 2 synthetic videos "
+                                                           "(e.g. --files 3000000)")

@@ -225,7 +225,7 @@ def bench_cmd(
                                                    "(default <output_dir>/bench-compare)")] = None,
     loader: Annotated[bool, typer.Option("--loader", help="the data loader's clips/s per decoder and worker "
                                                           "count, on --data-root")] = False,
-    workers: Annotated[Optional[list[int]], typer.Option("--workers", help="--loader: worker counts "
+    workers: Annotated[Optional[list[int]], typer.Option("--workers", help="--loader, --index: worker counts "
                                                          "(repeatable)")] = None,
     decoder: Annotated[Optional[list[str]], typer.Option("--decoder", help="--loader: opencv, opencv-1thread, "
                                                          "pyav, pyav-1thread (repeatable)")] = None,
@@ -235,8 +235,20 @@ def bench_cmd(
                                                          "views per video and train from it (0: no)")] = 0,
     cached_set: Annotated[Optional[list[str]], typer.Option("--cached-set", help="--compare --cached: a --set for "
                                                             "the run from the cache only (repeatable)")] = None,
+    index: Annotated[bool, typer.Option("--index", help="the video index at --files synthetic videos: build and "
+                                                        "load time, rank memory, worker memory growth (also: "
+                                                        "`bench index`)")] = False,
+    files: Annotated[int, typer.Option("--files", help="--index: synthetic videos in the index")] = 3_000_000,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="--index: also the list of VideoEntry "
+                                                                            "used before #27")] = True,
     as_json: JsonOpt = False,
 ) -> None:
+    if index or gpus == "index":
+        if profile is not None:
+            _fail(f"unexpected argument {profile!r}: bench index takes only options (--files N --workers W)")
+        from .bench import index as bench_index
+
+        _exit(lambda: bench_index.run(files, workers or [12], baseline, as_json))
     if loader:
         if not data_root:
             _fail("bench --loader needs --data-root DIR (a folder of videos)")

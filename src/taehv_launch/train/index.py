@@ -257,7 +257,14 @@ def split_train_val(
         log.warning("only one video: validation reuses the training video %s", entries[0].path)
         return entries, entries
     k = min(max(1, round(validation_fraction * n)), max_validation_videos, n - 1)
-    held = heapq.nsmallest(k, range(n), key=lambda i: hashlib.sha1(f"{seed}:{entries.path(i)}".encode()).digest())
+    head = hashlib.sha1(f"{seed}:".encode() + entries.prefix.encode("utf-8", "surrogateescape"))
+
+    def digest(rel: bytes) -> bytes:    # sha1(f"{seed}:{path}"), the path as its UTF-8 bytes
+        h = head.copy()
+        h.update(rel)
+        return h.digest()
+
+    held = heapq.nsmallest(k, zip(map(digest, entries.relative_bytes()), range(n)))   # = sorted(...)[:k]
     mask = np.zeros(n, dtype=bool)
-    mask[held] = True
+    mask[[i for _, i in held]] = True
     return entries.take(np.flatnonzero(~mask)), entries.take(np.flatnonzero(mask))
