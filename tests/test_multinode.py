@@ -1,8 +1,10 @@
 """Two "nodes" on one machine (two launchers, loopback master): the multi-node path for real,
-and a dead rank on one node taking the other node down within 60 s."""
+a dead rank on one node taking the other node down within 60 s, and both nodes preempted
+(SIGUSR1 to every process, as SLURM does) and resumed with the loss curve of an uninterrupted run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -66,3 +68,115 @@ def test_a_dead_rank_on_another_node_stops_the_job_within_60s(tmp_path):
     assert elapsed < 60, elapsed
     assert "rank 1" in err0, err0[-2000:]
     assert "Traceback" not in err0
+
+
+# --- preempted and resumed (#28) ------------------------------------------------------------
+
+BIG = 100000
+REF_STEPS = 6     # the stop vote of several ranks is read one step after the signal (train/speed.py)
+
+
+class TwoNodes:
+    """Node 0 and node 1 of one `taehv-launch 2 cpu` job, as users run it (2 DataLoader workers per
+    rank), each in a session of its own with its output in files (no pipe to fill)."""
+
+    def __init__(self, tmp: Path, name: str, *args: str):
+        self.run, self.procs, self.files = tmp / "output" / name, [], []
+        env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
+        port, attempt = free_port(), len(list(tmp.glob(f"{name}.*.node0.out")))
+        for rank in (0, 1):
+            argv = [*CLI, "2", "cpu", "--num-nodes", "2", "--node-rank", str(rank), "--gpus-per-node", "1",
+                    "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-name", name,
+                    "--set", f"output_dir='{tmp / 'output'}'", "--set", "log_every=1", "--set", "checkpointing_steps=2",
+                    "--set", "validation_steps=1000", "--set", "max_validation_batches=1",
+                    "--set", "lr_scheduler='constant'", "--set", "dataloader_num_workers=2", *args]
+            out, err = tmp / f"{name}.{attempt}.node{rank}.out", tmp / f"{name}.{attempt}.node{rank}.err"
+            with open(out, "w") as o, open(err, "w") as e:
+                self.procs.append(subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env,
+                                                   cwd=tmp, start_new_session=True))
+            self.files.append((out, err))
+
+    def text(self, rank: int) -> str:
+        out, err = self.files[rank]
+        return out.read_text(errors="replace") + err.read_text(errors="replace")
+
+    def wait_log(self, what: str, timeout: float = 300) -> None:
+        """Until node 0's launch.log shows `what` (both nodes still running)."""
+        deadline = time.time() + timeout
+        log = self.run / "launch.log"
+        while time.time() < deadline:
+            if log.exists() and what in log.read_text(errors="replace"):
+                return
+            for rank, p in enumerate(self.procs):
+                if p.poll() is not None:
+                    self.kill()
+                    raise AssertionError(f"node {rank} exited {p.returncode} before {what!r}: {self.text(rank)[-3000:]}")
+            time.sleep(0.1)
+        self.kill()
+        raise AssertionError(f"{what!r} not in node 0's launch.log in {timeout} s")
+
+    def processes(self) -> list[int]:
+        """Every process of both nodes: launchers, torchrun, ranks, DataLoader workers."""
+        import psutil
+
+        pids = []
+        for p in self.procs:
+            try:
+                pids += [p.pid, *(c.pid for c in psutil.Process(p.pid).children(recursive=True))]
+            except psutil.NoSuchProcess:
+                pass
+        return pids
+
+    def kill(self) -> None:
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def finish(self, timeout: float = 300) -> list[int]:
+        deadline = time.time() + timeout
+        try:
+            return [p.wait(timeout=max(1.0, deadline - time.time())) for p in self.procs]
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the nodes did not exit in {timeout} s: {self.text(0)[-2000:]}") from None
+
+
+def complete_steps(run: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in run.glob("checkpoint-*") if (p / "COMPLETE").is_file())
+
+
+def test_two_nodes_preempted_by_sigusr1_resume_with_the_same_losses(tmp_path):
+    ref = TwoNodes(tmp_path, "ref", "--set", f"max_train_steps={REF_STEPS}")     # uninterrupted, at the same time
+    job = TwoNodes(tmp_path, "pre", "--set", f"max_train_steps={BIG}")
+    job.wait_log("checkpoint: checkpoint-2")
+    pids = job.processes()
+    assert len(pids) >= 2 * 4, pids             # per node: launcher, torchrun, rank, 2 workers
+    for pid in pids:                             # SLURM's --signal=USR1@120: every process of the step at once
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    codes = job.finish()
+    for rank in (0, 1):
+        assert codes[rank] == 75, (rank, codes, job.text(rank)[-3000:])
+        assert "Traceback" not in job.text(rank), job.text(rank)[-3000:]
+    saved = complete_steps(job.run)[-1]
+    assert 2 < saved < REF_STEPS, f"saved at step {saved}: the stop came too late for REF_STEPS={REF_STEPS}"
+    assert json.loads((job.run / f"checkpoint-{saved}" / "trainer_state.json").read_text())["step"] == saved
+    assert json.loads((job.run / "REQUEUE").read_text())["step"] == saved
+
+    resumed = TwoNodes(tmp_path, "pre", "--resume", "auto", "--set", f"max_train_steps={REF_STEPS}")
+    codes = resumed.finish()
+    assert codes == [0, 0], (codes, resumed.text(0)[-3000:], resumed.text(1)[-3000:])
+    assert f"checkpoint-{saved} at step {saved}" in resumed.text(0), resumed.text(0)[-3000:]   # the trainer's line
+    assert f"--resume {job.run / f'checkpoint-{saved}'}" in resumed.text(1), resumed.text(1)[-3000:]  # node 1's plan
+    assert not (job.run / "REQUEUE").exists()
+    assert ref.finish() == [0, 0], ref.text(0)[-3000:]
+    reference = scalars(ref.run)["train/loss"]
+    assert [s for s, _ in reference] == list(range(1, REF_STEPS + 1))
+    got = scalars(job.run)["train/loss"]
+    assert [s for s, _ in got] == list(range(1, REF_STEPS + 1)), got       # every step once, none lost
+    for (step, a), (_, b) in zip(got, reference):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (step, a, b)
