@@ -113,8 +113,8 @@ class Trainer:
         if self.ref is not None:
             compile_reference(self.ref, self.cfg.ref_channels_last)
             what.append(f"reference VAE encoder{' (channels-last)' if self.ref.channels_last else ''}")
-        if self.cfg.compile == "all" and self.zero == 3:   # ZeRO-3's gathering hooks: stay eager
-            self.log("compile: TAEHV stays eager under ZeRO-3")
+        if self.cfg.compile == "all" and self.zero == 3:   # compiled under ZeRO-3's hooks: measured no faster
+            self.log("compile: TAEHV stays eager under ZeRO-3 (compiled it measured no faster: docs/benchmarks.md)")
         elif self.cfg.compile == "all":
             compile_taehv(taehv, self.cfg.channels_last)
             what.append(f"TAEHV encode/decode{' (channels-last)' if self.cfg.channels_last else ''}")
