@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from taehv_launch.train.data import VideoClipDataset, probe_first_usable, usable_entries
 from taehv_launch.train.flatindex import FlatIndex
-from taehv_launch.train.index import VideoEntry, _scan, build_index, split_train_val
+from taehv_launch.train.index import VideoEntry, build_index, split_train_val
+from taehv_launch.train.listing import scan as _scan
 
 
 def old_split(entries: list[VideoEntry], fraction: float, max_val: int, seed: int):
@@ -155,3 +156,94 @@ def test_bench_index_bad_input_is_one_line():
     done = subprocess.run([*CLI, "bench", "index", "--files", "1"], capture_output=True, text=True, env=clean_env())
     assert done.returncode == 2 and done.stderr.strip() == ("error: --files 1: give at least 2 synthetic videos "
                                                            "(e.g. --files 3000000)")
+
+
+# --- listing millions of files (#27 item 3) ---------------------------------------------------
+
+def test_parallel_scan_equals_a_walk_and_follows_a_symlink_loop_once(tree: Path, capsys):
+    (tree / "a" / "b" / "loop").symlink_to(tree / "a", target_is_directory=True)
+    (tree / "c" / "x.mp4").mkdir()                                         # a folder named like a video
+    walked = sorted(os.path.join(d, f) for d, _, fs in os.walk(tree) for f in fs if f.endswith((".mp4", ".webm")))
+    assert _scan(str(tree), threads=4, progress_s=60) == walked and len(walked) == 45
+    assert capsys.readouterr().err == ""                                   # quick scans print nothing
+    _scan(str(tree), threads=4, progress_s=0.0001)
+    err = capsys.readouterr().err
+    assert f"index: listing {tree}: 45 files in" in err and "files/s)" in err
+
+
+@pytest.mark.parametrize("name,text", [
+    ("a.csv", "path,frame_count\n0-chaplin.mp4,120\n\"a/1-fire2.mp4\",\n0-example2.mp4,7\n"),
+    ("a.jsonl", '{"path": "0-chaplin.mp4", "frame_count": 120}\n{"path": "a/1-fire2.mp4"}\n\n'
+                '{"path": "0-example2.mp4", "frame_count": 7}\n'),
+    ("a.json", '{"list": [{"path": "0-chaplin.mp4", "frame_count": 120}, {"path": "a/1-fire2.mp4"}, '
+               '{"path": "0-example2.mp4", "frame_count": 7}]}'),
+    ("a.txt", "0-chaplin.mp4\na/1-fire2.mp4\n0-example2.mp4\n"),
+])
+def test_annotation_formats(tree: Path, tmp_path: Path, name: str, text: str):
+    ann = tmp_path / name
+    ann.write_text(text)
+    index = build_index(str(tree), str(ann), str(tmp_path / "cache"))
+    assert [e.path for e in index] == [str(tree / "0-chaplin.mp4"), str(tree / "a/1-fire2.mp4"),
+                                       str(tree / "0-example2.mp4")]                 # the file's order
+    counts = [e.frame_count for e in index]
+    assert counts == ([-1, -1, -1] if name.endswith(".txt") else [120, -1, 7])
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("b.csv", "x.mp4,many\n", "line 1 has frame count 'many', expected a whole number"),
+    ("b.jsonl", '{"path": "x.mp4"}\n{oops\n', "line 2 is not valid JSON"),
+    ("b.jsonl", '{"file": "x.mp4"}\n', 'line 1 is {"file": "x.mp4"}, expected {"path": "..."}'),
+    ("b.json", '{"list": [{"path": "x.mp4", "frame_count": "7"}]}', 'entry 0 has frame_count "7"'),
+    ("b.csv", "path,frame_count\n", "lists no videos"),
+    ("b.txt", "\n\n", "lists no videos"),
+])
+def test_annotation_format_errors(tree: Path, tmp_path: Path, name: str, text: str, message: str):
+    from taehv_launch.errors import DataError
+
+    (tmp_path / name).write_text(text)
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace("{", r"\{").replace(")", r"\)")):
+        build_index(str(tree), str(tmp_path / name), "")
+
+
+def _cli(*args: str):
+    import subprocess
+
+    from conftest import CLI, clean_env
+
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=clean_env(), timeout=120)
+
+
+@pytest.mark.parametrize("fmt", [".csv", ".jsonl", ".json", ".txt"])
+def test_index_command_writes_an_annotation_the_trainer_reads(tree: Path, tmp_path: Path, fmt: str):
+    out = tmp_path / f"videos{fmt}"
+    done = _cli("index", str(tree), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"index: 45 videos under {tree} listed in" in done.stdout
+    assert f"--set data_root={tree} --set annotation_file={out}" in done.stdout
+    scanned = build_index(str(tree), "", str(tmp_path / "c1"))
+    annotated = build_index(str(tree), str(out), str(tmp_path / "c2"))
+    assert list(annotated) == list(scanned) and annotated.missing == 0
+    assert all(not os.path.isabs(line) for line in out.read_text().splitlines())      # relative to DATA_ROOT
+
+
+def test_index_command_bad_inputs_are_one_line(tree: Path, tmp_path: Path):
+    kept = tmp_path / "kept.csv"
+    kept.write_text("do not lose me\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "adir.csv").mkdir()
+    cases = [
+        ((str(tmp_path / "nope"), "-o", str(tmp_path / "o.csv")), f"DATA_ROOT {tmp_path / 'nope'} does not exist"),
+        ((str(tree / "0-chaplin.mp4"), "-o", str(tmp_path / "o.csv")), "is not a folder"),
+        ((str(tree), "-o", str(tmp_path / "adir.csv")), f"-o {tmp_path / 'adir.csv'} is a folder: give a file name"),
+        ((str(tree), "-o", str(kept)), "already exists: pass --force to replace it"),
+        ((str(tree), "-o", str(tmp_path / "no" / "o.csv")), f"folder {tmp_path / 'no'} does not exist"),
+        ((str(tree), "-o", "/proc/o.csv"), "cannot write /proc/o.csv"),
+        ((str(tree), "-o", str(tmp_path / "o.xml")), "name the file .csv, .jsonl, .json or .txt"),
+        ((str(tmp_path / "empty"), "-o", str(tmp_path / "o.csv")), "no video files (.mp4 .webm .mkv .avi .mov) under"),
+    ]
+    for args, message in cases:
+        done = _cli("index", *args)
+        err = done.stderr.strip()
+        assert done.returncode == 2 and err.startswith("error: ") and message in err and "\n" not in err, (args, err)
+    assert kept.read_text() == "do not lose me\n" and not (tmp_path / "o.csv").exists()
+    assert _cli("index", str(tree), "-o", str(kept), "--force").returncode == 0 and "0-chaplin.mp4" in kept.read_text()

@@ -272,6 +272,19 @@ def bench_cmd(
     _exit(lambda: bench.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json))
 
 
+@app.command("index", help="List the videos under DATA_ROOT once and write an annotation file (.csv, .jsonl, "
+                          ".json or .txt) that later jobs read instead of scanning: --set annotation_file=FILE.")
+def index_cmd(
+    data_root: Annotated[str, typer.Argument(help="the folder of videos (scanned recursively)", show_default=False)],
+    output: Annotated[str, typer.Option("-o", "--output", help="the annotation file to write; its extension picks "
+                                                              "the format", show_default=False)],
+    force: Annotated[bool, typer.Option("--force", help="replace -o FILE if it exists")] = False,
+) -> None:
+    from .indexcmd import write_index
+
+    _exit(lambda: write_index(data_root, output, force))
+
+
 @app.command("keys", help="List every training-config key with its type, default and meaning.")
 def keys_cmd(as_json: Annotated[bool, typer.Option("--json", help="the schema as JSON: name, type, default, "
                                                                   "help, choices, aliases")] = False) -> None:

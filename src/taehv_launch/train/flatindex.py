@@ -69,6 +69,8 @@ class FlatIndex(Sequence):
         """The entries at these positions (of this index), sharing the arrays."""
         pos = np.asarray(positions, dtype=np.int64)
         rows = pos if self.rows is None else self.rows[pos]
+        if len(self.counts) < 2**31:
+            rows = rows.astype(np.int32)      # 4 bytes per entry of a split, not 8
         sub = FlatIndex(self.prefix, self.buf, self.offsets, self.counts, rows)
         sub.missing = self.missing
         return sub

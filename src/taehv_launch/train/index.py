@@ -19,12 +19,11 @@ import numpy as np
 
 from ..errors import DataError
 from ..files import write_atomic
-from .decode import header_frame_count
 from .flatindex import FlatIndex, VideoEntry, as_flat
+from .listing import VIDEO_EXTENSIONS, existing, read_annotation, scan
 
 log = logging.getLogger(__name__)
 
-VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov")
 INDEX_VERSION = 2        # 2: flat arrays in an .npz (1: JSON list)
 
 # --- the index --------------------------------------------------------------------------
@@ -92,82 +91,38 @@ def _index_key(root: str, annotation_file: str, probe: bool) -> dict:
     return key
 
 
-def _make_index(root: str, annotation_file: str, probe: bool) -> VideoIndex:
+def _make_index(root: str, annotation_file: str, probe: bool) -> FlatIndex:
     if annotation_file:
-        paths, missing = _annotated_paths(root, annotation_file)
+        paths, counts, missing = _annotated_paths(root, annotation_file)
     else:
-        paths, missing = _scan(root), 0
+        paths, counts, missing = scan(root), None, 0
         if not paths:
             raise DataError(f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
                             f"your videos or give an annotation_file")
-    index = FlatIndex.from_paths(paths, (header_frame_count(p) for p in paths) if probe else None)
+    if probe:
+        from .decode import header_frame_count
+
+        counts = [header_frame_count(p) for p in paths]
+    index = FlatIndex.from_paths(paths, counts)
     index.missing = missing
     return index
 
 
-def _scan(root: str) -> list[str]:
-    """Every file with a video extension under root (recursive, symlinks followed once), sorted.
-
-    Directories are never entries, even when named like a video (x.mp4/).
-    """
-    found, stack, seen = [], [root], set()
-    while stack:
-        folder = stack.pop()
-        real = os.path.realpath(folder)
-        if real in seen:
-            continue
-        seen.add(real)
-        try:
-            with os.scandir(folder) as it:
-                for entry in it:
-                    if entry.is_dir():
-                        stack.append(entry.path)
-                    elif entry.is_file() and entry.name.lower().endswith(VIDEO_EXTENSIONS):
-                        found.append(entry.path)
-        except OSError as err:
-            log.warning("cannot list %s (%s); skipping it", folder, err)
-    return sorted(found)
-
-
-def _annotated_paths(root: str, annotation_file: str) -> tuple[list[str], int]:
-    """The existing files listed in annotation_file ({"list": [{"path": ...}, ...]}), and how many are missing."""
-    listed = _read_annotation(annotation_file)
+def _annotated_paths(root: str, annotation_file: str) -> tuple[list[str], list[int], int]:
+    """The existing files listed in annotation_file, their listed frame counts, and how many are missing."""
+    listed, listed_counts = read_annotation(annotation_file)
     paths = [os.path.normpath(os.path.join(root, p)) for p in listed]
-    existing = [p for p in paths if os.path.isfile(p)]
-    missing = len(paths) - len(existing)
-    if not existing:
+    there = existing(paths)
+    kept = [k for k, ok in enumerate(there) if ok]
+    missing = len(paths) - len(kept)
+    if not kept:
         raise DataError(f"none of the {len(paths)} videos listed in {annotation_file} exist (e.g. {paths[0]}): "
                         f"relative paths are joined to data_root={root}; fix data_root or the file")
     if missing:
-        first = next(p for p in paths if not os.path.isfile(p))
+        first = paths[there.index(False)]
         log.warning("%d of %d videos listed in %s do not exist and are left out (e.g. %s)",
                     missing, len(paths), annotation_file, first)
-    return existing, missing
-
-
-def _read_annotation(annotation_file: str) -> list[str]:
-    """The "path" strings of the seed annotation format, or one DataError line saying what is wrong."""
-    try:
-        with open(annotation_file, encoding="utf-8") as f:
-            doc = json.load(f)
-    except json.JSONDecodeError as err:
-        raise DataError(f"annotation_file {annotation_file} is not valid JSON ({err.msg}, line {err.lineno}): "
-                        f"fix the file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"cannot read annotation_file {annotation_file} ({err}): fix the path or permissions") from None
-    shape = '{"list": [{"path": "relative/or/absolute.mp4"}, ...]}'
-    items = doc.get("list") if isinstance(doc, dict) else None
-    if not isinstance(items, list):
-        raise DataError(f"annotation_file {annotation_file} must be {shape}: no \"list\" array found")
-    if not items:
-        raise DataError(f"annotation_file {annotation_file} lists no videos: add entries to its \"list\"")
-    for i, item in enumerate(items):
-        if not (isinstance(item, dict) and isinstance(item.get("path"), str) and item["path"]):
-            raise DataError(f"annotation_file {annotation_file}: entry {i} is {json.dumps(item)[:80]}, "
-                            f"expected {{\"path\": \"...\"}}: fix the file")
-    return [item["path"] for item in items]
-
-
+    return [paths[k] for k in kept], [listed_counts[k] for k in kept], missing
 
 
 def _read_index(cache_path: str, key: dict) -> FlatIndex | None:

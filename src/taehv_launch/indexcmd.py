@@ -1,0 +1,57 @@
+"""`taehv-launch index DATA_ROOT -o FILE`: list the videos once and write an annotation file.
+
+A scan of millions of files on a shared filesystem takes minutes; an annotation file makes the
+next jobs skip it (`--set data_root=DATA_ROOT --set annotation_file=FILE`). Paths are written
+relative to DATA_ROOT, sorted, in the format of FILE's extension (.csv, .jsonl, .json, .txt: see
+train/listing.py). No torch and no OpenCV are imported.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .errors import ConfigError, DataError
+from .files import write_atomic
+
+
+def write_index(data_root: str, output: str, force: bool = False) -> int:
+    from .train.listing import ANNOTATION_FORMATS, VIDEO_EXTENSIONS, annotation_text, scan
+
+    root = _check_root(data_root)
+    out = os.path.abspath(output)
+    fmt = os.path.splitext(out)[1].lower()
+    if os.path.isdir(out):
+        raise ConfigError(f"-o {output} is a folder: give a file name, e.g. -o {os.path.join(output, 'videos.csv')}")
+    if fmt not in ANNOTATION_FORMATS:
+        raise ConfigError(f"-o {output}: name the file .csv, .jsonl, .json or .txt (the format follows the extension)")
+    if os.path.lexists(out) and not force:
+        raise ConfigError(f"-o {output} already exists: pass --force to replace it, or choose another name")
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"-o {output}: folder {parent} does not exist: create it first")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"-o {output}: folder {parent} is not writable: choose another place")
+    start = time.monotonic()
+    paths = scan(root)
+    if not paths:
+        raise DataError(f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point DATA_ROOT at your videos")
+    rel = [os.path.relpath(p, root) for p in paths]
+    text = annotation_text(fmt, rel)
+    try:
+        write_atomic(out, text.encode("utf-8", "surrogateescape"))
+    except OSError as err:
+        raise ConfigError(f"cannot write {output} ({err.strerror or err}): choose another place") from None
+    print(f"index: {len(rel):,} videos under {root} listed in {time.monotonic() - start:.1f} s -> {out}")
+    print(f"use it with: --set data_root={root} --set annotation_file={out}")
+    return 0
+
+
+def _check_root(data_root: str) -> str:
+    if not os.path.exists(data_root):
+        raise DataError(f"DATA_ROOT {data_root} does not exist: give the folder that holds the videos")
+    if not os.path.isdir(data_root):
+        raise DataError(f"DATA_ROOT {data_root} is not a folder: give the folder that holds the videos")
+    if not os.access(data_root, os.R_OK | os.X_OK):
+        raise DataError(f"DATA_ROOT {data_root} cannot be read: check its permissions")
+    return os.path.abspath(data_root)
