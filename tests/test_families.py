@@ -28,7 +28,7 @@ FAKE = Family(name="fakevae", class_name="AutoencoderKLWan", channels_key="z_dim
               time_stride=4, space_stride=8, even_latents_decode_all=True, encode_gib=9.0,
               demo_config=families.FAMILIES["wan"].demo_config)
 B200 = Profile(name="b200", description="a fake 192 GB GPU", rows=H100_ROWS, config=GPU_SHARED,
-               alloc_conf="expandable_segments:False", device="cuda", gpu_gib=178.4)
+               alloc_conf="expandable_segments:False", device="cuda", gpu_gib=178.4, table="the seeds' H100 table")
 
 
 @pytest.fixture

@@ -200,3 +200,15 @@ def test_two_real_launches_of_one_run(base, tmp_path):
     finally:
         os.kill(first.pid, signal.SIGTERM)
         assert first.wait(timeout=120) == 75, out.read_text()
+
+
+def test_a_finished_checkpoint_whose_final_model_was_never_written_is_exported(work):
+    """A run that reached max_train_steps but failed to write final_model (disk full): the resume
+    only exports it, instead of refusing with 'nothing left to train'."""
+    run = work / "output" / "base"
+    shutil.rmtree(run / "final_model")
+    proc, _ = run_in(work, "--resume", "auto", "--set", "max_train_steps=2", run_name="base")
+    ok(proc)
+    assert "final_model was not written from it: this launch only exports it" in proc.stdout
+    assert json.loads((run / "final_model" / "export.json").read_text())["step"] == 2
+    assert not (run / "checkpoint-3").exists()

@@ -275,9 +275,21 @@ def resume_problem(ckpt: Path, new_cfg: dict) -> tuple[str | None, str | None]:
                 f"(allow_family_change=True)")
     step, total = int(state.get("step", 0)), int(new_cfg["max_train_steps"])
     if step >= total:
-        return (f"{ckpt.name} is at step {step}, and max_train_steps is {total}: nothing left to train (its "
-                f"run's final_model holds the result); raise --set max_train_steps to train further"), None
+        exported = exported_step(ckpt.parent / "final_model")
+        if exported is not None and exported >= step:
+            return (f"{ckpt.name} is at step {step}, and max_train_steps is {total}: nothing left to train (its "
+                    f"run's final_model holds the result); raise --set max_train_steps to train further"), None
+        note = ((note + "; ") if note else "") + (f"{ckpt.name} is at max_train_steps={total} but final_model "
+                                                  f"was not written from it: this launch only exports it")
     return None, note
+
+
+def exported_step(folder: Path) -> int | None:
+    """The step an export (best_model, final_model) was written at, from its export.json."""
+    try:
+        return int(json.loads((folder / "export.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def rotate(run_dir: Path, keep: int, best_step: int) -> list[str]:
