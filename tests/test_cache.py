@@ -4,6 +4,7 @@ training from it. Slow cases (equal losses, kill + resume, 2 ranks) are in test_
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -223,3 +224,57 @@ def test_a_cache_path_that_is_a_file_or_another_dtype_is_refused(cache, tmp_path
         (tmp_path / "c" / lc.MANIFEST).write_text(bad)
         with pytest.raises(ConfigError, match="is damaged"):
             lc.read_manifest(str(tmp_path / "c"))
+
+
+# --- the cache's size before it is written (#27 item 4) -----------------------------------
+
+def _dry_run_size(tmp: Path, out: Path, *args: str) -> tuple[dict, str]:
+    proc = cache_job(tmp, out, "--dry-run", "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    text = cache_job(tmp, out, "--dry-run", *args)
+    return json.loads(proc.stdout)["cache_size"], text.stdout
+
+
+def test_the_dry_run_states_the_size_a_real_cache_has(cache, tmp_path):
+    """The dry run of the fixture's own job: videos x views, bytes per view at this shape, the total;
+    the latents per view are exact, and the whole cache is at most the estimate (unusable videos'
+    views are skipped) and not far below it."""
+    size, text = _dry_run_size(tmp_path, tmp_path / "new", "--views", "2")
+    manifest = json.loads((cache / lc.MANIFEST).read_text())
+    job = json.loads((cache / lc.JOB).read_text())
+    assert size["train_videos"] == manifest["videos"] - len(job["val"]) and size["val_videos"] == len(job["val"])
+    assert size["clips"] == manifest["clips"] + manifest["skipped_views"] and size["views"] == 2
+    for shard in manifest["shards"]:
+        data = (cache / lc.SHARDS / f"{shard['name']}.safetensors").read_bytes()
+        header = 8 + int.from_bytes(data[:8], "little")
+        if shard["clips"]:
+            assert (len(data) - header) == shard["clips"] * size["view_bytes"]       # exact, per view
+    assert size["shape"] == [3, 4, 8, 8] and size["dtype"] == "bfloat16"           # 12 frames of 64x64, 4 channels
+    on_disk = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    per_view = on_disk / (manifest["clips"])
+    assert on_disk <= size["total"] and size["total"] / size["clips"] < 1.5 * per_view, (on_disk, size)
+    line = next(t for t in text.splitlines() if t.startswith("  size"))
+    assert (f"{size['train_videos']} videos x 2 views + {size['val_videos']} validation clips = {size['clips']} "
+            f"views x ") in line and "(3x4x8x8 bfloat16 latents = 1,536 B + ~" in line and "GB free at " in line
+    assert not (tmp_path / "new").exists() and not (tmp_path / "output").exists()        # a dry run writes nothing
+
+
+def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_path):
+    """1e5 views of 2048x2048 clips need ~1.1 TB: the job, its dry run and validate-env --cache refuse it."""
+    big = ("--views", "100000", "--set", "height=2048", "--set", "width=2048")
+    out = tmp_path / "lc"
+    refusal = r"^error: the latent cache needs about 1\.\d\d TB more \(700,002 views x 1\.57 MB\), but .* has " \
+              r"[\d.]+ [GMT]B free: free space, lower --views or the clip size, or set latent_cache to a folder " \
+              r"on a larger filesystem$"
+    assert_one_line_error(cache_job(tmp_path, out, *big), refusal)
+    assert not out.exists() and not (tmp_path / "output").exists()
+    dry = cache_job(tmp_path, out, "--dry-run", *big)
+    assert dry.returncode == 2 and re.search(refusal, dry.stderr.strip()) and "about 1.10 TB" in dry.stdout
+    env = clean_env(TAEHV_CACHE=str(tmp_path / "taehv-cache"))
+    check = run_cli("validate-env", "1", "cpu", "--cache", "--quick", "--set", f"latent_cache={str(out)!r}",
+                    "--set", f"data_root={str(shared_videos())!r}", "--set", f"output_dir={str(tmp_path / 'o')!r}",
+                    "--set", "height=2048", "--set", "width=2048", "--set", "cache_views=100000", env=env,
+                    cwd=tmp_path)
+    assert check.returncode == 1 and re.search(r"FAIL  cache space +the latent cache needs about 1\.\d\d TB more",
+                                               check.stdout), check.stdout
+    assert not out.exists()

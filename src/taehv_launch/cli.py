@@ -185,13 +185,15 @@ def validate_env_cmd(
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
     quick: Annotated[bool, typer.Option("--quick", help="skip the slow checks (all-reduce, model loads)")] = False,
+    cache: Annotated[bool, typer.Option("--cache", help="check for `taehv-launch cache` (with --set latent_cache="
+                                                        "DIR): the cache's size against the free space there")] = False,
     num_nodes: NumNodes = None, node_rank: NodeRank = None, master_addr: MasterAddr = None,
     master_port: MasterPort = None, gpus_per_node: GpusPerNode = None,
 ) -> None:
     from .preflight import checks as preflight
 
-    req = _request(gpus, profile, set_, config, Options(), num_nodes, node_rank, master_addr, master_port,
-                   gpus_per_node)
+    req = _request(gpus, profile, set_, config, Options(task="cache" if cache else "train"), num_nodes, node_rank,
+                   master_addr, master_port, gpus_per_node)
     _exit(lambda: preflight.validate_env(req, as_json=as_json, quick=quick))
 
 

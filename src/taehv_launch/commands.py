@@ -71,6 +71,10 @@ def build_plan(req: Request, env: dict[str, str] | None = None, local: bool = Tr
     env_values, notes = environment_values(env), list(file.notes)
     if env_values and "nccl_timeout" not in {**file.values, **set_values}:
         notes.append(f"NCCL_TIMEOUT={env['NCCL_TIMEOUT']} from the environment sets nccl_timeout")
+    zero = {**file.values, **set_values}.get("zero_stage")
+    if "bucket_size_mb" in {**file.values, **set_values} and not zero:
+        notes.append("bucket_size_mb sizes DeepSpeed's buckets: it has no effect on plain DDP (zero_stage=0), which "
+                     "this plan runs; add --set zero_stage=N to use DeepSpeed ZeRO-N")
     plan = resolve(gpus, req.profile, topology, file_values=file.values, set_values=set_values,
                    env_values=env_values, options=req.options, notes=tuple(notes))
     for key in PATH_KEYS:
@@ -156,6 +160,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
                      "ranks": list(range(topo.machine_rank * topo.gpus_per_machine,
                                          (topo.machine_rank + 1) * topo.gpus_per_machine))},
         "row_source": plan.row_source,
+        "strategy": plan.strategy,
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.config.items()},
         "global_batch_size": plan.global_batch_size,
         "run_dir": str(run_dir),
@@ -180,18 +185,26 @@ def dry_run(req: Request, as_json: bool) -> int:
         check_listed_gpus(plan.topology, os.environ, profile=plan.profile.name)
     run_dir = plan.run_dir
     rendered = render(plan, run_dir)
+    size, too_big = _cache_size(plan)
     if as_json:
-        sys.stdout.write(json.dumps(plan_json(plan, rendered, run_dir), indent=2) + "\n")
+        doc = plan_json(plan, rendered, run_dir)
+        if plan.options.task == "cache":
+            doc["cache_size"] = size.as_dict() if size is not None else None
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        print_plan(plan, rendered, run_dir)
+        print_plan(plan, rendered, run_dir, size)
         print("\n(dry run: nothing was written or started)")
+    if too_big:                      # the launch would refuse it: so does its dry run
+        print(f"error: {too_big}", file=sys.stderr)
+        return EXIT_USAGE
     if plan.memory.fits is False and plan.options.task == "train":  # the launch would refuse it: so does its dry run
         print(f"error: {NO_FIT}{plan.memory.detail}", file=sys.stderr)
         return EXIT_USAGE
     return 0
 
 
-def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
+def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None:
+    """size: a cache job's run.cachesize.CacheSize (None: not known, e.g. the cpu demo's videos are not made yet)."""
     topo, c = plan.topology, plan.config
     demo_data, demo_vae = plan.demo_assets
     listed = os.environ.get("CUDA_VISIBLE_DEVICES") if plan.profile.device == "cuda" else None
@@ -208,7 +221,8 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
         f"(GPU ids {gpu_ids}), master {topo.main_process_ip}:{topo.main_process_port}  [{topo.source}]",
         *([f"  batch     {plan.batch_arithmetic()}",
            f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
-           f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP")]
+           f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
+           *([f"  strategy  {plan.strategy}"] if plan.strategy else [])]
           if not cache else
           [f"  encode    micro-batch {c['micro_batch_size']} (clips per reference encode call) per process, "
            f"{plan.world_size} in all; nothing is trained"]),
@@ -228,11 +242,27 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path) -> None:
         out.append(f"  cache     {c['latent_cache']}: " + (
             f"write {c['cache_views']} views per video, {c['latent_cache_dtype']}, shards of {c['cache_shard_size']}"
             if plan.options.task == "cache" else f"train on its latents (reference encode: {c['latent_cache_encode']})"))
+    if cache:
+        from .run.cachesize import free_space
+
+        free, probe = free_space(c["latent_cache"])
+        out.append(f"  size      {size.line()}; {free / 1e9:.2f} GB free at {probe}" if size is not None else
+                   "  size      not known yet: the videos are listed when the job starts (the demo makes its own)")
     mem = plan.memory
     if mem.gpu_gib is not None and plan.options.task == "train":
         out.append(f"  memory    {'' if mem.fits else 'DOES NOT FIT: '}{mem.detail}")
     out += [f"  note      {n}" for n in plan.notes]
     print("\n".join(out))
+
+
+def _cache_size(plan: Plan):
+    """A cache job's size (None if its videos are not there yet) and the refusal line when it does not fit."""
+    if plan.options.task != "cache":
+        return None, ""
+    from .run.cachesize import cache_size, space_problem
+
+    size = cache_size(plan.config)
+    return size, (space_problem(size, plan.config["latent_cache"]) if size is not None else "")
 
 
 def launch(req: Request) -> int:
@@ -252,6 +282,9 @@ def launch(req: Request) -> int:
     if plan.profile.device == "cuda":
         check_local_gpus(plan.topology, visible_gpus(), profile=plan.profile.name)
     check_inputs(plan.config, plan.demo_assets)    # what the trainer would refuse first, before writing
+    size, too_big = _cache_size(plan)
+    if too_big:
+        raise ConfigError(too_big)
     rendered = render(plan, run_dir)
     if rendered.deepspeed is not None:
         check_deepspeed_config(rendered.deepspeed, plan.world_size)
@@ -259,9 +292,13 @@ def launch(req: Request) -> int:
     lock = RunLock(run_dir, plan.topology.machine_rank)
     edge.prepare_run_dir(plan, run_dir, lock)      # refuses a run dir another launch holds
     notes += edge.write_files(run_dir, rendered.files)   # identical on every node: safe on a shared filesystem
+    if size is not None:
+        from .train.index import keep_index
+
+        keep_index(size.entries)            # the job reads the videos listed here instead of listing them again
     notes += edge.write_files(run_dir, {f"env{rendered.node_suffix}.json": edge.env_record(plan, rendered)})
     check_accelerate_yaml(run_dir / "accelerate.yaml")
-    print_plan(plan, rendered, run_dir)     # with the plan's notes (config file, resume)
+    print_plan(plan, rendered, run_dir, size)     # with the plan's notes (config file, resume)
     for note in notes:                      # and what writing the run's files found
         print(f"  note      {note}")
     sys.stdout.flush()

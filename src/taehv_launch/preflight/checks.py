@@ -318,6 +318,23 @@ def check_resources(plan: Plan, quick: bool) -> list[Check]:
     return out
 
 
+def check_cache_space(plan: Plan, quick: bool) -> list[Check]:
+    """validate-env --cache: the latent cache this job would write fits on its filesystem."""
+    if plan.options.task != "cache":
+        return []
+    from ..run.cachesize import cache_size, free_space, space_problem
+
+    size = cache_size(plan.config)
+    if size is None:
+        return [Check("cache space", WARN, "not known yet: the job lists the videos when it starts (the demo makes "
+                                           "its own)")]
+    problem = space_problem(size, plan.config["latent_cache"])
+    free, probe = free_space(plan.config["latent_cache"])
+    return [Check("cache space", FAIL if problem else PASS,
+                  problem or f"{size.line()}; {free / 1e9:.2f} GB free at {probe}",
+                  "")]
+
+
 def check_memory_plan(plan: Plan, quick: bool) -> list[Check]:
     if not _gpu_plan(plan):
         return [Check("memory plan", PASS, "cpu profile: GPU memory does not apply")]
@@ -328,7 +345,8 @@ def check_memory_plan(plan: Plan, quick: bool) -> list[Check]:
 
 
 CHECKS: list[Callable[[Plan, bool], list[Check]]] = [check_gpus, check_software, check_communication, check_data,
-                                                     check_models, check_resources, check_memory_plan]
+                                                     check_models, check_resources, check_cache_space,
+                                                     check_memory_plan]
 
 
 def validate_env(req: Request, as_json: bool, quick: bool) -> int:

@@ -37,6 +37,7 @@ def build_index(
     cache_dir: str = "",
     *,
     probe_frame_counts: bool = False,
+    read_only: bool = False,
 ) -> VideoIndex:
     """List the videos of data_root (or of annotation_file) once; cache the list in cache_dir.
 
@@ -45,6 +46,7 @@ def build_index(
     level only: delete the cache file to rescan after changes deeper down. Only stat() is
     used; probe_frame_counts=True also opens each file to read the container's frame count
     (a hint; the dataset reads it anyway when it opens a file, so it is off by default).
+    read_only=True reads the cache file but writes nothing: keep_index(index) writes it later.
     """
     root = check_root(data_root, annotation_file)
     key = _index_key(root, annotation_file, probe_frame_counts)
@@ -54,6 +56,10 @@ def build_index(
     cached = _read_index(cache_path, key)
     if cached is not None:
         return cached
+    if read_only:
+        index = _make_index(root, annotation_file, probe_frame_counts)
+        index.pending = (cache_path, key)
+        return index
     with exclusive_lock(cache_path + ".lock"):
         cached = _read_index(cache_path, key)  # another rank may have built it while we waited
         if cached is not None:
@@ -62,6 +68,18 @@ def build_index(
         _write_index(cache_path, key, index)
     index.cache_path = cache_path
     return index
+
+
+def keep_index(index: FlatIndex) -> None:
+    """Write the cache file of an index that build_index(read_only=True) listed (if no one has since)."""
+    pending = getattr(index, "pending", None)
+    if not pending:
+        return
+    cache_path, key = pending
+    with exclusive_lock(cache_path + ".lock"):
+        if _read_index(cache_path, key) is None:
+            _write_index(cache_path, key, index)
+    index.pending, index.cache_path = None, cache_path
 
 
 def check_root(data_root: str, annotation_file: str) -> str:
@@ -188,6 +206,13 @@ def index_once(cfg, accelerator) -> VideoIndex:
 
 # --- the split --------------------------------------------------------------------------
 
+def held_out_count(n: int, validation_fraction: float, max_validation_videos: int) -> int:
+    """How many of n videos split_train_val holds out for validation (a single video is reused, not held out)."""
+    if n <= 1 or validation_fraction <= 0 or max_validation_videos <= 0:
+        return 0
+    return min(max(1, round(validation_fraction * n)), max_validation_videos, n - 1)
+
+
 def split_train_val(
     entries: Sequence[VideoEntry],
     validation_fraction: float,
@@ -211,7 +236,7 @@ def split_train_val(
     if n == 1:
         log.warning("only one video: validation reuses the training video %s", entries[0].path)
         return entries, entries
-    k = min(max(1, round(validation_fraction * n)), max_validation_videos, n - 1)
+    k = held_out_count(n, validation_fraction, max_validation_videos)
     head = hashlib.sha1(f"{seed}:".encode() + entries.prefix.encode("utf-8", "surrogateescape"))
 
     def digest(rel: bytes) -> bytes:    # sha1(f"{seed}:{path}"), the path as its UTF-8 bytes
