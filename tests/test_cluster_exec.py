@@ -156,16 +156,17 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
     assert "#SBATCH --nodes=2\n" in script.read_text() and "#SBATCH --signal=USR1@120\n" in script.read_text()
     job_id = _job_id()
     run = tmp_path / "output" / f"job-{job_id}"
+    bin_dir = _bin(tmp_path)
 
     def attempt(restart: int) -> subprocess.Popen:
-        env = clean_env(PATH=f"{_bin(tmp_path) if restart == 0 else tmp_path / 'bin'}:{os.environ['PATH']}",
+        env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}",
                         FAKE_OUT=str(out), TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1",
                         SLURM_JOB_ID=str(job_id), SLURM_JOB_NUM_NODES="2", SLURM_NNODES="2",
                         SLURM_JOB_NODELIST=f"localhost,{socket.gethostname()}", SLURM_CPUS_ON_NODE="2",
                         SLURM_RESTART_COUNT=str(restart))
-        log = open(tmp_path / f"slurm-{job_id}.{restart}.out", "w")    # sbatch's --output
-        return subprocess.Popen(["bash", str(script)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+        with open(tmp_path / f"slurm-{job_id}.{restart}.out", "w") as log:     # sbatch's --output
+            return subprocess.Popen(["bash", str(script)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
 
     first = attempt(0)
     _wait_log(run / "launch.log", "checkpoint: checkpoint-2", [first])
@@ -184,9 +185,11 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
     text = (tmp_path / f"slurm-{job_id}.0.out").read_text()
     assert "Traceback" not in text, text[-3000:]
     assert f"requeueing job {job_id}" in text
+    for node in (0, 1):        # each task found its place from SLURM's variables; node 0 = the list's first host
+        assert f"this is node {node} (GPU ids 0), master localhost:{20000 + job_id}  [slurm]" in text, text[-3000:]
     assert (out / "scontrol").read_text().split() == ["requeue", str(job_id)]
     saved = _saved(run)
-    assert 2 <= saved < STEPS, saved
+    assert 2 < saved < STEPS, saved          # a new checkpoint
     assert json.loads((run / "REQUEUE").read_text())["step"] == saved
     assert "--cpus-per-task=2" in (out / "srun_options").read_text()
 
@@ -220,10 +223,10 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
                             TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
             assert env["MASTER_ADDR"] == "taehv-2-h100-0.taehv-2-h100" and env["NNODES"] == "2"
             env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}       # the Service's name, a free port
-            log = open(tmp_path / f"pod{index}.{attempt}.out", "w")
-            procs.append(subprocess.Popen([str(bin_dir / "taehv-launch"), argv[1], "cpu", *argv[3:]], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-                                          start_new_session=True))
+            with open(tmp_path / f"pod{index}.{attempt}.out", "w") as log:
+                procs.append(subprocess.Popen([str(bin_dir / "taehv-launch"), argv[1], "cpu", *argv[3:]], env=env,
+                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              cwd=tmp_path, start_new_session=True))
         return procs
 
     first = pods(0)
@@ -231,11 +234,13 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
     for p in first:                              # pod deletion: SIGTERM to the container's main process
         p.send_signal(signal.SIGTERM)
     for index, p in enumerate(first):
+        code = p.wait(timeout=300)
         text = (tmp_path / f"pod{index}.0.out").read_text()
-        assert p.wait(timeout=300) == 75, text[-3000:]
+        assert code == 75, text[-3000:]
         assert "Traceback" not in text, text[-3000:]
+        assert f"this is node {index} (GPU ids 0), master 127.0.0.1:{port}  [kubernetes" in text, text[-3000:]
     saved = _saved(run)
-    assert 2 <= saved < STEPS, saved
+    assert 2 < saved < STEPS, saved          # a new checkpoint
     second = pods(1)                             # the replacement pods of the same Job (same uid)
     for index, p in enumerate(second):
         code = p.wait(timeout=300)
