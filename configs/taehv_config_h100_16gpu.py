@@ -61,7 +61,7 @@ args.adam_weight_decay = 0.01  # AdamW weight decay
 args.max_grad_norm = 1.0  # gradient clipping (DeepSpeed gradient_clipping)
 args.ema_decay = 0.999  # EMA of TAEHV weights (the exported model)
 args.mixed_precision = 'bf16'  # autocast dtype
-args.zero_stage = 3  # DeepSpeed ZeRO stage (0 = plain DDP)
+args.zero_stage = 0  # DeepSpeed ZeRO stage (0 = plain DDP)
 args.bucket_size_mb = 0  # DeepSpeed reduce/allgather bucket in MB (0 = the profile row's: 500-1000 MB)
 args.seed = 42  # global seed (each rank offsets it)
 args.max_consecutive_bad_steps = 20  # abort after this many non-finite steps in a row

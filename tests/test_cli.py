@@ -23,10 +23,12 @@ def test_16_h100_dry_run_json():
     t, c = d["topology"], d["config"]
     assert (t["num_machines"], t["gpus_per_machine"], t["gpu_ids"]) == (2, 8, "0,1,2,3,4,5,6,7")
     assert (c["micro_batch_size"], c["gradient_accumulation_steps"], d["global_batch_size"]) == (8, 1, 128)
-    assert d["deepspeed"]["zero_optimization"]["stage"] == 3 and c["nccl_timeout"] == 7200
-    for key in ("gpus", "profile", "config", "accelerate", "deepspeed", "env", "command"):
+    assert d["deepspeed"] is None and c["zero_stage"] == 0 and c["nccl_timeout"] == 7200   # plain DDP (measured)
+    for key in ("gpus", "profile", "config", "accelerate", "deepspeed", "env", "command", "strategy"):
         assert key in d
-    assert d["accelerate"]["distributed_type"] == "DEEPSPEED"
+    assert d["accelerate"]["distributed_type"] == "MULTI_GPU"
+    z3 = dry_json("16", "h100", "--set", "zero_stage=3")
+    assert z3["deepspeed"]["zero_optimization"]["stage"] == 3 and z3["accelerate"]["distributed_type"] == "DEEPSPEED"
     assert d["command"][1] == "launch"
 
 
@@ -63,7 +65,7 @@ def test_set_and_config_reach_the_plan(tmp_path):
                    "args.train_batch_size = 4\nargs.gradient_accumulation_steps = 4\n")   # the seeds' name for the micro-batch
     d = dry_json("8", "h100", "--config", str(cfg), "--set", "learning_rate=2e-4")
     assert d["config"]["n_frames"] == 24 and d["config"]["learning_rate"] == 2e-4
-    assert d["config"]["micro_batch_size"] == 4 and d["deepspeed"]["train_batch_size"] == 128
+    assert d["config"]["micro_batch_size"] == 4 and d["global_batch_size"] == 128
 
 
 def test_dry_run_is_fast_and_imports_nothing_heavy():

@@ -51,7 +51,9 @@ def test_accelerate_validator_catches_unknown_keys(tmp_path):
 
 @pytest.mark.parametrize("gpus,bucket", [(8, 500_000_000), (16, 500_000_000), (48, 750_000_000), (64, 1_000_000_000)])
 def test_bucket_sizes_from_the_seeds(gpus, bucket):
-    ds = render(plan_for(gpus), Path("/x"), env={}, cpu_count=1).deepspeed
+    """The rows run plain DDP (no DeepSpeed); the seeds' buckets apply when a user asks for ZeRO."""
+    assert render(plan_for(gpus), Path("/x"), env={}, cpu_count=1).deepspeed is None
+    ds = render(plan_for(gpus, set_values={"zero_stage": 3}), Path("/x"), env={}, cpu_count=1).deepspeed
     assert ds["zero_optimization"]["reduce_bucket_size"] == bucket
 
 
@@ -93,7 +95,8 @@ def test_two_node_split_uses_local_gpu_ids_and_passes_the_rank():
     assert r.accelerate["main_process_ip"] == "10.1.2.3" and r.accelerate["main_process_port"] == 29600
     assert r.argv[r.argv.index("--machine_rank") + 1] == "1"
     assert r.node_suffix == ".node1"
-    assert r.accelerate["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
+    z3 = render(plan_for(16, env=env, set_values={"zero_stage": 3}), Path("/run"), env=env, cpu_count=8)
+    assert z3.accelerate["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
 
 
 def test_a_users_cuda_visible_devices_is_respected():

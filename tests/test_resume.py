@@ -156,7 +156,8 @@ def _assert_state_carried(run: Path, before: int, after: int) -> None:
         assert (e1[k] - torch.lerp(e0[k], w[f"taehv.{k}"], 1 - d)).abs().max() < 1e-5, k
 
 
-LAYOUTS = [((2, 2), (1, 3)), ((1, 3), (2, 2)), ((1, 0), (2, 0))]
+# (2, 3) -> (2, 0): a run the 16-64 GPU rows wrote under ZeRO-3 before they moved to plain DDP (#28)
+LAYOUTS = [((2, 2), (1, 3)), ((1, 3), (2, 2)), ((1, 0), (2, 0)), ((2, 3), (2, 0))]
 
 
 @pytest.mark.slow

@@ -42,7 +42,11 @@ def test_the_seed_16gpu_config_loads_in_one_run(tmp_path):
     cfg.write_text(SEED_16GPU)
     plan = dry("16", "h100", "--config", str(cfg))
     assert plan["config"]["micro_batch_size"] == 8 and plan["topology"]["main_process_port"] == 29501
-    assert plan["deepspeed"]["zero_optimization"]["reduce_bucket_size"] == 1_000_000_000   # bucket_size_mb
+    assert plan["deepspeed"] is None and plan["config"]["zero_stage"] == 0       # the row's plain DDP
+    assert any(n.startswith("bucket_size_mb sizes DeepSpeed's buckets: it has no effect on plain DDP") for n in
+               plan["notes"]), plan["notes"]
+    with_zero = dry("16", "h100", "--config", str(cfg), "--set", "zero_stage=3")
+    assert with_zero["deepspeed"]["zero_optimization"]["reduce_bucket_size"] == 1_000_000_000   # bucket_size_mb
     ignored = [n for n in plan["notes"] if "ignoring seed key" in n]
     assert {"'deepspeed_config_file'", "'zero3_save_16bit_model'", "'communication_overlap'",
             "'use_flash_attention'"} == {n.split()[4].rstrip(":") for n in ignored}, ignored

@@ -35,8 +35,9 @@ SEED_ONLY_KEYS: dict[str, str] = {
     "resume_from_checkpoint": "use --resume PATH or --resume auto",
     "use_zero3_save": "ZeRO-3 exports are gathered automatically",
     "zero3_save_16bit_model": "exports gather the full weights under every ZeRO stage (fp32 safetensors + .pth)",
-    "deepspeed_config_file": "the DeepSpeed config is rendered from the profile into <run>/deepspeed.json; "
-                             "set zero_stage / bucket_size_mb instead",
+    "deepspeed_config_file": "the DeepSpeed config is rendered into <run>/deepspeed.json when zero_stage > 0 (every "
+                             "row runs plain DDP, measured fastest for this model: docs/benchmarks.md); set "
+                             "zero_stage / bucket_size_mb instead",
     "communication_overlap": "overlap_comm is on for every GPU profile (rendered into deepspeed.json)",
     "frames_target": "derived: n_frames - frames_to_trim",
     "per_gpu_batch_size": "use micro_batch_size",

@@ -41,22 +41,25 @@ class Row:
         return global_batch(self, self.gpus)
 
 
-# ZeRO-2 on 8 GPUs is the seeds' choice; on 2 x H200 it ran at the same speed as plain DDP
-# (zero_stage=0) to within 0.1%, DDP peaking 1.8 GiB lower (docs/benchmarks.md, two GPUs, TAEHV eager).
-# One GPU: no DeepSpeed (zero_stage=0). A single process has nothing to partition, and the DeepSpeed
-# engine's bf16 bookkeeping cost 2-5% on one H100 with TAEHV compiled (docs/benchmarks.md). 2-7 GPUs
-# derive from this row (row_for), so they run plain DDP too.
+# Strategy per row by measurement (docs/benchmarks.md "Strategy per row"): TAEHV has ~11M parameters,
+# so ZeRO has at most ~0.17 GiB per GPU to partition and only costs speed. On one H100 (2026-11-24,
+# compile 'all', micro 8) per-GPU clips/s relative to plain DDP (zero_stage=0): ZeRO-1 96.5%, ZeRO-2
+# 96.7%, ZeRO-3 90.0% (TAEHV compiled inside ZeRO-3 did not pay: 89.6-90.9%); on 2 x H200 DDP and ZeRO-2
+# ran equal within 0.1%. Every row runs plain DDP; the seeds asked for ZeRO-2 (8 GPUs) and ZeRO-3
+# (16-64 GPUs) without measuring. `--set zero_stage=N` still gets exactly ZeRO-N, with a note of its cost.
+STRATEGY_SPEED = {0: 1.0, 1: 0.965, 2: 0.967, 3: 0.900}     # per-GPU speed vs DDP, measured as above
+STRATEGY_TABLE = 'docs/benchmarks.md "Strategy per row"'
 # fmt: off
 H100_ROWS = (
     Row(gpus=1, micro_batch_size=8, gradient_accumulation_steps=16, learning_rate=1e-4, lr_warmup_steps=2000, zero_stage=0,
         checkpointing_steps=2000, validation_steps=1000, log_every=50, dataloader_num_workers=4, prefetch_factor=2),
-    Row(gpus=8, micro_batch_size=8, gradient_accumulation_steps=2, learning_rate=1e-4, lr_warmup_steps=2000, zero_stage=2,
+    Row(gpus=8, micro_batch_size=8, gradient_accumulation_steps=2, learning_rate=1e-4, lr_warmup_steps=2000, zero_stage=0,
         checkpointing_steps=2000, validation_steps=1000, log_every=25, dataloader_num_workers=8, prefetch_factor=2),
-    Row(gpus=16, micro_batch_size=8, gradient_accumulation_steps=1, learning_rate=1e-4, lr_warmup_steps=1500, zero_stage=3,
+    Row(gpus=16, micro_batch_size=8, gradient_accumulation_steps=1, learning_rate=1e-4, lr_warmup_steps=1500, zero_stage=0,
         checkpointing_steps=1000, validation_steps=500, log_every=20, dataloader_num_workers=12, prefetch_factor=3),
-    Row(gpus=48, micro_batch_size=5, gradient_accumulation_steps=1, learning_rate=1.8e-4, lr_warmup_steps=1200, zero_stage=3,
+    Row(gpus=48, micro_batch_size=5, gradient_accumulation_steps=1, learning_rate=1.8e-4, lr_warmup_steps=1200, zero_stage=0,
         checkpointing_steps=750, validation_steps=500, log_every=15, dataloader_num_workers=11, prefetch_factor=3, bucket=7.5e8),
-    Row(gpus=64, micro_batch_size=4, gradient_accumulation_steps=1, learning_rate=2e-4, lr_warmup_steps=1000, zero_stage=3,
+    Row(gpus=64, micro_batch_size=4, gradient_accumulation_steps=1, learning_rate=2e-4, lr_warmup_steps=1000, zero_stage=0,
         checkpointing_steps=500, validation_steps=500, log_every=10, dataloader_num_workers=12, prefetch_factor=4, bucket=1e9),
 )
 # fmt: on

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import ConfigError
 from .families import get_family
 from .memory import MemoryPlan, plan_memory
-from .profiles import Profile, Row, get_profile, nccl_timeout_for, row_for
+from .profiles import STRATEGY_SPEED, STRATEGY_TABLE, Profile, Row, get_profile, nccl_timeout_for, row_for
 from .schema import DEFAULTS, global_batch
 from .topology import Topology
 
@@ -75,6 +75,20 @@ class Plan:
     def memory(self) -> MemoryPlan:
         """Predicted GPU memory per process for this plan (memory.py)."""
         return plan_memory(self.profile.gpu_gib, self.config, self.world_size)
+
+    @property
+    def strategy(self) -> str:
+        """Which data-parallel strategy, and why, in one line (GPU profiles; '' on the cpu profile)."""
+        if self.profile.device == "cpu":
+            return ""
+        zero, ours = self.config["zero_stage"], self.row.zero_stage
+        name = f"ZeRO-{zero}" if zero else "plain DDP (zero_stage=0)"
+        if zero == ours:
+            others = "/".join(f"{STRATEGY_SPEED[z] * 100:.1f}" for z in (1, 2, 3))
+            return (f"{name}: the fastest per GPU measured for this model (ZeRO-1/2/3 ran at {others}% of its "
+                    f"speed; {STRATEGY_TABLE})")
+        return (f"{name}, as asked: measured at {STRATEGY_SPEED[zero] / STRATEGY_SPEED[ours] * 100:.1f}% of the "
+                f"row's {'plain DDP' if ours == 0 else f'ZeRO-{ours}'} speed per GPU for this model ({STRATEGY_TABLE})")
 
     def batch_arithmetic(self) -> str:
         c = self.config
