@@ -278,3 +278,23 @@ def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_pat
     assert check.returncode == 1 and re.search(r"FAIL  cache space +the latent cache needs about 1\.\d\d TB more",
                                                check.stdout), check.stdout
     assert not out.exists()
+
+
+def test_the_view_list_is_flat_arrays_with_the_same_records(cache):
+    """#27: the views training reads are a ViewTable (numpy arrays, no per-view Python objects for forked
+    workers to copy) that gives back exactly the records of the shard indexes, in order."""
+    from taehv_launch.train.cached import build_cached_datasets
+    from taehv_launch.train.viewtable import ViewTable
+
+    manifest = json.loads((cache / lc.MANIFEST).read_text())
+    expected = {"train": [], "val": []}
+    for s in manifest["shards"]:
+        expected[s["name"][:s["name"].index("-")]] += [(s["name"], v) for v in lc.read_index(cache, s["name"])["views"]
+                                                        if "row" in v]
+    acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    train, val = build_cached_datasets(cfg_for(cache), acc, lambda _: None)
+    assert isinstance(train.views, ViewTable) and isinstance(val.views, ViewTable)
+    assert list(train.views) == expected["train"] and list(val.views) == expected["val"]
+    assert train.views[-1] == expected["train"][-1] and list(train.views[2:4]) == expected["train"][2:4]
+    assert len(train.views.videos) == len({r["video"] for _, r in expected["train"]})
+    assert all(a.dtype != object for a in train.views.a.values())

@@ -24,6 +24,7 @@ from ..errors import DataError
 from ..plan.schema import Config
 from . import latentcache as lc
 from .data import Crop, View, VideoClipDataset, read_view
+from .viewtable import ViewTable, as_table
 
 log = logging.getLogger(__name__)
 OPEN_SHARDS = 32          # safetensors handles kept open per worker
@@ -39,7 +40,7 @@ class CachedViewDataset(Dataset):
                  extra: VideoClipDataset | None = None):
         if not views and extra is None:
             raise DataError(f"the latent cache {cache} has no usable views: write it again with taehv-launch cache")
-        self.cache, self.views, self.data_root = cache, list(views), data_root
+        self.cache, self.views, self.data_root = cache, as_table(views), data_root   # flat: no copy in workers
         self.height, self.width, self.seed = height, width, seed
         self.read_latents, self.online_fallback, self.extra = read_latents, online_fallback, extra
         self._broken: dict[str, str] = {}              # video path or shard label -> why (per worker)
@@ -178,7 +179,7 @@ def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedVie
         weights = lc.weights_digest(cfg.ref_vae_path)     # once: it reads every weight file
     lc.check_fingerprint(manifest["fingerprint"], cfg, weights, str(cache))
     data_root = check_root(cfg.data_root, cfg.annotation_file)
-    train, val, bad = [], [], []
+    train, val, bad = ViewTable(), ViewTable(), []
     for shard in manifest["shards"]:
         name = shard["name"]
         try:
@@ -188,19 +189,23 @@ def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedVie
         except DataError as err:
             bad.append((name, shard["clips"], str(err)))
             continue
-        (val if name.startswith("val") else train).extend((name, rec) for rec in index["views"] if "row" in rec)
+        table = val if name.startswith("val") else train
+        for rec in index["views"]:
+            if "row" in rec:
+                table.add(name, rec)
+    train.freeze(), val.freeze()
     mode = cfg.latent_cache_encode
     held_out = set(lc.read_job(cache).get("val", []))          # never trained on, even when their shard is gone
-    extra = _videos_not_cached(cfg, accelerator, data_root, {r["video"] for _, r in train + val} | held_out) \
+    extra = _videos_not_cached(cfg, accelerator, data_root, train.video_names() | val.video_names() | held_out) \
         if mode == "missing" else None
     common = dict(data_root=data_root, height=cfg.height, width=cfg.width, seed=cfg.seed,
                   read_latents=mode != "always", online_fallback=mode == "missing")
     train_ds = CachedViewDataset(cache, train, extra=extra, **common)
     train_ds.probe()
-    val_ds = CachedViewDataset(cache, val or train[:1], **common)
-    if not val and train:
+    val_ds = CachedViewDataset(cache, val if len(val) else train[:1], **common)
+    if not len(val) and len(train):
         log_line("data: the latent cache has no usable validation clips: validation uses one training view")
-    videos = len({r["video"] for _, r in train})
+    videos = len(train.videos)
     log_line(f"data: latent cache {cache}: {len(train)} views of {videos} videos, {len(val)} validation clips "
              f"(reference encode: {mode})" + (f"; {len(extra)} videos not in the cache are encoded online"
                                                if extra is not None else ""))
