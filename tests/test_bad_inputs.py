@@ -201,6 +201,17 @@ LAUNCHER_CASES = [
     Case("gpu-profile-without-gpu", ("1", "h100", "--set", "data_root='{tmp}/videos'",
                                      "--set", "ref_vae_path='{tmp}/vae'"), r"no GPU is visible on this node",
          setup=_mkdir("videos", "vae")),
+    # what the trainer would refuse first: checked by the launcher before writing or starting (#29)
+    Case("data-root-missing", ("1", "cpu", "--set", "data_root='{tmp}/nope'"), r"data_root .*nope does not exist"),
+    Case("data-root-is-a-file", ("1", "cpu", "--set", "data_root='{tmp}/afile'"), r"data_root .*afile is not a folder",
+         setup=_write("afile", "x")),
+    Case("ref-vae-missing", ("1", "cpu", "--set", "ref_vae_path='{tmp}/no-vae'"),
+         r"reference VAE folder not found: .*no-vae: set ref_vae_path"),
+    Case("ref-vae-not-diffusers", ("1", "cpu", "--set", "ref_vae_path='{tmp}/vae'"), r"no config\.json in .*vae",
+         setup=_write("vae/model.ckpt", b"\0" * 16)),
+    Case("latent-channels-vs-ref-vae", ("1", "cpu", "--set", "latent_channels=16",
+                                        "--set", "ref_vae_path='{cache}/demo/ref_vae/cogvideox_c4'"),
+         r"has 4 latent channels but latent_channels=16: set --set latent_channels=4", setup=_demo_vae),
 ]
 
 # Caught inside the trainer (after `accelerate launch` started it).
@@ -208,9 +219,6 @@ DATA = ("--set", "data_root='{tmp}/videos'")
 ANN = (*DATA, "--set", "annotation_file='{tmp}/ann.json'")
 TRAINER_CASES = [
     # first: builds the demo assets in the shared cache (the others run in parallel after it)
-    Case("data-root-missing", ("1", "cpu", "--set", "data_root='{tmp}/nope'"), r"data_root .*nope does not exist"),
-    Case("data-root-is-a-file", ("1", "cpu", "--set", "data_root='{tmp}/afile'"), r"data_root .*afile is not a folder",
-         setup=_write("afile", "x"), slow=True),
     Case("annotation-bad-json", ("1", "cpu", *ANN), r"ann\.json is not valid JSON",
          setup=_annotated('{"list": [{"path": "a.mp4"},')),
     Case("annotation-wrong-structure", ("1", "cpu", *ANN), r"ann\.json must be \{\"list\".*no \"list\" array",
@@ -219,13 +227,6 @@ TRAINER_CASES = [
          setup=_annotated({"list": [{"path": "gone1.mp4"}, {"path": "sub/gone2.mp4"}]}), slow=True),
     Case("only-broken-videos", ("1", "cpu", "--set", "data_root='{tmp}/broken'"),
          r"none of the first \d videos gives a usable clip of n_frames=12 frames", setup=_broken_videos),
-    Case("ref-vae-missing", ("1", "cpu", "--set", "ref_vae_path='{tmp}/no-vae'"),
-         r"reference VAE folder not found: .*no-vae: set ref_vae_path"),
-    Case("ref-vae-not-diffusers", ("1", "cpu", "--set", "ref_vae_path='{tmp}/vae'"), r"no config\.json in .*vae",
-         setup=_write("vae/model.ckpt", b"\0" * 16), slow=True),
-    Case("latent-channels-vs-ref-vae", ("1", "cpu", "--set", "latent_channels=16",
-                                        "--set", "ref_vae_path='{cache}/demo/ref_vae/cogvideox_c4'"),
-         r"has 4 latent channels but latent_channels=16: set --set latent_channels=4", setup=_demo_vae),
     Case("pretrained-missing", ("1", "cpu", "--set", "pretrained_model_path='{tmp}/taehv.pth'"),
          r"TAEHV weights not found: .*taehv\.pth", slow=True),
     Case("pretrained-not-weights", ("1", "cpu", "--set", "pretrained_model_path='{tmp}/taehv.pth'"),
