@@ -18,6 +18,7 @@ from .plan.resolve import Options, Plan, resolve
 from .run.checkpoints import layout_change_note, resume_problem
 from .run.runs import resolve_resume, run_id_for
 from .plan.schema import ALIASES, KEYS
+from .plan.scaling import Prediction, predict
 from .plan.text import PATH_KEYS, check_path, check_text
 from .plan.topology import check_local_gpus, detect_topology
 
@@ -148,6 +149,27 @@ def check_latent_cache(config: dict[str, Any]) -> None:
     check_fingerprint(manifest["fingerprint"], SimpleNamespace(**config), None, config["latent_cache"])
 
 
+def prediction(plan: Plan) -> Prediction | None:
+    """Predicted speed, time and GPU-hours of a training plan: from the run's own speed.json and
+    checkpoint step when resuming, else from the measured one-GPU speed and the scaling model."""
+    if plan.options.task != "train" or plan.profile.device != "cuda":
+        return None
+    from_step, own = 0, None
+    if plan.options.resume:
+        ckpt = Path(plan.options.resume)
+        try:
+            from_step = int(json.loads((ckpt / "trainer_state.json").read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        try:
+            speed = json.loads((ckpt.parent / "speed.json").read_text())
+            if int(speed.get("world_size", 0)) == plan.world_size:
+                own = float(speed["clips_per_s_per_gpu"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return predict(plan.profile.name, plan.config, plan.world_size, plan.topology.num_machines, from_step, own)
+
+
 def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
     topo = plan.topology
     return {
@@ -171,6 +193,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "env_kept": {k: v.value for k, v in rendered.env.items() if v.kept},
         "command": rendered.argv,
         "memory": asdict(plan.memory),
+        "predicted": asdict(p) if (p := prediction(plan)) else None,
         "resume": plan.options.resume,
         "files": rendered.files,          # exactly what the launch writes into run_dir
         "notes": list(plan.notes),
@@ -248,6 +271,8 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
         free, probe = free_space(c["latent_cache"])
         out.append(f"  size      {size.line()}; {free / 1e9:.2f} GB free at {probe}" if size is not None else
                    "  size      not known yet: the videos are listed when the job starts (the demo makes its own)")
+    if (p := prediction(plan)) is not None:
+        out.append(f"  predicted {p.line(plan.world_size, c['max_train_steps'])}")
     mem = plan.memory
     if mem.gpu_gib is not None and plan.options.task == "train":
         out.append(f"  memory    {'' if mem.fits else 'DOES NOT FIT: '}{mem.detail}")
