@@ -48,9 +48,9 @@ from trainrun import scalars
 pytestmark = pytest.mark.slow
 
 STEPS = 6
-# Few steps, a checkpoint every 2, no validation: the stop signal lands after checkpoint-2 and the
+# Few steps, a checkpoint and a validation every 2: the stop signal lands after checkpoint-2 and the
 # ranks' stop vote is read one step later, so the saved step is 3 or 4 and the resume runs the rest.
-SETTINGS = ["--set", "log_every=1", "--set", "checkpointing_steps=2", "--set", "validation_steps=1000",
+SETTINGS = ["--set", "log_every=1", "--set", "checkpointing_steps=2", "--set", "validation_steps=2",
             "--set", "max_validation_batches=1", "--set", "dataloader_num_workers=0", "--set", f"max_train_steps={STEPS}"]
 STAND_IN_SRUN = r"""#!/bin/bash
 # Stand-in srun: one task per node, all at once, with the variables SLURM sets for a task; the

@@ -32,19 +32,6 @@ def start_nodes(tmp: Path, steps: int, port: int) -> list[subprocess.Popen]:
     return procs
 
 
-def test_two_nodes_train_together(tmp_path):
-    procs = start_nodes(tmp_path, 4, free_port())
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:] + err[-3000:]
-    run = tmp_path / "output" / "mn"
-    assert "processes 2" in outs[0][0]
-    assert trainer_state(run / "checkpoint-4")["world_size"] == 2
-    assert (run / "launch.log").exists() and (run / "launch.node1.log").exists()
-    assert (run / "env.json").exists() and (run / "env.node1.json").exists()
-    assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4]
-
-
 def test_a_dead_rank_on_another_node_stops_the_job_within_60s(tmp_path):
     import psutil
 
@@ -147,8 +134,27 @@ def complete_steps(run: Path) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in run.glob("checkpoint-*") if (p / "COMPLETE").is_file())
 
 
-def test_two_nodes_preempted_by_sigusr1_resume_with_the_same_losses(tmp_path):
-    ref = TwoNodes(tmp_path, "ref", "--set", f"max_train_steps={REF_STEPS}")     # uninterrupted, at the same time
+@pytest.fixture(scope="module")
+def together(tmp_path_factory) -> tuple[TwoNodes, list[int]]:
+    """One uninterrupted two-node run: test_two_nodes_train_together checks it, and the preemption
+    test compares its loss curve with it (the same settings)."""
+    nodes = TwoNodes(tmp_path_factory.mktemp("together"), "mn", "--set", f"max_train_steps={REF_STEPS}")
+    return nodes, nodes.finish()
+
+
+def test_two_nodes_train_together(together):
+    nodes, codes = together
+    assert codes == [0, 0], (nodes.text(0)[-3000:], nodes.text(1)[-3000:])
+    run = nodes.run
+    assert "processes 2" in nodes.text(0)
+    assert trainer_state(run / f"checkpoint-{REF_STEPS}")["world_size"] == 2
+    assert (run / "launch.log").exists() and (run / "launch.node1.log").exists()
+    assert (run / "env.json").exists() and (run / "env.node1.json").exists()
+    assert [s for s, _ in scalars(run)["train/loss"]] == list(range(1, REF_STEPS + 1))
+
+
+def test_two_nodes_preempted_by_sigusr1_resume_with_the_same_losses(tmp_path, together):
+    ref, ref_codes = together                    # the uninterrupted run of the same settings
     job = TwoNodes(tmp_path, "pre", "--set", f"max_train_steps={BIG}")
     job.wait_log("checkpoint: checkpoint-2")
     pids = job.processes()
@@ -173,7 +179,7 @@ def test_two_nodes_preempted_by_sigusr1_resume_with_the_same_losses(tmp_path):
     assert f"checkpoint-{saved} at step {saved}" in resumed.text(0), resumed.text(0)[-3000:]   # the trainer's line
     assert f"--resume {job.run / f'checkpoint-{saved}'}" in resumed.text(1), resumed.text(1)[-3000:]  # node 1's plan
     assert not (job.run / "REQUEUE").exists()
-    assert ref.finish() == [0, 0], ref.text(0)[-3000:]
+    assert ref_codes == [0, 0], ref.text(0)[-3000:]
     reference = scalars(ref.run)["train/loss"]
     assert [s for s, _ in reference] == list(range(1, REF_STEPS + 1))
     got = scalars(job.run)["train/loss"]
