@@ -165,10 +165,20 @@ def test_parallel_scan_equals_a_walk_and_follows_a_symlink_loop_once(tree: Path,
     (tree / "c" / "x.mp4").mkdir()                                         # a folder named like a video
     walked = sorted(os.path.join(d, f) for d, _, fs in os.walk(tree) for f in fs if f.endswith((".mp4", ".webm")))
     assert _scan(str(tree), threads=4, progress_s=60) == walked and len(walked) == 45
+    for parallel in (True, False):          # the thread pool (a slow filesystem) and the loop (a local disk)
+        assert _scan(str(tree), threads=4, progress_s=60, parallel=parallel) == walked
     assert capsys.readouterr().err == ""                                   # quick scans print nothing
     _scan(str(tree), threads=4, progress_s=0.0001)
     err = capsys.readouterr().err
     assert f"index: listing {tree}: 45 files in" in err and "files/s)" in err
+
+
+def test_listed_files_are_checked_the_same_with_or_without_the_pool(tree: Path):
+    from taehv_launch.train.listing import existing
+
+    paths = _scan(str(tree)) + [str(tree / "gone.mp4"), str(tree / "a")]        # a missing file, a folder
+    want = [True] * 45 + [False, False]
+    assert existing(paths) == existing(paths, parallel=True) == existing(paths, parallel=False) == want
 
 
 @pytest.mark.parametrize("name,text", [
