@@ -25,3 +25,8 @@ def test_a_config_file_with_a_nul_in_a_path(tmp_path):
     (tmp_path / "nul.py").write_text('output_dir = "/tmp/a\\x00b"\n')
     assert_one_line_error(run_cli_here("1", "cpu", "--config", str(tmp_path / "nul.py"), "--dry-run"),
                           r"output_dir '/tmp/a\\x00b' contains a NUL byte")
+
+
+def test_a_lower_case_boolean_gets_the_spelling_to_use(tmp_path):
+    assert_one_line_error(run_cli_here("1", "cpu", "--set", "allow_family_change=true", "--dry-run", cwd=tmp_path),
+                          r"allow_family_change must be bool, got str 'true' .*: write allow_family_change=True")

@@ -64,7 +64,9 @@ def check_value(name: str, value: Any, origin: str | None) -> Any:
     if key.type is tuple and isinstance(value, list):
         value, ok = tuple(value), True
     if not ok:
-        raise ConfigError(f"{name} must be {key.type.__name__}, got {type(value).__name__} {value!r}{where}")
+        hint = (f": write {name}={str(value).lower() in ('true', 'yes', 'on', '1')} (Python's True or False)"
+                if key.type is bool and isinstance(value, str) else "")
+        raise ConfigError(f"{name} must be {key.type.__name__}, got {type(value).__name__} {value!r}{where}{hint}")
     if key.choices and value not in key.choices:
         raise ConfigError(f"{name}={value!r}{where} is not one of {', '.join(map(str, key.choices))}")
     return value
