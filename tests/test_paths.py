@@ -30,3 +30,8 @@ def test_a_config_file_with_a_nul_in_a_path(tmp_path):
 def test_a_lower_case_boolean_gets_the_spelling_to_use(tmp_path):
     assert_one_line_error(run_cli_here("1", "cpu", "--set", "allow_family_change=true", "--dry-run", cwd=tmp_path),
                           r"allow_family_change must be bool, got str 'true' .*: write allow_family_change=True")
+
+
+def test_a_line_break_in_a_value_never_makes_a_second_error_line(tmp_path):
+    proc = run_cli_here("index", "a\nb\rc", "-o", str(tmp_path / "v.csv"), cwd=tmp_path)
+    assert_one_line_error(proc, r"DATA_ROOT a\\nb\\rc does not exist")

@@ -20,7 +20,7 @@ try:                       # typer >= 0.2x carries its own copy of click
 except ImportError:        # older typer uses click itself
     import click
 
-from .errors import EXIT_USAGE, UserError
+from .errors import EXIT_USAGE, UserError, one_line
 from .plan.profiles import PROFILES
 from .plan.resolve import Options
 
@@ -310,7 +310,7 @@ def _root(version: Annotated[bool, typer.Option("--version", help="print the ver
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     raise typer.Exit(code)
 
 

@@ -15,6 +15,12 @@ EXIT_RESUMABLE = 75      # stopped by a signal after saving a checkpoint: requeu
 EXIT_ABORTED = 130       # a second signal: stopped at once, no checkpoint
 
 
+def one_line(message: str) -> str:
+    """A message on one line whatever values it quotes: line breaks and other control characters of
+    a user's value are shown escaped (\\n), never as a second line."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
+
+
 class UserError(Exception):
     """A problem the user can fix. `str(err)` is the whole message: what and what to do."""
 

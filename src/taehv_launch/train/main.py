@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run_dir = Path(args.run_dir)
     rank = os.environ.get("RANK", "0")
-    from taehv_launch.errors import EXIT_FAILED, UserError
+    from taehv_launch.errors import EXIT_FAILED, UserError, one_line
 
     try:
         from taehv_launch.plan.configfile import read_rendered_config
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
             code, message = train(cfg, run_dir, args.resume, args.debug, args.profile), "ok"
     except UserError as err:
-        code, message = err.exit_code, str(err)
+        code, message = err.exit_code, one_line(str(err))
         print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
     except Exception as exc:  # a bug or a dead peer: full traceback, the job fails
         died = worker_death_message(exc)
