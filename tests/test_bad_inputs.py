@@ -212,6 +212,13 @@ LAUNCHER_CASES = [
     Case("latent-channels-vs-ref-vae", ("1", "cpu", "--set", "latent_channels=16",
                                         "--set", "ref_vae_path='{cache}/demo/ref_vae/cogvideox_c4'"),
          r"has 4 latent channels but latent_channels=16: set --set latent_channels=4", setup=_demo_vae),
+    Case("data-root-without-videos", ("1", "cpu", "--set", "data_root='{tmp}/videos'"), r"no video files .* under",
+         setup=_write("videos/readme.txt", "x")),
+    Case("ref-vae-config-not-json", ("1", "cpu", "--set", "ref_vae_path='{tmp}/vae'"), r"cannot read .*config\.json",
+         setup=_write("vae/vae/config.json", "not json")),
+    Case("ref-vae-other-family", ("1", "cpu", "--set", "ref_vae_path='{tmp}/vae'"),
+         r"is an AutoencoderKLWan.*set ref_vae_type=wan",
+         setup=_write("vae/config.json", '{"_class_name": "AutoencoderKLWan"}')),
 ]
 
 # Caught inside the trainer (after `accelerate launch` started it).
@@ -232,17 +239,10 @@ TRAINER_CASES = [
     Case("pretrained-not-weights", ("1", "cpu", "--set", "pretrained_model_path='{tmp}/taehv.pth'"),
          r"cannot read TAEHV weights .*taehv\.pth", setup=_write("taehv.pth", "these are not weights\n")),
     # more of the same kinds, and those marked slow above (with -m slow: each starts the trainer, ~10 s of CPU)
-    Case("data-root-without-videos", ("1", "cpu", *DATA), r"no video files .* under",
-         setup=_write("videos/readme.txt", "x"), slow=True),
     Case("annotation-missing", ("1", "cpu", *DATA, "--set", "annotation_file='{tmp}/a.json'"),
          r"annotation_file .*a\.json not found", setup=_mkdir("videos"), slow=True),
     Case("annotation-bad-entry", ("1", "cpu", *ANN), r"ann\.json: entry 1 is .*expected",
          setup=_annotated({"list": [{"path": "a.mp4"}, {"file": "b.mp4"}]}), slow=True),
-    Case("ref-vae-config-not-json", ("1", "cpu", "--set", "ref_vae_path='{tmp}/vae'"), r"cannot read .*config\.json",
-         setup=_write("vae/vae/config.json", "not json"), slow=True),
-    Case("ref-vae-other-family", ("1", "cpu", "--set", "ref_vae_path='{tmp}/vae'"),
-         r"is an AutoencoderKLWan.*set ref_vae_type=wan",
-         setup=_write("vae/config.json", '{"_class_name": "AutoencoderKLWan"}'), slow=True),
     Case("pretrained-bad-safetensors", ("1", "cpu", "--set", "pretrained_model_path='{tmp}/taehv.safetensors'"),
          r"cannot read TAEHV weights .*taehv\.safetensors",
          setup=_write("taehv.safetensors", b"\x08\0\0\0\0\0\0\0{}garbage"), slow=True),
