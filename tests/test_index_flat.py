@@ -70,7 +70,9 @@ def test_annotation_index_and_split_equal_the_old_list(tree: Path, tmp_path: Pat
     ann.write_text(json.dumps({"list": [{"path": p} for p in rel] + [{"path": outside}]}))
     flat = build_index(str(tree), str(ann), str(tmp_path / "cache"))
     old = [VideoEntry(os.path.normpath(os.path.join(tree, p))) for p in rel] + [VideoEntry(outside)]
-    assert list(flat) == old and flat.prefix == "/"    # no folder common to all: paths kept whole
+    assert list(flat) == old
+    common = os.path.commonpath([e.path for e in old])        # the folder stored once (where the checkout is decides it)
+    assert flat.prefix == (common.rstrip("/") + "/")
     assert [list(x) for x in split_train_val(flat, 0.2, 64, 7)] == list(old_split(old, 0.2, 64, 7))
 
 
