@@ -139,17 +139,17 @@ def test_bench_index_measures_both_indexes_side_by_side():
 
     from conftest import CLI, clean_env
 
-    done = subprocess.run([*CLI, "bench", "index", "--files", "60000", "--workers", "2", "--json"],
+    done = subprocess.run([*CLI, "bench", "index", "--files", "200000", "--workers", "2", "--json"],
                           capture_output=True, text=True, env=clean_env(), timeout=300)
     assert done.returncode == 0, done.stderr
     rows = {r["variant"]: r for r in json.loads(done.stdout)}
     old, flat = rows["list"], rows["flat"]
-    assert flat["files"] == old["files"] == 60000 and flat["train_entries"] == old["train_entries"] == 60000 - 64
+    assert flat["files"] == old["files"] == 200000 and flat["train_entries"] == old["train_entries"] == 200000 - 64
     assert flat["paths_read"] == flat["train_entries"]                     # one epoch of reads
-    # the old list's workers grow ~110 MB per million entries (6.4 MB here), the flat index's stay under 1 MB;
-    # bounds with room for a loaded CI machine (the rank's index is measured from its RSS: noisy at this N)
-    assert old["worker_growth_max"] > 3e6 and old["worker_growth_max"] > 3 * flat["worker_growth_max"]
-    assert flat["worker_growth_max"] < 2e6 and flat["rank_index_bytes"] < old["rank_index_bytes"]
+    # the old list's workers grow ~110 MB per million entries (~22 MB here), the flat index's stay at 0.4-2.5 MB
+    # (page noise: 2.5 MB was seen on a loaded CI machine); bounds with room for that
+    assert old["worker_growth_max"] > 12e6 and old["worker_growth_max"] > 3 * flat["worker_growth_max"]
+    assert flat["worker_growth_max"] < 6e6 and flat["rank_index_bytes"] < old["rank_index_bytes"]
 
 
 def test_bench_index_bad_input_is_one_line():
