@@ -15,7 +15,7 @@ from .plan.profiles import get_profile
 from .errors import EXIT_ABORTED, EXIT_RESUMABLE, EXIT_USAGE, CheckpointError, ConfigError, LaunchError
 from .run.render import Rendered, render
 from .plan.resolve import Options, Plan, resolve
-from .run.checkpoints import layout_change_note, resume_problem
+from .run.checkpoints import layout_change_note, read_state, resume_problem
 from .run.runs import resolve_resume, run_id_for
 from .plan.schema import ALIASES, KEYS
 from .plan.scaling import Prediction, predict
@@ -157,10 +157,7 @@ def prediction(plan: Plan) -> Prediction | None:
     from_step, own = 0, None
     if plan.options.resume:
         ckpt = Path(plan.options.resume)
-        try:
-            from_step = int(json.loads((ckpt / "trainer_state.json").read_text())["step"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        from_step = int(read_state(ckpt).get("step", 0))     # settle() has read it once already: readable
         try:
             speed = json.loads((ckpt.parent / "speed.json").read_text())
             if int(speed.get("world_size", 0)) == plan.world_size:
