@@ -24,7 +24,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from taehv_launch.run.checkpoints import write_complete
+from taehv_launch.rundir.checkpoint import write_complete
 
 MB = 1 << 20
 

@@ -209,7 +209,7 @@ def test_final_export_on_a_full_disk_after_training(tmp_path, tmpfs):
     assert leftovers(run) == []
     assert contents(run / "final_model") == final_before                    # the previous export, byte for byte
     assert contents(run / "checkpoint-2") == ckpt_before
-    from taehv_launch.run.checkpoints import checksum_problem, incomplete_reason
+    from taehv_launch.rundir.checkpoint import checksum_problem, incomplete_reason
 
     for ckpt in ("checkpoint-2", "checkpoint-4"):                           # both complete and intact
         assert incomplete_reason(run / ckpt) is None and checksum_problem(run / ckpt) == (None, None)

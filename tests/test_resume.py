@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from taehv_launch.errors import CheckpointError
-from taehv_launch.run.checkpoints import COMPLETE, newest_complete
+from taehv_launch.rundir.checkpoint import COMPLETE, newest_complete
 from taehv_launch.run.runs import resolve_resume
 from trainrun import launch, ok, scalars, trainer_state
 
@@ -46,7 +46,7 @@ def test_explicit_incomplete_checkpoint_is_refused(tmp_path):
 
 
 def test_rotation_keeps_the_newest_and_the_best(tmp_path):
-    from taehv_launch.run.checkpoints import rotate
+    from taehv_launch.rundir.checkpoint import rotate
 
     for step in (10, 20, 30, 40, 50):
         fake_checkpoint(tmp_path, step)
@@ -234,7 +234,7 @@ def real_checkpoint(run: Path, step: int) -> Path:
     write_complete the trainer uses."""
     from safetensors.torch import save_file
 
-    from taehv_launch.run.checkpoints import write_complete
+    from taehv_launch.rundir.checkpoint import write_complete
 
     ck = run / f"checkpoint-{step}"
     (ck / "deepspeed").mkdir(parents=True)
@@ -256,7 +256,7 @@ def flip_a_byte(path: Path, offset: int = 4096) -> None:
 def test_complete_marker_records_size_and_checksum_of_every_file(tmp_path):
     import zlib
 
-    from taehv_launch.run.checkpoints import checksum_problem
+    from taehv_launch.rundir.checkpoint import checksum_problem
 
     ck = real_checkpoint(tmp_path, 3)
     meta = json.loads((ck / COMPLETE).read_text())

@@ -100,7 +100,7 @@ def test_relay_never_counts_as_a_second_signal(sequence, gap, code):
 
 
 def test_counts_once_rule():
-    from taehv_launch.train.stop import REPEAT_WINDOW_S, counts_once
+    from taehv_launch.rundir.signals import REPEAT_WINDOW_S, counts_once
 
     first = (signal.SIGTERM, 100.0)
     assert counts_once(first, signal.SIGTERM, 100.001)

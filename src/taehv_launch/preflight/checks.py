@@ -273,7 +273,7 @@ def _check_ref_vae(c: dict, quick: bool) -> Check:
 # ---------------------------------------------------------------- resources
 def checkpoint_bytes(plan: Plan) -> int:
     """One checkpoint of this plan (run/checkpoints.py's estimate, with this model's sizes)."""
-    from ..run.checkpoints import estimate_bytes
+    from ..rundir.checkpoint import estimate_bytes
     from ..train.model import TAEHV, count_params
     from ..train.seraena import PatchDiscWithContext
 

@@ -2,7 +2,7 @@
 
 The child runs in its own session (process group), so a Ctrl-C in the terminal reaches only
 us; we decide what the trainer sees: the first SIGINT/SIGTERM/SIGUSR1 is relayed as SIGUSR2
-(train/stop.RELAY_SIGNAL) to the rank processes only, the agent's direct children, never their
+(rundir/signals.RELAY_SIGNAL) to the rank processes only, the agent's direct children, never their
 DataLoader workers; the ranks checkpoint and exit with EXIT_RESUMABLE. A rank that also got the
 signal directly (SLURM signals every process) stops once: the relay never counts as a second
 signal. A second signal to us SIGKILLs every process of the launch (torchrun puts each rank in a
@@ -36,8 +36,11 @@ from .host import port_free
 from .lock import RunLock
 from .render import TRAINER_SCRIPT, Rendered
 from ..plan.resolve import Plan
-from .runs import REQUEUE, point_latest, status_path
-from ..train.stop import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts_once
+from .runs import point_latest
+from ..rundir.checkpoint import WRITING_PREFIX
+from ..rundir.layout import REQUEUE
+from ..rundir.signals import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts_once
+from ..rundir.status import read_exit_status, status_path
 
 MIN_FREE_BYTES = 2 << 30
 
@@ -78,7 +81,7 @@ def prepare_run_dir(plan: Plan, run_dir: Path, lock: RunLock) -> None:
                           f"free space or choose another --set output_dir")
     lock.acquire()
     if plan.topology.machine_rank == 0:
-        for tmp in run_dir.glob(".tmp-checkpoint-*"):      # a checkpoint a killed run never finished
+        for tmp in run_dir.glob(f"{WRITING_PREFIX}checkpoint-*"):      # a checkpoint a killed run never finished
             shutil.rmtree(tmp, ignore_errors=True)
     if plan.topology.machine_rank == 0 and plan.options.task == "train":   # `latest` is the newest training run
         point_latest(output_dir, run_dir)
@@ -108,10 +111,7 @@ def env_record(plan: Plan, rendered: Rendered) -> str:
 
 
 def read_status(run_dir: Path, node: int) -> dict | None:
-    try:
-        return json.loads(status_path(run_dir, node).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_exit_status(status_path(run_dir, node))
 
 
 def trainer_pids(root_pid: int) -> list[int]:

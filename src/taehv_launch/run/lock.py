@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..errors import LaunchError
-from .runs import node_suffix
+from ..rundir.layout import node_suffix
 
 
 def lock_path(run_dir: Path, node: int) -> Path:

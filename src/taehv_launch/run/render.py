@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from ..plan.configfile import render_config_file
 from ..plan.profiles import nccl_buffsize_for
 from ..plan.resolve import Plan
-from .runs import node_suffix
+from ..rundir.layout import node_suffix
 from ..yamltext import yaml_text
 
 TRAINER_SCRIPT = Path(__file__).resolve().parent.parent / "train" / "main.py"

@@ -1,6 +1,6 @@
-"""Run directories: the run id, `latest`, the per-node status files, and which checkpoint
-`--resume` continues. Stdlib only: used by the CLI and the trainer. The checkpoint format itself
-(names, COMPLETE marker, checksums, layouts) is checkpoints.py.
+"""Run directories: the run id, `latest`, and which checkpoint `--resume` continues. Stdlib only:
+used by the CLI. The names the trainer shares (REQUEUE, exit status, exports) are in rundir/, the
+checkpoint format (names, COMPLETE marker, checksums, layouts) is rundir/checkpoint.py.
 
 Layout: <output_dir>/<run id>/checkpoint-<step>/ ... ; <output_dir>/latest -> newest run.
 """
@@ -13,20 +13,9 @@ import time
 from pathlib import Path
 
 from ..errors import CheckpointError, ConfigError
-from .checkpoints import checkpoint_step, checksum_problem, incomplete_reason, newest_complete
+from ..rundir.checkpoint import checkpoint_step, checksum_problem, incomplete_reason, newest_complete
 
-REQUEUE = "REQUEUE"                   # marker in the run dir: stopped by a signal after saving
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def node_suffix(node: int) -> str:
-    """"" on node 0, ".node<k>" on the others: per-node files (launch log, env, exit status)."""
-    return "" if node == 0 else f".node{node}"
-
-
-def status_path(run_dir: Path, node: int) -> Path:
-    """Where the trainer's local rank 0 of `node` records its exit code for the launcher."""
-    return run_dir / f"exit_status{node_suffix(node)}.json"
 
 
 def run_id_for(run_name: str | None, job_id: str | None, now: float | None = None) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """Checkpoints that are complete or absent, and exports of the EMA TAEHV.
 
 A checkpoint is written into `.tmp-checkpoint-<step>/`, then every file is listed in a
-COMPLETE marker with its size and CRC-32 (run/checkpoints.py, the format; a resume verifies them), then the
+COMPLETE marker with its size and CRC-32 (rundir/checkpoint.py, the format; a resume verifies them), then the
 folder is renamed to `checkpoint-<step>/` (files.publish_dir, as the exports are); a crash at any point
 leaves either the previous checkpoints or a temp folder that resume ignores. A write that fails (disk
 full) is one error line and removes the temp folder. Assumes the run
@@ -24,7 +24,7 @@ import json
 import os
 import random
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,23 +35,11 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
 from ..files import disk_errors, publish_dir
-from ..run.checkpoints import (DEEPSPEED_DIR, EMA_FILE, STATE_FILE, CheckpointMismatch, CheckpointWriteError,
-                               checkpoint_dir, layout_change_problem, list_checkpoints, rng_file, seraena_file,
-                               write_complete, writing_dir)
+from ..rundir.checkpoint import (DEEPSPEED_DIR, EMA_FILE, STATE_FILE, CheckpointMismatch, CheckpointWriteError,
+                                  TrainState, checkpoint_dir, layout_change_problem, list_checkpoints, rng_file,
+                                  seraena_file, write_complete, writing_dir)
+from ..rundir.layout import EXPORT_META, EXPORT_PTH, EXPORT_SAFETENSORS
 from . import portable
-
-
-@dataclass
-class TrainState:
-    step: int = 0                    # optimizer steps done
-    samples_seen: int = 0            # per rank: clips drawn from this rank's sampler
-    best_psnr: float = -1.0
-    best_step: int = -1
-    bad_steps_total: int = 0
-    skipped_files: list[str] = field(default_factory=list)
-    world_size: int = 1
-    zero_stage: int = 0
-    config: dict[str, Any] = field(default_factory=dict)
 
 
 def rng_state() -> dict[str, torch.Tensor]:
@@ -189,8 +177,6 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
     return state
 
 
-
-
 def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[str, Any]) -> None:
     """Write EMA TAEHV weights as taehv.safetensors and taehv.pth (loads in public taehv.py).
 
@@ -198,9 +184,9 @@ def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[
     DiskWriteError in one line."""
     sd = {k: v.detach().float().cpu().contiguous() for k, v in taehv_state.items()}
     with publish_dir(folder, then=_then_export(folder, meta.get("step"))) as tmp, torch_write_errors():
-        save_file(sd, str(tmp / "taehv.safetensors"), metadata={k: str(v) for k, v in meta.items()})
-        torch.save(sd, tmp / "taehv.pth")
-        (tmp / "export.json").write_text(json.dumps(meta, indent=2, default=str))
+        save_file(sd, str(tmp / EXPORT_SAFETENSORS), metadata={k: str(v) for k, v in meta.items()})
+        torch.save(sd, tmp / EXPORT_PTH)
+        (tmp / EXPORT_META).write_text(json.dumps(meta, indent=2, default=str))
 
 
 def _then_export(folder: Path, step: int | None) -> str:

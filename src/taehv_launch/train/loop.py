@@ -24,9 +24,9 @@ from ..compat import add_gif, uncount_micro_batch
 from ..errors import EXIT_OK, EXIT_RESUMABLE, PeerFailure, TooManyBadSteps, UserError
 from ..plan.families import get_family
 from ..plan.schema import Config, config_dict, global_batch
-from ..run.runs import REQUEUE
+from ..rundir.layout import REQUEUE
 from . import build
-from ..run.checkpoints import rotate
+from ..rundir.checkpoint import rotate
 from .checkpoint import TrainState, export_model, load_checkpoint, save_checkpoint
 from .ema import EMA
 from .evaluate import evaluate, gif_bytes

@@ -22,12 +22,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import CheckpointError
-from ..run.checkpoints import MODEL_FILE, OPTIMIZER_FILE, CheckpointMismatch
+from ..rundir.checkpoint import MODEL_FILE, MOMENTS, OPTIMIZER_FILE, PORTABLE_FORMAT as FORMAT, CheckpointMismatch
 from ..compat import init_zero_optimizer_state
 from .ema import gathered
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
-FORMAT = "taehv-launch portable optimizer v1"
 
 
 def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-from ..files import write_atomic
-from ..run.runs import status_path
+from ..rundir.status import status_path, write_exit_status
 
 
 def node_rank() -> int:
@@ -21,6 +19,6 @@ def write_status(run_dir: Path, code: int, message: str) -> None:
         return
     path = status_path(run_dir, node_rank())
     try:
-        write_atomic(path, json.dumps({"code": code, "message": message}))
+        write_exit_status(path, code, message)
     except OSError as exc:      # the launcher then reports accelerate's code instead: say why
         print(f"warning: cannot record the exit status in {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)

@@ -28,17 +28,7 @@ import threading
 import time
 
 from ..errors import EXIT_ABORTED
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-RELAY_SIGNAL = signal.SIGUSR2
-REPEAT_WINDOW_S = 2.0          # the same signal again this soon after the first is the same stop
-
-
-def counts_once(first: tuple[int, float], signum: int, at: float) -> bool:
-    """Whether a stop signal `signum` arriving at `at` (time.monotonic()) repeats the first stop
-    signal `first` = (signum, time): the same signal within REPEAT_WINDOW_S. A different signal
-    (a person's Ctrl-C after a scheduler's SIGTERM), or the same one later, is a second signal."""
-    return signum == first[0] and 0 <= at - first[1] <= REPEAT_WINDOW_S
+from ..rundir.signals import RELAY_SIGNAL, STOP_SIGNALS, counts_once
 
 
 _direct: list[int] = []        # stop signals sent to this process itself (repeats not counted)

@@ -1,0 +1,28 @@
+"""The exit-status file: the trainer's local rank 0 of each node records its exit code and one line
+in it; the launcher reports that code instead of accelerate's (which turns every failure into 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..files import write_atomic
+from .layout import node_suffix
+
+
+def status_path(run_dir: Path, node: int) -> Path:
+    """Where the trainer's local rank 0 of `node` records its exit code for the launcher."""
+    return run_dir / f"exit_status{node_suffix(node)}.json"
+
+
+def write_exit_status(path: Path, code: int, message: str) -> None:
+    """Record {"code", "message"} atomically; an OSError is the caller's to report."""
+    write_atomic(path, json.dumps({"code": code, "message": message}))
+
+
+def read_exit_status(path: Path) -> dict | None:
+    """The recorded {"code", "message"}, or None when there is none (yet) or it is unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
