@@ -36,7 +36,7 @@ def main() -> None:
 
     from taehv_launch.plan.schema import DEFAULTS
     from taehv_launch.train.data import VideoClipDataset, collate, usable_entries, worker_init_fn
-    from taehv_launch.train.index import build_index, split_train_val
+    from taehv_launch.dataindex.index import build_index, split_train_val
 
     t_start = time.perf_counter()
     root, out = sys.argv[1], sys.argv[2]

@@ -384,7 +384,7 @@ def test_mixed_dataset_skips_broken_files_and_trains(tmp_path: Path) -> None:
 
     The folder is named so that the video held out for validation is a broken one: validation
     has no other videos to fall back on, so that one must be left out up front, not stop the run."""
-    from taehv_launch.train.index import VideoEntry, split_train_val
+    from taehv_launch.dataindex.index import VideoEntry, split_train_val
 
     import cv2
     import numpy as np

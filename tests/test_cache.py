@@ -284,7 +284,7 @@ def test_the_view_list_is_flat_arrays_with_the_same_records(cache):
     """#27: the views training reads are a ViewTable (numpy arrays, no per-view Python objects for forked
     workers to copy) that gives back exactly the records of the shard indexes, in order."""
     from taehv_launch.train.cached import build_cached_datasets
-    from taehv_launch.train.viewtable import ViewTable
+    from taehv_launch.dataindex.viewtable import ViewTable
 
     manifest = json.loads((cache / lc.MANIFEST).read_text())
     expected = {"train": [], "val": []}

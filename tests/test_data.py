@@ -25,7 +25,7 @@ from taehv_launch.errors import DataError
 from taehv_launch.train.data import (
     VideoClipDataset, collate, plan_crop, plan_frames, probe_first_usable, worker_init_fn,
 )
-from taehv_launch.train.index import VideoEntry, build_index, split_train_val
+from taehv_launch.dataindex.index import VideoEntry, build_index, split_train_val
 from taehv_launch.train.synthetic import ensure_demo_assets
 
 TESTDATA = Path(os.environ.get("TAEHV_TESTDATA") or Path(__file__).resolve().parents[2] / "shared/testdata/videos")
@@ -287,7 +287,9 @@ def test_index_cache_is_reused(video_tree, tmp_path):
 
 
 def test_probe_frame_counts(video_tree):
-    counts = {Path(e.path).name: e.frame_count for e in build_index(str(video_tree), "", "", probe_frame_counts=True)}
+    from taehv_launch.train.decode import header_frame_count
+
+    counts = {Path(e.path).name: e.frame_count for e in build_index(str(video_tree), "", "", probe_frame_counts=header_frame_count)}
     assert counts == {"a.webm": 150, "b.MP4": 5}
 
 

@@ -18,9 +18,9 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 from taehv_launch.train.data import VideoClipDataset, probe_first_usable, usable_entries
-from taehv_launch.train.flatindex import FlatIndex
-from taehv_launch.train.index import VideoEntry, build_index, split_train_val
-from taehv_launch.train.listing import scan as _scan
+from taehv_launch.dataindex.flat import FlatIndex
+from taehv_launch.dataindex.index import VideoEntry, build_index, split_train_val
+from taehv_launch.dataindex.listing import scan as _scan
 
 
 def old_split(entries: list[VideoEntry], fraction: float, max_val: int, seed: int):
@@ -178,7 +178,7 @@ def test_parallel_scan_equals_a_walk_and_follows_a_symlink_loop_once(tree: Path,
 
 
 def test_listed_files_are_checked_the_same_with_or_without_the_pool(tree: Path):
-    from taehv_launch.train.listing import existing
+    from taehv_launch.dataindex.listing import existing
 
     paths = _scan(str(tree)) + [str(tree / "gone.mp4"), str(tree / "a")]        # a missing file, a folder
     want = [True] * 45 + [False, False]

@@ -174,8 +174,8 @@ class VideoPaths(Dataset):
 def test_resume_reads_the_same_videos_with_the_flat_index(videos, tmp_path, world, rank, start):
     """The flat index (#27) behind the real sampler and forked workers: a run resumed at `start` reads the
     videos the uninterrupted run read from its start-th draw on, and the old list of VideoEntry agrees."""
-    from taehv_launch.train.flatindex import FlatIndex
-    from taehv_launch.train.index import VideoEntry, build_index, split_train_val
+    from taehv_launch.dataindex.flat import FlatIndex
+    from taehv_launch.dataindex.index import VideoEntry, build_index, split_train_val
 
     train, _ = split_train_val(build_index(str(videos), "", str(tmp_path / "cache")), 0.2, 64, SEED)
     assert isinstance(train, FlatIndex) and train.rows is not None       # a split: a subset of the arrays

@@ -315,7 +315,7 @@ def launch(req: Request) -> int:
     edge.prepare_run_dir(plan, run_dir, lock)      # refuses a run dir another launch holds
     notes += edge.write_files(run_dir, rendered.files)   # identical on every node: safe on a shared filesystem
     if size is not None:
-        from .train.index import keep_index
+        from .dataindex.index import keep_index
 
         keep_index(size.entries)            # the job reads the videos listed here instead of listing them again
     notes += edge.write_files(run_dir, {f"env{rendered.node_suffix}.json": edge.env_record(plan, rendered)})

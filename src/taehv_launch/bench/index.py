@@ -53,8 +53,8 @@ def rss_bytes() -> int:
 
 def _flat(paths: list[str], tmp: str) -> tuple[Any, dict[str, float]]:
     from ..train.data import VideoClipDataset
-    from ..train.flatindex import FlatIndex
-    from ..train.index import _read_index, _write_index, split_train_val
+    from ..dataindex.flat import FlatIndex
+    from ..dataindex.index import _read_index, _write_index, split_train_val
 
     t: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def _flat(paths: list[str], tmp: str) -> tuple[Any, dict[str, float]]:
 
 def _list(paths: list[str], tmp: str) -> tuple[Any, dict[str, float]]:
     """The pre-#27 index: a list of frozen VideoEntry dataclasses, cached as JSON, split by sorting."""
-    from ..train.flatindex import VideoEntry
+    from ..dataindex.flat import VideoEntry
 
     t: dict[str, float] = {}
     t0 = time.perf_counter()

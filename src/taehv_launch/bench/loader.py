@@ -22,7 +22,7 @@ import numpy as np
 
 
 def _videos(data_root: str) -> list[str]:
-    from ..train.index import VIDEO_EXTENSIONS
+    from ..dataindex.index import VIDEO_EXTENSIONS
 
     files = sorted(str(p) for p in Path(data_root).rglob("*") if p.suffix.lower() in VIDEO_EXTENSIONS and p.is_file())
     if not files:

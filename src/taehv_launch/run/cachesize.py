@@ -73,7 +73,7 @@ def cache_size(config: dict[str, Any]) -> CacheSize | None:
     """The cache this config's job writes; None when the videos cannot be listed yet (the cpu demo's set
     is made by the job itself). Lists the videos as the job does, reading the index cache if there is
     one and writing none (index.keep_index(size.entries) writes it once the job is sure to start)."""
-    from ..train.index import build_index, check_root, held_out_count, index_dir
+    from ..dataindex.index import build_index, check_root, held_out_count, index_dir
 
     root = config["data_root"]
     if not config["annotation_file"] and not (root and os.path.isdir(os.path.expanduser(root))):

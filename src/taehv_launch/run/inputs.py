@@ -26,7 +26,7 @@ def check_inputs(config: dict[str, Any], demo_assets: tuple[str, str]) -> None:
 
 
 def check_data_root(data_root: str) -> None:
-    from ..train.index import VIDEO_EXTENSIONS, check_root
+    from ..dataindex.index import VIDEO_EXTENSIONS, check_root
 
     root = check_root(data_root, "")
     for folder, dirs, files in os.walk(root, followlinks=True):

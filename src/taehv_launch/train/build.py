@@ -96,7 +96,7 @@ def build_datasets(cfg: Config, accelerator, log):
 
         return build_cached_datasets(cfg, accelerator, log)
     from .data import VideoClipDataset, probe_first_usable, usable_entries
-    from .index import index_once, split_train_val
+    from ..dataindex.index import index_once, split_train_val
 
     entries = index_once(cfg, accelerator)
     train_e, val_e = split_train_val(entries, cfg.validation_fraction, cfg.max_validation_videos, cfg.seed)

@@ -24,7 +24,7 @@ from ..errors import DataError
 from ..plan.schema import Config
 from . import latentcache as lc
 from .data import Crop, View, VideoClipDataset, read_view
-from .viewtable import ViewTable, as_table
+from ..dataindex.viewtable import ViewTable, as_table
 
 log = logging.getLogger(__name__)
 OPEN_SHARDS = 32          # safetensors handles kept open per worker
@@ -170,7 +170,7 @@ def collate_cached(batch: list[dict[str, Any]]) -> dict[str, Any]:
 
 def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedViewDataset, CachedViewDataset]:
     """The training and validation sets of a latent cache, checked against this run's config."""
-    from .index import check_root
+    from ..dataindex.index import check_root
 
     cache = Path(cfg.latent_cache).expanduser().resolve()
     manifest = lc.read_manifest(cfg.latent_cache)
@@ -220,7 +220,7 @@ def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedVie
 
 
 def _videos_not_cached(cfg: Config, accelerator, data_root: str, cached: set[str]) -> VideoClipDataset | None:
-    from .index import index_once
+    from ..dataindex.index import index_once
 
     entries = index_once(cfg, accelerator)
     missing = [e for e in entries if lc.relative(e.path, data_root) not in cached]

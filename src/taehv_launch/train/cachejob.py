@@ -31,7 +31,7 @@ class ViewDataset(Dataset):
 
     def __init__(self, work: list[tuple[str, str, int]], root: str, cfg: Config):
         from .data import VideoClipDataset
-        from .index import VideoEntry
+        from ..dataindex.index import VideoEntry
 
         self.work, self.root, self.seed = work, root, cfg.seed
         self.clips = VideoClipDataset([VideoEntry(os.path.join(root, "_"))], cfg.height, cfg.width, cfg.n_frames,
@@ -64,7 +64,7 @@ def plan_work(cfg: Config, log, weights: str | None = None
               ) -> tuple[dict[str, Any], list[tuple[str, range]], list[tuple[str, str, int]], str]:
     """The job record, the shards (name, work positions), the work items and the data root.
     weights: the reference VAE's digest if known (else it is computed: it reads every weight file)."""
-    from .index import build_index, check_root, index_dir, split_train_val
+    from ..dataindex.index import build_index, check_root, index_dir, split_train_val
 
     entries = build_index(cfg.data_root, cfg.annotation_file, index_dir(cfg))   # rank 0 first: run_cache_job
     root = check_root(cfg.data_root, cfg.annotation_file)

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError, DataError
 from .decode import _decode_path, count_frames, header_frame_count, open_video
-from .flatindex import VideoEntry, as_flat
+from ..dataindex.flat import VideoEntry, as_flat
 
 log = logging.getLogger(__name__)
 

@@ -63,7 +63,7 @@ def ensure_demo_assets(
     with disk_errors("the CPU demo's assets", cache_dir, then=_THEN):
         os.makedirs(cache_dir, exist_ok=True)
     data_root, ref_path = demo_paths(cache_dir, ref_vae_type, latent_channels, n_videos, size, n_frames)
-    from .index import exclusive_lock
+    from ..dataindex.index import exclusive_lock
 
     with exclusive_lock(os.path.join(cache_dir, ".demo.lock")):
         _build_once(data_root, lambda tmp: write_demo_videos(tmp, n_videos, height, width, n_frames))

@@ -1,7 +1,7 @@
 """The dataset index and the train/validation split.
 
 Datasets may hold millions of files and some of them are broken, so `build_index` lists files
-once (stat only, never decoding) and caches it as an .npz of flat arrays (flatindex.py) that every
+once (stat only, never decoding) and caches it as an .npz of flat arrays (flat.py) that every
 rank and every later run reuses; `split_train_val` holds out a deterministic share for validation.
 """
 
@@ -13,13 +13,13 @@ import heapq
 import json
 import logging
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import DataError
 from ..files import write_atomic
-from .flatindex import FlatIndex, VideoEntry, as_flat
+from .flat import FlatIndex, VideoEntry, as_flat
 from .listing import VIDEO_EXTENSIONS, existing, read_annotation, scan
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ INDEX_VERSION = 2        # 2: flat arrays in an .npz (1: JSON list)
 
 # --- the index --------------------------------------------------------------------------
 
-VideoIndex = FlatIndex       # the index type build_index returns (flat arrays: see flatindex.py)
+VideoIndex = FlatIndex       # the index type build_index returns (flat arrays: see flat.py)
 
 
 def build_index(
@@ -36,7 +36,7 @@ def build_index(
     annotation_file: str = "",
     cache_dir: str = "",
     *,
-    probe_frame_counts: bool = False,
+    probe_frame_counts: Callable[[str], int] | None = None,
     read_only: bool = False,
 ) -> VideoIndex:
     """List the videos of data_root (or of annotation_file) once; cache the list in cache_dir.
@@ -44,12 +44,13 @@ def build_index(
     The cache key is (data_root, annotation_file, its mtime and size); without an annotation
     file the scan is keyed on data_root's own mtime, which catches files added at the top
     level only: delete the cache file to rescan after changes deeper down. Only stat() is
-    used; probe_frame_counts=True also opens each file to read the container's frame count
-    (a hint; the dataset reads it anyway when it opens a file, so it is off by default).
+    used; probe_frame_counts (a function of a path, e.g. train.decode.header_frame_count) also opens
+    each file to read the container's frame count (a hint; the dataset reads it anyway when it opens a
+    file, so it is off by default).
     read_only=True reads the cache file but writes nothing: keep_index(index) writes it later.
     """
     root = check_root(data_root, annotation_file)
-    key = _index_key(root, annotation_file, probe_frame_counts)
+    key = _index_key(root, annotation_file, probe_frame_counts is not None)
     if not cache_dir:
         return _make_index(root, annotation_file, probe_frame_counts)
     cache_path = os.path.join(cache_dir, f"index-{hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]}.npz")
@@ -109,7 +110,7 @@ def _index_key(root: str, annotation_file: str, probe: bool) -> dict:
     return key
 
 
-def _make_index(root: str, annotation_file: str, probe: bool) -> FlatIndex:
+def _make_index(root: str, annotation_file: str, probe: Callable[[str], int] | None) -> FlatIndex:
     if annotation_file:
         paths, counts, missing = _annotated_paths(root, annotation_file)
     else:
@@ -117,10 +118,8 @@ def _make_index(root: str, annotation_file: str, probe: bool) -> FlatIndex:
         if not paths:
             raise DataError(f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
                             f"your videos or give an annotation_file")
-    if probe:
-        from .decode import header_frame_count
-
-        counts = [header_frame_count(p) for p in paths]
+    if probe is not None:
+        counts = [probe(p) for p in paths]
     index = FlatIndex.from_paths(paths, counts)
     index.missing = missing
     return index

@@ -2,7 +2,7 @@
 
 A cache of 3 million videos x 4 views is 12 million views; as (shard, dict) pairs that is ~1 KB
 of Python objects per view, and every read in a worker writes reference counts (the pages get
-copied, as with the video index: flatindex.py). Here each field is one numpy array, the video
+copied, as with the video index: flat.py). Here each field is one numpy array, the video
 paths a FlatIndex of the distinct videos, and `table[j]` builds the (shard name, record) pair the
 dataset reads, the same dict the shard's .json index holds.
 """
@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .flatindex import FlatIndex
+from .flat import FlatIndex
 
 
 class ViewTable(Sequence):
