@@ -3,7 +3,7 @@
 
 from pathlib import Path
 
-from taehv_launch.run.shipped import expected_files
+from taehv_launch.gen.shipped import expected_files
 
 root = Path(__file__).resolve().parents[1]
 for stale in [*(root / "configs").glob("*.py"), *(root / "accelerate_configs").glob("*")]:

@@ -69,8 +69,9 @@ def test_set_and_config_reach_the_plan(tmp_path):
 
 
 def test_dry_run_is_fast_and_imports_nothing_heavy():
-    code = ("import sys, time; t=time.perf_counter(); from taehv_launch import cli, commands; "
-            "commands.dry_run(commands.Request(gpus='16', profile='h100'), True); "
+    code = ("import sys, time; t=time.perf_counter(); from taehv_launch import cli; "
+            "from taehv_launch.run import dryrun, request; "
+            "dryrun.dry_run(request.Request(gpus='16', profile='h100'), True); "
             "heavy=[m for m in ('torch','accelerate','deepspeed','diffusers','cv2') if m in sys.modules]; "
             "print(heavy, time.perf_counter()-t, file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())

@@ -19,7 +19,7 @@ import yaml
 from conftest import REPO, assert_one_line_error, clean_env, run_cli_here
 from test_resume import fake_checkpoint
 
-from taehv_launch.cluster.examples import EXAMPLES
+from taehv_launch.gen.examples import EXAMPLES
 from taehv_launch.plan.memory import shm_bytes
 from taehv_launch.run.runs import resolve_resume
 

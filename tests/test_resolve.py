@@ -171,7 +171,7 @@ def test_shipped_configs_match_the_table():
     """configs/*.py are generated from the table (scripts/generate_configs.py); they must not drift."""
     from pathlib import Path
 
-    from taehv_launch.run.shipped import expected_files
+    from taehv_launch.gen.shipped import expected_files
 
     root = Path(__file__).resolve().parents[1]
     for rel, text in expected_files().items():

@@ -257,7 +257,7 @@ def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], cr
         workdir: str | None, phases: bool, as_json: bool, cached: int = 0, cached_sets: list[str] | None = None) -> int:
     """cached > 0: also write a latent cache of that many views per video and train from it (extra
     --set values for that run only: cached_sets)."""
-    from ..commands import build_plan
+    from ..run.request import build_plan
 
     plan = build_plan(req)
     cfg = plan.config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from ..commands import Request, build_plan
+from ..run.request import Request, build_plan
 from ..errors import ConfigError
 from ..plan.configfile import parse_set
 from ..plan.text import check_path, check_text

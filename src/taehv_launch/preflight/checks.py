@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..commands import Request, build_plan
+from ..run.request import Request, build_plan
 from ..errors import UserError
 from ..run.host import port_free, visible_gpus
 from ..plan.resolve import Plan
@@ -199,7 +199,7 @@ def check_data(plan: Plan, quick: bool) -> list[Check]:
     if demo := _demo_asset(plan, 0):
         return [Check("data", PASS, "built-in synthetic demo set: " + demo)]
     from ..train.data import VideoClipDataset
-    from ..dataindex.index import build_index
+    from ..train.index import build_index
 
     with tempfile.TemporaryDirectory() as cache:
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..plan.profiles import PROFILES
 from ..plan.schema import KEYS
-from .render import render
+from ..run.render import render
 from ..plan.resolve import resolve
 from ..plan.topology import detect_topology
 
@@ -32,7 +32,7 @@ def expected_files() -> dict[str, str]:
             files[f"accelerate_configs/accelerate_{stem}.yaml"] = yaml
     files["docs/config.md"] = config_reference()
     files["docs/profiles.md"] = profile_reference()
-    from ..cluster.examples import example_files
+    from .examples import example_files
 
     files |= example_files()
     return files

@@ -1,4 +1,4 @@
-"""The `taehv-launch` command line. Parsing only: each command calls one function in commands.py.
+"""The `taehv-launch` command line. Parsing only: each command calls one function (run/, cluster/, bench/, ...).
 
 `taehv-launch 16 h100` runs the default command (`run`); subcommands sit beside it
 (`taehv-launch validate-env 16 h100`). Click would read "16" as a command name, so the
@@ -20,9 +20,9 @@ try:                       # typer >= 0.2x carries its own copy of click
 except ImportError:        # older typer uses click itself
     import click
 
-from .errors import EXIT_USAGE, UserError, one_line
-from .plan.profiles import PROFILES
-from .plan.resolve import Options
+from ..errors import EXIT_USAGE, UserError, one_line
+from ..plan.profiles import PROFILES
+from ..plan.resolve import Options
 
 
 class DefaultCommandGroup(TyperGroup):
@@ -57,7 +57,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output o
 
 
 def _request(gpus, profile, sets, config, options, num_nodes, node_rank, master_addr, master_port, gpus_per_node):
-    from .commands import Request
+    from ..run.request import Request
 
     return Request(gpus=gpus, profile=profile, sets=sets or [], config=config, options=options,
                    num_nodes=num_nodes, node_rank=node_rank, master_addr=master_addr,
@@ -95,13 +95,13 @@ def run_cmd(
     num_nodes: NumNodes = None, node_rank: NodeRank = None, master_addr: MasterAddr = None,
     master_port: MasterPort = None, gpus_per_node: GpusPerNode = None,
 ) -> None:
-    from . import commands
+    from ..run import dryrun, start
 
     options = Options(resume=resume, debug=debug, profile_run=profile_run, run_name=run_name)
     req = _request(gpus, profile, set_, config, options, num_nodes, node_rank, master_addr, master_port, gpus_per_node)
     if as_json and not dry_run:
         _fail("--json goes with --dry-run (or validate-env)")
-    _exit(lambda: commands.dry_run(req, as_json) if dry_run else commands.launch(req))
+    _exit(lambda: dryrun.dry_run(req, as_json) if dry_run else start.launch(req))
 
 
 @app.command("cache", help="Encode every video's views once with the reference VAE and store the latents "
@@ -121,7 +121,7 @@ def cache_cmd(
     num_nodes: NumNodes = None, node_rank: NodeRank = None, master_addr: MasterAddr = None,
     master_port: MasterPort = None, gpus_per_node: GpusPerNode = None,
 ) -> None:
-    from . import commands
+    from ..run import dryrun, start
 
     if views is not None and views < 1:
         _fail(f"--views must be at least 1, got {views}")
@@ -130,7 +130,7 @@ def cache_cmd(
     req = _request(gpus, profile, sets, config, options, num_nodes, node_rank, master_addr, master_port, gpus_per_node)
     if as_json and not dry_run:
         _fail("--json goes with --dry-run")
-    _exit(lambda: commands.dry_run(req, as_json) if dry_run else commands.launch(req))
+    _exit(lambda: dryrun.dry_run(req, as_json) if dry_run else start.launch(req))
 
 
 @app.command("render", help="Print a cluster job that runs GPUS x PROFILE on every node: `render slurm 16 h100 "
@@ -167,7 +167,7 @@ def render_cmd(
     restarts: Annotated[Optional[int], typer.Option("--restarts", min=0, help="failures tolerated per pod "
                                                     "(default 3)", rich_help_panel="Kubernetes")] = None,
 ) -> None:
-    from .cluster.command import render_job
+    from ..cluster.command import render_job
 
     req = _request(gpus, profile, set_, config, Options(), None, None, None, None, gpus_per_node)
     argv = ["taehv-launch", "render", *sys.argv[2:]] if sys.argv[1:2] == ["render"] else ["taehv-launch", "render"]
@@ -190,7 +190,7 @@ def validate_env_cmd(
     num_nodes: NumNodes = None, node_rank: NodeRank = None, master_addr: MasterAddr = None,
     master_port: MasterPort = None, gpus_per_node: GpusPerNode = None,
 ) -> None:
-    from .preflight import checks as preflight
+    from ..preflight import checks as preflight
 
     req = _request(gpus, profile, set_, config, Options(task="cache" if cache else "train"), num_nodes, node_rank,
                    master_addr, master_port, gpus_per_node)
@@ -248,13 +248,13 @@ def bench_cmd(
     if index or gpus == "index":
         if profile is not None:
             _fail(f"unexpected argument {profile!r}: bench index takes only options (--files N --workers W)")
-        from .bench import index as bench_index
+        from ..bench import index as bench_index
 
         _exit(lambda: bench_index.run(files, workers or [12], baseline, as_json))
     if loader:
         if not data_root:
             _fail("bench --loader needs --data-root DIR (a folder of videos)")
-        from .bench import loader as bench_loader
+        from ..bench import loader as bench_loader
 
         _exit(lambda: bench_loader.run(data_root, height, width, n_frames, (micro or [8])[0], workers or [4, 8, 12],
                                        decoder or ["opencv", "opencv-1thread", "pyav", "pyav-1thread"], seconds,
@@ -262,14 +262,14 @@ def bench_cmd(
     if compare:
         if gpus is None or profile is None:
             _fail("bench --compare needs GPUS PROFILE, e.g. `taehv-launch bench --compare 1 h100`")
-        from .bench import compare as bench_compare
+        from ..bench import compare as bench_compare
 
         req = _request(gpus, profile, set_, config, Options(), None, None, None, None, None)
         _exit(lambda: bench_compare.run(req, steps, trainer_steps, levers, chunk or [], crop, data_root, workdir,
                                         phases, as_json, cached, cached_set or []))
     if gpus is not None:
         _fail(f"unexpected argument {gpus!r}: GPUS PROFILE go with --compare")
-    from .bench import step as bench
+    from ..bench import step as bench
 
     _exit(lambda: bench.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json))
 
@@ -282,7 +282,7 @@ def index_cmd(
                                                               "the format", show_default=False)],
     force: Annotated[bool, typer.Option("--force", help="replace -o FILE if it exists")] = False,
 ) -> None:
-    from .indexcmd import write_index
+    from .index import write_index
 
     _exit(lambda: write_index(data_root, output, force))
 
@@ -290,14 +290,14 @@ def index_cmd(
 @app.command("keys", help="List every training-config key with its type, default and meaning.")
 def keys_cmd(as_json: Annotated[bool, typer.Option("--json", help="the schema as JSON: name, type, default, "
                                                                   "help, choices, aliases")] = False) -> None:
-    from . import commands
+    from .keys import list_keys
 
-    _exit(lambda: commands.list_keys(as_json))
+    _exit(lambda: list_keys(as_json))
 
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from .. import __version__
 
         print(f"taehv-launch {__version__}")
         raise typer.Exit(0)
@@ -352,6 +352,3 @@ def main() -> None:
         code = 1
     sys.exit(code or 0)
 
-
-if __name__ == "__main__":
-    main()

@@ -3,7 +3,7 @@
 A scan of millions of files on a shared filesystem takes minutes; an annotation file makes the
 next jobs skip it (`--set data_root=DATA_ROOT --set annotation_file=FILE`). Paths are written
 relative to DATA_ROOT, sorted, in the format of FILE's extension (.csv, .jsonl, .json, .txt: see
-dataindex/listing.py). No torch and no OpenCV are imported.
+train/listing.py). No torch and no OpenCV are imported.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import time
 
-from .errors import ConfigError, DataError
-from .files import write_atomic
+from ..errors import ConfigError, DataError
+from ..files import write_atomic
 
 
 def write_index(data_root: str, output: str, force: bool = False) -> int:
-    from .dataindex.listing import ANNOTATION_FORMATS, VIDEO_EXTENSIONS, annotation_text, scan
+    from ..train.listing import ANNOTATION_FORMATS, VIDEO_EXTENSIONS, annotation_text, scan
 
     root = _check_root(data_root)
     out = os.path.abspath(output)

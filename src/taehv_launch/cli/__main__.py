@@ -1,0 +1,5 @@
+"""`python -m taehv_launch.cli ARGS` is `taehv-launch ARGS`."""
+
+from . import main
+
+main()
