@@ -16,7 +16,7 @@ from ..files import write_atomic
 
 
 def write_index(data_root: str, output: str, force: bool = False) -> int:
-    from ..train.listing import ANNOTATION_FORMATS, VIDEO_EXTENSIONS, annotation_text, scan
+    from ..dataindex.listing import ANNOTATION_FORMATS, VIDEO_EXTENSIONS, annotation_text, scan
 
     root = _check_root(data_root)
     out = os.path.abspath(output)

@@ -199,7 +199,7 @@ def check_data(plan: Plan, quick: bool) -> list[Check]:
     if demo := _demo_asset(plan, 0):
         return [Check("data", PASS, "built-in synthetic demo set: " + demo)]
     from ..train.data import VideoClipDataset
-    from ..train.index import build_index
+    from ..dataindex.index import build_index
 
     with tempfile.TemporaryDirectory() as cache:
         try:
