@@ -167,6 +167,7 @@ def test_gpu_profiles_compile_taehv_channels_last_and_zero3_stays_eager(tmp_path
     assert compiled == {3: False, 2: True, 0: True}
 
 
+@pytest.mark.slow   # a ~55 s trainer run
 def test_validation_at_start_gives_a_step_0_baseline_without_a_best_model(tmp_path):
     proc = run_cli("1", "cpu", "--run-name", "v0", "--set", f"output_dir={str(tmp_path / 'out')!r}",
                    "--set", "max_train_steps=2", "--set", "validation_steps=100", "--set", "validation_at_start=True",
