@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Annotated
+
+import typer
 
 from ..plan.schema import ALIASES, KEYS
+from .core import app, exit_with
+
+
+@app.command("keys", help="List every training-config key with its type, default and meaning.")
+def keys_cmd(as_json: Annotated[bool, typer.Option("--json", help="the schema as JSON: name, type, default, "
+                                                                  "help, choices, aliases")] = False) -> None:
+    exit_with(lambda: list_keys(as_json))
 
 
 def list_keys(as_json: bool = False) -> int:
