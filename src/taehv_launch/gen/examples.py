@@ -19,19 +19,14 @@ EXAMPLES = {
 
 
 def example_files() -> dict[str, str]:
-    """Each example rendered through the CLI's own parser, as `taehv-launch <args>` would print it."""
-    from typer.testing import CliRunner
+    """Each example as `taehv-launch <args>` prints it: the CLI run as a process (gen/ sits beside
+    cli/ in the top layer and does not import it)."""
+    import subprocess
 
-    from ..cli import app
-
-    out, saved = {}, sys.argv
+    out = {}
     for path, args in EXAMPLES.items():
-        argv = shlex.split(args)
-        sys.argv = ["taehv-launch", *argv]       # the header quotes the command line
-        try:
-            result = CliRunner().invoke(app, argv, catch_exceptions=False)
-        finally:
-            sys.argv = saved
-        assert result.exit_code == 0, f"taehv-launch {args}: exit {result.exit_code}: {result.output}"
-        out[path] = result.stdout
+        done = subprocess.run([sys.executable, "-m", "taehv_launch.cli", *shlex.split(args)], capture_output=True,
+                              text=True)
+        assert done.returncode == 0, f"taehv-launch {args}: exit {done.returncode}: {done.stderr}"
+        out[path] = done.stdout
     return out
