@@ -16,7 +16,7 @@ from conftest import assert_one_line_error, clean_env, run_cli, run_cli_here
 from conftest import testdata_videos as shared_videos
 from taehv_launch.errors import ConfigError, DataError
 from taehv_launch.plan.schema import DEFAULTS, make_config
-from taehv_launch.train import latentcache as lc
+from taehv_launch.dataindex import latentcache as lc
 
 CACHE_SETS = ["--set", "dataloader_num_workers=2", "--set", "cache_shard_size=4", "--set", "micro_batch_size=2",
               "--set", "validation_fraction=0.2"]

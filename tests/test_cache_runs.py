@@ -14,7 +14,7 @@ from conftest import CLI, assert_one_line_error, clean_env
 from test_cache import cache_job
 from trainrun import launch, ok, scalars
 from conftest import testdata_videos as shared_videos
-from taehv_launch.train import latentcache as lc
+from taehv_launch.dataindex import latentcache as lc
 
 pytestmark = pytest.mark.slow
 

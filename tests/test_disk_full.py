@@ -140,7 +140,7 @@ def test_an_export_on_a_full_disk_keeps_the_previous_one(tmp_path, tmpfs, disk):
 
 # ---------------------------------------------------------------- the latent cache and the demo assets
 def test_a_latent_cache_shard_on_a_full_disk_is_one_line_and_leaves_no_file(tmp_path):
-    from taehv_launch.train import latentcache as lc
+    from taehv_launch.dataindex import latentcache as lc
 
     latents = torch.randn(4, 3, 4, 8, 8)
     views = [{"row": i} for i in range(4)]

@@ -129,7 +129,7 @@ def with_stand_in_cache(args: list[str], tmp: Path) -> list[str]:
     /data/lat that does not exist here): point latent_cache at a folder holding the manifest that
     cache job would finish with for this plan (its fingerprint; no shards), so the launcher's cache
     check runs for real and the rest of the plan resolves."""
-    from taehv_launch.train.latentcache import MANIFEST, fingerprint
+    from taehv_launch.dataindex.latentcache import MANIFEST, fingerprint
 
     drop = {i + d for i, a in enumerate(args) if a.startswith("latent_cache=") for d in (-1, 0)}
     plain = [a for i, a in enumerate(args) if i not in drop]      # the `--set latent_cache=...` pair

@@ -1,6 +1,6 @@
 """How big a latent cache will be, before `taehv-launch cache` writes it, and whether it fits.
 
-What the job writes (train/latentcache.py): per view, its latents [T', C, H/s, W/s] in
+What the job writes (dataindex/latentcache.py): per view, its latents [T', C, H/s, W/s] in
 latent_cache_dtype inside a shard's .safetensors, and one JSON record in the shard's .json index
 (video path, view, size, frames, crop, row, CRC-32); per shard, a safetensors header and the index's
 header, and a line of manifest.json; once, cache.json (the fingerprint and the validation list).

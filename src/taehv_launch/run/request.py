@@ -143,7 +143,7 @@ def check_latent_cache(config: dict[str, Any]) -> None:
     (the trainer checks again, with the reference VAE's weights)."""
     from types import SimpleNamespace
 
-    from ..train.latentcache import check_fingerprint, read_manifest
+    from ..dataindex.latentcache import check_fingerprint, read_manifest
 
     manifest = read_manifest(config["latent_cache"])
     check_fingerprint(manifest["fingerprint"], SimpleNamespace(**config), None, config["latent_cache"])

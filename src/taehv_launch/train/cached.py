@@ -22,8 +22,9 @@ from torch.utils.data import Dataset
 
 from ..errors import DataError
 from ..plan.schema import Config
-from . import latentcache as lc
+from ..dataindex import latentcache as lc
 from .data import Crop, View, VideoClipDataset, read_view
+from .refvae import weights_digest
 from ..dataindex.viewtable import ViewTable, as_table
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedVie
     manifest = lc.read_manifest(cfg.latent_cache)
     weights = None
     if accelerator.is_main_process and cfg.ref_vae_path and os.path.isdir(cfg.ref_vae_path):
-        weights = lc.weights_digest(cfg.ref_vae_path)     # once: it reads every weight file
+        weights = weights_digest(cfg.ref_vae_path)     # once: it reads every weight file
     lc.check_fingerprint(manifest["fingerprint"], cfg, weights, str(cache))
     data_root = check_root(cfg.data_root, cfg.annotation_file)
     train, val, bad = ViewTable(), ViewTable(), []

@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import EXIT_OK, EXIT_RESUMABLE
 from ..plan.schema import Config
 from . import build
-from . import latentcache as lc
+from ..dataindex import latentcache as lc
+from .refvae import weights_digest
 from .stop import StopFlag
 from .timing import hms
 
@@ -71,7 +72,7 @@ def plan_work(cfg: Config, log, weights: str | None = None
     train_e, val_e = split_train_val(entries, cfg.validation_fraction, cfg.max_validation_videos, cfg.seed)
     train_rel = [lc.relative(e.path, root) for e in train_e]
     val_rel = [lc.relative(e.path, root) for e in val_e]
-    weights = weights or lc.weights_digest(cfg.ref_vae_path)
+    weights = weights or weights_digest(cfg.ref_vae_path)
     job = {"format": lc.FORMAT, "fingerprint": lc.fingerprint(cfg, weights), "views": cfg.cache_views,
            "shard_size": cfg.cache_shard_size, "seed": cfg.seed, "videos": len(entries),
            "index": lc.index_digest(train_rel + ["--"] + val_rel), "val": val_rel}

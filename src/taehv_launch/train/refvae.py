@@ -17,6 +17,7 @@ decode no longer lines up with frames 0-8. `encode` therefore feeds only the fir
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -109,6 +110,17 @@ def weight_files(path: str) -> list[str]:
     names = sorted(n for n in os.listdir(folder)
                    if n == "config.json" or (n.startswith("diffusion_pytorch_model") and n.endswith((".safetensors", ".bin", ".json"))))
     return [os.path.join(folder, n) for n in names]
+
+
+def weights_digest(ref_vae_path: str) -> str:
+    """SHA-256 of the reference VAE folder's config.json and weight files (what its latents depend on)."""
+    h = hashlib.sha256()
+    for path in weight_files(ref_vae_path):
+        h.update(os.path.basename(path).encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def _first_sentence(err: Exception) -> str:

@@ -262,15 +262,3 @@ def read_manifest(root: str) -> dict[str, Any]:
                           f"(complete shards are kept)") from None
     return manifest
 
-
-def weights_digest(ref_vae_path: str) -> str:
-    """SHA-256 of the reference VAE folder's config.json and weight files (what its latents depend on)."""
-    from .refvae import weight_files
-
-    h = hashlib.sha256()
-    for path in weight_files(ref_vae_path):
-        h.update(os.path.basename(path).encode())
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                h.update(block)
-    return h.hexdigest()
