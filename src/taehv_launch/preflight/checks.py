@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -24,21 +24,9 @@ from ..errors import UserError
 from ..run.host import port_free, visible_gpus
 from ..plan.resolve import Plan
 from ..plan.memory import shm_bytes
+from .base import FAIL, PASS, WARN, Check, _gpu_plan
 
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 ALLREDUCE_FLOOR_GBPS = 50.0     # bus bandwidth below this on one node means no NVLink/P2P path
-
-
-@dataclass
-class Check:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-
-def _gpu_plan(plan: Plan) -> bool:
-    return plan.profile.device == "cuda"
 
 
 # ---------------------------------------------------------------- GPUs
