@@ -1,13 +1,49 @@
-"""The package's shape: the import graph has no circle (lazy imports inside functions included),
-no module grows past ~400 lines, and the CLI's import path stays free of heavy libraries."""
+"""The package's shape (issue #24): packages import downward only, in the layers written once below;
+no package-level circle (lazy imports inside functions count); no module grows past 400 lines; the
+CLI's import path stays free of heavy libraries. Each failure names the file, the line and the rule."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from conftest import clean_env
+
 PKG = Path(__file__).resolve().parents[1] / "src" / "taehv_launch"
-MAX_LINES = 420
+MAX_LINES = 400
+HEAVY = ("torch", "accelerate", "deepspeed", "diffusers", "cv2")
+
+# The layers, lowest first. A package may import from itself and from lower layers only: never upward,
+# never from another package of its own layer. "__init__" is taehv_launch/__init__.py. errors sits below
+# the rest of the ground (files, compat, yamltext raise its exceptions).
+LAYERS = [
+    ("errors", {"__init__", "errors"}),
+    ("base", {"files", "compat", "yamltext"}),
+    ("formats", {"rundir", "dataindex"}),      # what the launcher and the trainer share on disk; the index
+    ("plan", {"plan"}),                        # pure resolution
+    ("edges", {"run", "train"}),               # the launcher edge; the trainer
+    ("cluster", {"cluster"}),                  # sbatch / k8s rendering (uses run)
+    ("tools", {"preflight", "bench"}),
+    ("top", {"cli", "gen"}),                   # one module per command; docs/example generators
+]
+LAYER = {pkg: i for i, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import written in a package module: where, what it reaches, and whether inside a function."""
+
+    path: Path
+    line: int
+    target: str          # absolute module name (taehv_launch.run.launch) or a heavy library (torch.nn)
+    lazy: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(PKG.parent.parent)}:{self.line}"
 
 
 def module_name(path: Path) -> str:
@@ -15,12 +51,28 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, modules: set[str]) -> set[str]:
-    """Package modules that `path` imports anywhere in its body."""
+def package_of(module: str) -> str:
+    """taehv_launch.run.launch -> run; taehv_launch.errors -> errors; taehv_launch -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def walk(tree: ast.AST, lazy: bool = False):
+    """(node, inside a function?) for every node."""
+    for child in ast.iter_child_nodes(tree):
+        yield child, lazy
+        yield from walk(child, lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+
+def imports(path: Path, source: str | None = None) -> list[Edge]:
+    """Every import written in `path` (module level and inside functions, relative and absolute) that
+    reaches taehv_launch, plus the heavy libraries, as Edges to absolute module names."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    top_level = {p.stem for p in PKG.glob("*.py")} | {p.name for p in PKG.iterdir() if p.is_dir()}
+    known = set(modules())
+    edges = []
+    for node, lazy in walk(ast.parse(source if source is not None else path.read_text())):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -29,22 +81,66 @@ def imports(path: Path, modules: set[str]) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+            # `from taehv_launch import cli` reaches taehv_launch.cli; `from .run import launch` reaches
+            # taehv_launch.run.launch; `from .run.launch import main` reaches taehv_launch.run.launch
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known
+                       or (mod == "taehv_launch" and a.name in top_level) else mod for a in node.names]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+            targets = [str(node.args[0].value)]
         else:
             continue
-        found |= {t for t in targets if t in modules and t != name}
-    return found
+        for t in dict.fromkeys(targets):
+            if t == "taehv_launch" or t.startswith("taehv_launch.") or t.split(".")[0] in HEAVY:
+                edges.append(Edge(path, node.lineno, t, lazy))
+    return edges
 
 
-def graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for p in PKG.rglob("*.py")}
-    mods = set(files)
-    # a package's empty __init__ is not an edge worth following
-    return {m: {t for t in imports(p, mods) if files[t].name != "__init__.py" or files[t].read_text().strip()}
-            for m, p in files.items()}
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 
 
-def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+def layer_violations(files: dict[str, Path] | None = None, sources: dict[Path, str] | None = None) -> list[str]:
+    """One line per import that breaks the layering: file:line, the rule, and the two packages."""
+    files, sources = files or modules(), sources or {}
+    bad = []
+    for mod, path in files.items():
+        src = package_of(mod)
+        if src not in LAYER:
+            bad.append(f"{path.relative_to(PKG.parent.parent)}:1: package {src!r} is in no layer "
+                       f"(move it into one of {sorted(LAYER)}, or add it to LAYERS in tests/test_structure.py)")
+            continue
+        seen = set()
+        for e in imports(path, sources.get(path)):
+            if e.target.split(".")[0] in HEAVY:
+                continue
+            dst = package_of(e.target)
+            if dst == src or dst not in LAYER or (e.line, dst) in seen:
+                continue
+            seen.add((e.line, dst))
+            how = "lazy import" if e.lazy else "import"
+            if LAYER[dst] > LAYER[src]:
+                bad.append(f"{e.where}: upward {how}: {src} imports {e.target} (layer {LAYERS[LAYER[src]][0]!r} "
+                           f"below {LAYERS[LAYER[dst]][0]!r}); a package may import only from lower layers")
+            elif LAYER[dst] == LAYER[src]:
+                bad.append(f"{e.where}: same-layer {how}: {src} imports {e.target}; {src} and {dst} share layer "
+                           f"{LAYERS[LAYER[src]][0]!r} and must not import each other")
+    return bad
+
+
+def package_graph(files: dict[str, Path] | None = None) -> dict[str, dict[str, Edge]]:
+    """package -> {imported package: the first import that makes the edge}."""
+    g: dict[str, dict[str, Edge]] = {}
+    for mod, path in (files or modules()).items():
+        src = package_of(mod)
+        g.setdefault(src, {})
+        for e in imports(path):
+            if e.target.split(".")[0] not in HEAVY and (dst := package_of(e.target)) != src:
+                g[src].setdefault(dst, e)
+    return g
+
+
+def find_cycle(g: dict[str, set[str]] | dict[str, dict]) -> list[str] | None:
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -66,19 +162,100 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_import_graph_has_no_circle():
-    cycle = find_cycle(graph())
-    assert cycle is None, " -> ".join(cycle)
+def test_every_import_goes_down_the_layers():
+    bad = layer_violations()
+    assert not bad, f"{len(bad)} imports break the layering:\n" + "\n".join(bad)
 
 
-def test_the_cycle_finder_finds_one():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+def test_the_package_graph_has_no_circle():
+    g = package_graph()
+    cycle = find_cycle(g)
+    assert cycle is None, "package circle: " + " -> ".join(cycle) + "\n" + "\n".join(
+        f"  {a} -> {b} at {g[a][b].where}" for a, b in zip(cycle, cycle[1:]))
+
+
+def test_the_module_graph_has_no_circle():
+    files = modules()
+    # an empty package __init__ is not an edge worth following
+    g = {m: {e.target for e in imports(p) if e.target in files and e.target != m
+             and (files[e.target].name != "__init__.py" or files[e.target].read_text().strip())}
+         for m, p in files.items()}
+    cycle = find_cycle(g)
+    assert cycle is None, "module circle: " + " -> ".join(cycle)
 
 
 def test_no_module_is_too_long():
-    long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"split these modules (over {MAX_LINES} lines): {long}"
+    long = [f"{p.relative_to(PKG.parent.parent)}:{n}: {n} lines, over the limit of {MAX_LINES}; split it"
+            for p in sorted(PKG.rglob("*.py")) if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, "\n".join(long)
 
+
+# What the CLI loads to plan, render and dry-run (the ~0.2 s path): these modules and what they import.
+CLI_PATH = ("cli", "plan", "cluster", "run.render", "run.runs")
+
+
+def cli_import_path() -> dict[str, list[str]]:
+    """Modules imported at module level from the CLI_PATH modules, each with the chain that reaches it."""
+    files = modules()
+    eager = {m: [e.target for e in imports(p) if not e.lazy] for m, p in files.items()}
+    roots = [m for m in files if any(m == f"taehv_launch.{r}" or m.startswith(f"taehv_launch.{r}.") for r in CLI_PATH)]
+    assert "taehv_launch.cli" in roots and "taehv_launch.plan.resolve" in roots, roots
+    chains = {m: [m] for m in roots}
+    todo = list(roots)
+    while todo:
+        m = todo.pop()
+        reached = [t for t in eager.get(m, []) if t in files]
+        parts = m.split(".")
+        reached += [".".join(parts[:i]) for i in range(1, len(parts))]   # importing a.b.c runs a and a.b
+        for t in reached:
+            if t not in chains:
+                chains[t] = chains[m] + [t]
+                todo.append(t)
+    return chains
+
+
+def test_the_cli_import_path_imports_nothing_heavy():
+    """Static: no module on the CLI's import path imports a heavy library at module level."""
+    files, bad = modules(), []
+    for m, chain in sorted(cli_import_path().items()):
+        for e in imports(files[m]):
+            if not e.lazy and e.target.split(".")[0] in HEAVY:
+                bad.append(f"{e.where}: heavy import on the CLI path: {e.target} at module level "
+                           f"(reached by {' -> '.join(chain)}); import it inside the function that needs it")
+    assert not bad, "\n".join(bad)
+
+
+def test_a_dry_run_loads_nothing_heavy():
+    """Dynamic: a real dry run (lazy imports included) leaves no heavy library in sys.modules."""
+    code = ("import sys; sys.argv = ['taehv-launch', '16', 'h100', '--dry-run', '--json']\n"
+            "from taehv_launch.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+            f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules], code, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    line = [l for l in proc.stderr.splitlines() if l.startswith("HEAVY ")]
+    assert line, proc.stderr
+    assert line[-1] == "HEAVY [] 0", f"the dry run loaded heavy libraries (or failed): {line[-1]}\n{proc.stderr}"
+
+
+# --- the checks can fail: each rule fires on a small made-up case -------------------------------------
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_an_upward_and_a_sideways_import_are_caught():
+    plan = PKG / "plan" / "resolve.py"
+    run = PKG / "run" / "render.py"
+    sources = {plan: "def f():\n    from ..run import launch\n",                     # upward, lazy, relative
+               run: "import os\nfrom taehv_launch.train import main\n"}               # same layer, absolute
+    bad = layer_violations({module_name(plan): plan, module_name(run): run}, sources)
+    assert len(bad) == 2, bad
+    assert bad[0].startswith("src/taehv_launch/plan/resolve.py:2: upward lazy import: plan imports taehv_launch.run")
+    assert bad[1].startswith("src/taehv_launch/run/render.py:2: same-layer import: run imports taehv_launch.train")
+
+
+# --- rules that are not about the graph -----------------------------------------------------------------
 
 PRIVATE = ("_terminate_process_handler", "__compatible_ops__", "_lazy_init_hp_params_optimizer_state",
            "mock.patch", ".step -= 1", "from unittest import mock")
