@@ -233,11 +233,11 @@ TRAINER_CASES = [
     Case("annotation-paths-all-missing", ("1", "cpu", *ANN), r"none of the 2 videos listed in .*ann\.json exist",
          setup=_annotated({"list": [{"path": "gone1.mp4"}, {"path": "sub/gone2.mp4"}]}), slow=True),
     Case("only-broken-videos", ("1", "cpu", "--set", "data_root='{tmp}/broken'"),
-         r"none of the first \d videos gives a usable clip of n_frames=12 frames", setup=_broken_videos),
+         r"none of the first \d videos gives a usable clip of n_frames=12 frames", setup=_broken_videos, slow=True),
     Case("pretrained-missing", ("1", "cpu", "--set", "pretrained_model_path='{tmp}/taehv.pth'"),
          r"TAEHV weights not found: .*taehv\.pth", slow=True),
     Case("pretrained-not-weights", ("1", "cpu", "--set", "pretrained_model_path='{tmp}/taehv.pth'"),
-         r"cannot read TAEHV weights .*taehv\.pth", setup=_write("taehv.pth", "these are not weights\n")),
+         r"cannot read TAEHV weights .*taehv\.pth", setup=_write("taehv.pth", "these are not weights\n"), slow=True),
     # more of the same kinds, and those marked slow above (with -m slow: each starts the trainer, ~10 s of CPU)
     Case("annotation-missing", ("1", "cpu", *DATA, "--set", "annotation_file='{tmp}/a.json'"),
          r"annotation_file .*a\.json not found", setup=_mkdir("videos"), slow=True),

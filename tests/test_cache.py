@@ -177,6 +177,7 @@ def test_a_run_that_does_not_match_the_cache_is_refused_before_it_starts(cache, 
     assert run_cli_here(*base, cwd=tmp_path).returncode == 0
 
 
+@pytest.mark.slow   # a real trainer run (9-36 s): the fast suite reads the cache in-process (tests above)
 def test_training_from_the_cache_runs_without_the_reference_vae(cache, tmp_path):
     from trainrun import launch, ok
 

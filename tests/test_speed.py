@@ -89,7 +89,7 @@ def test_bench_compare_needs_a_gpu_for_gpu_profiles_and_gpus_profile():
 
 
 def test_bench_loader_smoke(tmp_path, videos):
-    proc = run_cli("bench", "--loader", "--data-root", str(videos), "--height", "64", "--width", "64",
+    proc = run_cli("bench", "loader", "--data-root", str(videos), "--height", "64", "--width", "64",
                    "--micro", "2", "--workers", "2", "--seconds", "1", "--clips", "4", "--decoder", "opencv", "--json",
                    env=clean_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -68,7 +68,7 @@ RANK_SCRIPT = textwrap.dedent("""
     deadline = time.time() + 20
     while not flag.local and time.time() < deadline:
         time.sleep(0.05)
-    time.sleep(3.0)            # more signals may come: only a second direct one aborts
+    sys.stdin.read()           # more signals may come until the test closes stdin: only a second direct one aborts
     print("stopping once", flag.local, flush=True)
 """)
 
@@ -84,12 +84,13 @@ RANK_SCRIPT = textwrap.dedent("""
     ((signal.SIGTERM, signal.SIGTERM), 2.3, 130),      # the same signal again, later: abort
 ])
 def test_relay_never_counts_as_a_second_signal(sequence, gap, code):
-    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
-    for sig in sequence:
+    for i, sig in enumerate(sequence):
+        time.sleep(gap if i else 0)
         proc.send_signal(sig)
-        time.sleep(gap)
+    time.sleep(0.5)            # the last signal is handled before stdin closes (the rank's wait ends)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, (out, err)
     if code == 0:

@@ -29,7 +29,7 @@ def tb_images(run_dir, tag):
     return out
 
 
-@pytest.mark.slow   # ~57 s, two trainer runs; real trainer runs stay fast in test_cache.py and the non-finite test below
+@pytest.mark.slow   # ~57 s, two trainer runs; a real trainer run stays fast in the non-finite test below
 def test_demo_trains_checkpoints_exports_and_resumes(tmp_path):
     proc, run = launch(tmp_path, 1, "--set", "max_train_steps=4")
     ok(proc)
