@@ -35,7 +35,7 @@ def test_gpu_plan_on_a_cpu_machine_fails_clearly(tmp_path):
     assert c["gpus"]["status"] == "FAIL" and "no GPU visible" in c["gpus"]["detail"] and c["gpus"]["fix"]
     assert c["data"]["status"] == "FAIL" and "data_root" in c["data"]["fix"]
     assert c["reference VAE"]["status"] == "FAIL"
-    assert c["memory plan"]["status"] == "PASS" and "55.2 GiB" in c["memory plan"]["detail"]
+    assert c["memory plan"]["status"] == "PASS" and "predicted peak" in c["memory plan"]["detail"]
 
 
 def test_memory_plan_fails_when_the_micro_batch_cannot_fit(tmp_path):

@@ -128,8 +128,9 @@ def decode_rate(name: str, plans: list[tuple[str, list[int]]], procs: int) -> fl
         return len(plans) / (time.perf_counter() - t0)
 
 
-def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int | None, seconds: float) -> float:
-    """Clips/s of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
+def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int | None,
+                seconds: float) -> tuple[float, float]:
+    """(Clips/s, CPU cores) of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
     from ..train import data, decode
     from ..plan.schema import make_config
     from ..train.build import ShardedInfiniteSampler, make_loader
@@ -141,27 +142,117 @@ def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: in
     sampler = ShardedInfiniteSampler(len(ds), 0, 1, seed=0)
     loader = make_loader(ds, cfg["micro_batch_size"], sampler, make_config(cfg | {"dataloader_num_workers": workers}))
     it = iter(loader)
-    for _ in range(max(1, workers)):          # every worker has started and delivered once
-        next(it)
-    t0, clips = time.perf_counter(), 0
+    try:
+        return _timed(it, workers, seconds)
+    finally:
+        del it, loader
+        decode.WORKER_DECODE_THREADS = None
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes (all their threads), from /proc."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _timed(batches, workers: int, seconds: float) -> tuple[float, float]:
+    """(clips/s, CPU cores used by this process and the DataLoader's workers) over `seconds`."""
+    for _ in range(max(2, workers)):          # every worker has started and delivered once
+        next(batches)
+    it = getattr(batches, "it", batches)
+    pids = [os.getpid(), *(w.pid for w in getattr(it, "_workers", []))]
+    cpu0, t0, clips = _cpu_seconds(pids), time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
-        clips += len(next(it)["frames"])
-    rate = clips / (time.perf_counter() - t0)
-    del it, loader
-    decode.WORKER_DECODE_THREADS = None
-    return rate
+        clips += len(next(batches)["frames"])
+    wall = time.perf_counter() - t0
+    return clips / wall, (_cpu_seconds(pids) - cpu0) / wall
+
+
+def stage_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int, seconds: float) -> tuple[float, float]:
+    """(clips/s, CPU cores) of the trainer's GPU path: the dataset planning tickets in `workers`
+    DataLoader workers and the DecodeStage decoding them with NVDEC in `threads` threads."""
+    import torch
+
+    from ..plan.schema import make_config
+    from ..train import data, nvdec
+    from ..train.build import ShardedInfiniteSampler, make_loader
+
+    ds = data.VideoClipDataset(files, height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
+                               min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
+                               random_flip=True, seed=0, train=True)
+    ds.defer = True
+    loader = make_loader(ds, cfg["micro_batch_size"], ShardedInfiniteSampler(len(ds), 0, 1, seed=0),
+                         make_config(cfg | {"dataloader_num_workers": workers}))
+    stage = nvdec.DecodeStage(loader, ds, torch.device("cuda"), cfg["height"], cfg["width"], nvdec.NvdecDecoder,
+                              threads=threads)
+    try:
+        return _timed(stage, workers, seconds)
+    finally:
+        stage.close()
+
+
+def by_height(files: list[str], heights: list[int] | None) -> list[tuple[str, list[str]]]:
+    """[(label, files)]: all files, or per requested source height (from the headers)."""
+    if not heights:
+        return [("", files)]
+    from ..errors import DataError
+    from ..train.decode import header_info
+
+    found: dict[int, list[str]] = {}
+    for f in files:
+        found.setdefault(header_info(f)[2], []).append(f)
+    missing = [h for h in heights if h not in found]
+    if missing:
+        have = ", ".join(f"{h}p ({len(v)})" for h, v in sorted(found.items()) if h)
+        raise DataError(f"no videos {missing[0]} pixels high under the data root (it has: {have or 'none'}): "
+                        f"pass --resolution with one of those heights")
+    return [(f"{h}p", found[h]) for h in heights]
 
 
 def run(data_root: str, height: int, width: int, n_frames: int, micro: int, workers: list[int],
-        decoders: list[str], seconds: float, clips: int, as_json: bool) -> int:
+        decoders: list[str], seconds: float, clips: int, as_json: bool, resolutions: list[int] | None = None,
+        threads: int = 4) -> int:
     import torch
 
-    files = _videos(data_root)
+    everything = _videos(data_root)
+    groups = by_height(everything, resolutions)
+    if "nvdec" in decoders:
+        from ..train.nvdec import nvdec_available
+
+        why = nvdec_available()
+        if why:
+            from ..errors import DataError
+
+            raise DataError(f"bench loader --decoder nvdec needs a GPU with PyNvVideoCodec: {why}")
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: print(m, flush=True))
+    rows: list[dict[str, Any]] = []
+    report: dict[str, Any] = {}
+    for label, files in groups:
+        if label:
+            log(f"--- sources {label}: {len(files)} files")
+        report = _run_set(files, data_root, height, width, n_frames, micro, workers, decoders, seconds, clips, log,
+                          threads)
+        rows += [r | ({"sources": label} if label else {}) for r in report["rows"]]
+    report.update(rows=rows, files=len(everything))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    return 0
+
+
+def _run_set(files: list[str], data_root: str, height: int, width: int, n_frames: int, micro: int,
+             workers: list[int], decoders: list[str], seconds: float, clips: int, log, threads: int) -> dict[str, Any]:
+    import torch
+
     cfg = {"height": height, "width": width, "n_frames": n_frames, "min_frame_delta": 1, "max_frame_delta": 2,
            "micro_batch_size": micro, "prefetch_factor": 2}
     plans = clip_plans(files, clips, n_frames, 2)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    log = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: print(m, flush=True))
     import cv2
 
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": cores, "files": len(files),
@@ -175,7 +266,7 @@ def run(data_root: str, height: int, width: int, n_frames: int, micro: int, work
         report["pyav"] = "absent"
     log(f"bench --loader: {len(files)} files under {data_root}, {cores} cores, clips of {n_frames} frames "
         f"cropped to {height}x{width}")
-    for name in decoders:
+    for name in [d for d in decoders if d != "nvdec"]:
         if not _available(name):
             log(f"  {name}: not installed, skipped")
             continue
@@ -183,12 +274,19 @@ def run(data_root: str, height: int, width: int, n_frames: int, micro: int, work
             rate = decode_rate(name, plans if procs > 1 else plans[: max(4, clips // 4)], procs)
             report["rows"].append({"what": "decode", "decoder": name, "procs": procs, "clips_per_s": rate})
             log(f"  decode  {name:<15} {procs:>3} processes  {rate:8.1f} clips/s")
-    for threads in (0, 1, None):
+    for ffmpeg in (0, 1, None) if any(d.startswith("opencv") for d in decoders) else ():
         for w in workers:
-            rate = loader_rate(files, cfg, w, threads, seconds)
-            label = {0: "opencv-ffmpeg-default", 1: "opencv-1thread", None: "opencv-share"}[threads]
-            report["rows"].append({"what": "loader", "decoder": label, "procs": w, "clips_per_s": rate})
-            log(f"  loader  {label:<15} {w:>3} workers    {rate:8.1f} clips/s  (trainer's dataset + DataLoader)")
-    if as_json:
-        print(json.dumps(report, indent=2))
-    return 0
+            rate, used = loader_rate(files, cfg, w, ffmpeg, seconds)
+            label = {0: "opencv-ffmpeg-default", 1: "opencv-1thread", None: "opencv-share"}[ffmpeg]
+            report["rows"].append({"what": "loader", "decoder": label, "procs": w, "clips_per_s": rate,
+                                   "cpu_cores": used})
+            log(f"  loader  {label:<15} {w:>3} workers    {rate:8.1f} clips/s  {used:5.1f} cores  "
+                f"(trainer's dataset + DataLoader)")
+    if "nvdec" in decoders:
+        for w in workers:
+            rate, used = stage_rate(files, cfg, w, threads, seconds)
+            report["rows"].append({"what": "loader", "decoder": "nvdec", "procs": w, "threads": threads,
+                                   "clips_per_s": rate, "cpu_cores": used})
+            log(f"  loader  {'nvdec':<15} {w:>3} workers    {rate:8.1f} clips/s  {used:5.1f} cores  "
+                f"(trainer's dataset planning, {threads} NVDEC threads in this process)")
+    return report

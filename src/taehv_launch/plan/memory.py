@@ -7,7 +7,10 @@ Checked on one real H100 80GB (2026-11-23, `bash scripts/gpu_speed.sh compare`):
 (micro 8, compiled reference encode at chunk 2, Seraena crop 256) peaked at 53.9-54.0 GiB allocated
 against 55.2 GiB predicted here.
 
-    peak = TRAINER_OVERHEAD + max(step(micro), reference_encode(chunk)) + CUDA_CONTEXT
+    peak = TRAINER_OVERHEAD + max(step(micro), reference_encode(chunk)) + CUDA_CONTEXT + decode
+
+`decode` is the GPU video decoder (video_decoder nvdec or auto on a GPU profile): its NVDEC
+sessions' surfaces per thread and the decoded batches in flight, which live beside the step.
 
 The step and the reference encode do not overlap (latents are computed before TAEHV's
 activations exist), hence the max. Sizes scale with n_frames x height x width relative to
@@ -34,6 +37,11 @@ REF_EXTRA_CLIP_SHARE = (26.58 - 7.32) / 3 / 7.32
 # master weights and AdamW moments, EMA, the Seraena replay buffer, the reference VAE's weights.
 TRAINER_OVERHEAD_GIB = 54.1 - 50.78
 CUDA_CONTEXT_GIB = 1.1                        # total - free after CUDA init, single process
+# NVDEC per decoding thread: its sessions' surfaces and the float working frames of the conversion and
+# resize. Measured on the H100 with 4 threads (scripts/gpu_decode_check.py, docs/benchmarks.md issue 23):
+# the process grew 5.9 GiB beyond its CUDA context at 1080p and 7.8 GiB more with 2160p sources.
+NVDEC_GIB_PER_THREAD = 1.9
+NVDEC_BATCHES_IN_FLIGHT = 4                   # DecodeStage depth 3 + the batch the step holds
 HEADROOM = 0.90                               # plan to use at most this share of the GPU (10% headroom)
 
 
@@ -59,6 +67,14 @@ def predict_gib(micro: int, n_frames: int, height: int, width: int, checkpointin
     return TRAINER_OVERHEAD_GIB + max(step, ref) + CUDA_CONTEXT_GIB
 
 
+def decode_gib(cfg: dict) -> float:
+    """GPU memory of the GPU video decoder (0 when training decodes on the CPU)."""
+    if cfg.get("video_decoder", "opencv") == "opencv":
+        return 0.0
+    batch = cfg["micro_batch_size"] * cfg["n_frames"] * 3 * cfg["height"] * cfg["width"] / 2**30
+    return cfg.get("video_decode_threads", 4) * NVDEC_GIB_PER_THREAD + NVDEC_BATCHES_IN_FLIGHT * batch
+
+
 def runs_reference_encode(cfg: dict) -> bool:
     """Whether training runs the reference encode on the GPU (not when it reads a latent cache only)."""
     return bool(cfg["use_ref_vae"]) and not (cfg.get("latent_cache") and cfg.get("latent_cache_encode") == "never")
@@ -71,7 +87,8 @@ def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
 
     def need(micro: int) -> float:
         return predict_gib(micro, cfg["n_frames"], cfg["height"], cfg["width"], cfg["gradient_checkpointing"],
-                           cfg["ref_vae_type"], cfg["ref_vae_chunk_size"], runs_reference_encode(cfg))
+                           cfg["ref_vae_type"], cfg["ref_vae_chunk_size"], runs_reference_encode(cfg)) \
+            + decode_gib({**cfg, "micro_batch_size": micro})
 
     micro, budget = cfg["micro_batch_size"], gpu * HEADROOM
     peak = need(micro)

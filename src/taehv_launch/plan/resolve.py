@@ -161,8 +161,11 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
     need(c["max_grad_norm"] > 0, f"max_grad_norm={c['max_grad_norm']} must be positive")
     need(len(c["ref_latent_mean"]) == len(c["ref_latent_std"]),
          "ref_latent_mean and ref_latent_std must have the same length (one value per latent channel)")
+    need(1 <= c["video_decode_threads"] <= 32, f"video_decode_threads={c['video_decode_threads']} must be 1-32")
     if profile.device == "cpu":
         need(c["mixed_precision"] in ("no", "bf16"), "mixed_precision=fp16 is not supported on the cpu profile")
+        need(c["video_decoder"] != "nvdec", "video_decoder=nvdec decodes on a GPU's NVDEC; the cpu profile has "
+                                            "none: use --set video_decoder=opencv (or auto)")
     if c["latent_cache"] and not c["use_ref_vae"]:
         raise ConfigError("latent_cache holds reference latents but use_ref_vae=False trains without them: "
                           "drop one of the two")

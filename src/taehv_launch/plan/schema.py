@@ -41,6 +41,12 @@ KEYS: dict[str, Key] = {
     "validation_batch_size": Key(1, int, "clips per rank per validation batch"),
     "dataloader_num_workers": Key(4, int, "DataLoader worker processes per rank"),
     "prefetch_factor": Key(2, int, "batches prefetched per worker"),
+    "video_decoder": Key("auto", str, "where training clips are decoded: nvdec (the GPU's hardware decoder, in the "
+                                      "training process; needs the [nvdec] extra), opencv (CPU, in the DataLoader "
+                                      "workers), auto (nvdec on GPUs when installed, else opencv)",
+                         ("auto", "nvdec", "opencv")),
+    "video_decode_threads": Key(4, int, "with nvdec: decoding threads per rank, each with its own NVDEC session "
+                                        "and CUDA stream"),
     "index_cache_dir": Key("", str, "where the dataset index is cached (default: <output_dir>/.index)"),
     # --- reference VAE ----------------------------------------------------------------
     "use_ref_vae": Key(True, bool, "distil from a reference VAE (False: decoder trains on its own encodings)"),

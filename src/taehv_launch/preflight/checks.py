@@ -181,11 +181,13 @@ def _demo_asset(plan: Plan, which: int) -> str | None:
 
 
 def check_data(plan: Plan, quick: bool) -> list[Check]:
+    from .decoder import check_decoder
+
     c = plan.config
     if not c["data_root"]:
         return [Check("data", FAIL, "data_root is not set", "--set data_root=/path/to/videos")]
     if demo := _demo_asset(plan, 0):
-        return [Check("data", PASS, "built-in synthetic demo set: " + demo)]
+        return [Check("data", PASS, "built-in synthetic demo set: " + demo), check_decoder(plan, None)]
     from ..train.data import VideoClipDataset
     from ..dataindex.index import build_index
 
@@ -212,7 +214,8 @@ def check_data(plan: Plan, quick: bool) -> list[Check]:
     out.append(Check("data decode", status, f"{len(sample) - len(broken)}/{len(sample)} sampled videos decode to "
                      f"{c['n_frames']}x{c['height']}x{c['width']}" + (f"; broken e.g. {broken[0]}" if broken else ""),
                      "" if status == PASS else "broken files are skipped during training; remove them or fix the paths"))
-    return out
+    good = [e.path for e in sample if e.path not in broken]
+    return out + [check_decoder(plan, good[0] if good else None)]
 
 
 # ---------------------------------------------------------------- models

@@ -99,6 +99,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
         f"  clips     {c['n_frames']} frames of {c['height']}x{c['width']}, stride {c['min_frame_delta']}-"
         f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default}{' = built-in tiny demo VAE' if demo_vae and c['ref_vae_path'] == demo_vae else ''})",
         f"  data      {c['data_root'] or default_data}{' (built-in synthetic demo videos)' if demo_data and c['data_root'] == demo_data else ''}",
+        *([] if cache else [f"  decode    {decode_line(plan)}"]),
         f"  timeouts  process group {c['nccl_timeout']} s" + ("" if cache else
                                                              f"; checkpoint every {c['checkpointing_steps']}, "
                                                              f"validate every {c['validation_steps']}, "
@@ -135,3 +136,15 @@ def cache_size_check(plan: Plan):
 
     size = cache_size(plan.config)
     return size, (space_problem(size, plan.config["latent_cache"]) if size is not None else "")
+
+
+def decode_line(plan: Plan) -> str:
+    """Where training clips are decoded (video_decoder), said without importing the decoder."""
+    c, workers = plan.config, plan.config["dataloader_num_workers"]
+    cpu = f"OpenCV on the CPU in {workers} DataLoader workers per process"
+    if c["video_decoder"] == "opencv" or plan.profile.device == "cpu":
+        return cpu
+    nv = (f"NVDEC on the GPU (PyNvVideoCodec, {c['video_decode_threads']} threads per process, H.264; other codecs "
+          f"and files NVDEC refuses on the CPU)")
+    return nv if c["video_decoder"] == "nvdec" else f"{nv} where installed (the [nvdec] extra), else {cpu}"
+

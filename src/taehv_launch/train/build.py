@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from ..errors import DataError, ModelError
+from ..errors import ConfigError, DataError, ModelError
 from ..plan.schema import Config
 from ..plan.demo import demo_cache_dir, demo_paths
 
@@ -126,6 +126,54 @@ def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
     extra = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True) if workers > 0 else {}
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
                       worker_init_fn=worker_init_fn, pin_memory=torch.cuda.is_available(), drop_last=True, **extra)
+
+
+# Test-only: "opencv" runs the GPU decode stage with OpenCV frames on any device (CPU CI), and
+# TEST_REFUSE_ENV lists file suffixes that stand-in decoder refuses, as NVDEC refuses some files.
+TEST_STAGE_ENV, TEST_REFUSE_ENV = "TAEHV_LAUNCH_TEST_STAGE_DECODER", "TAEHV_LAUNCH_TEST_STAGE_REFUSE"
+
+
+def use_decoder(cfg: Config, device: torch.device, dataset, log) -> str:
+    """Which decoder cuts the training clips ("nvdec" or "opencv"), said in one line; with nvdec the
+    dataset plans clips (tickets) and the training process decodes them (nvdec.DecodeStage)."""
+    from .nvdec import choose, nvdec_version
+
+    name, why = choose(cfg, device)
+    if os.environ.get(TEST_STAGE_ENV):
+        name, why = "nvdec", ""
+    if cfg.video_decoder == "nvdec" and name != "nvdec":
+        raise ConfigError(f"video_decoder=nvdec, but {why}: install the extra (pip install 'taehv-launch[nvdec]') "
+                          f"or use --set video_decoder=auto")
+    if name == "nvdec":
+        dataset.defer = True
+        what = "a test stand-in (OpenCV frames)" if os.environ.get(TEST_STAGE_ENV) else \
+            f"NVDEC, PyNvVideoCodec {nvdec_version()}"
+        log(f"data: decoding training clips on the GPU ({what}, {cfg.video_decode_threads} threads per rank); "
+            f"files it cannot take are decoded on the CPU")
+    else:
+        log(f"data: decoding training clips on the CPU (OpenCV, {cfg.dataloader_num_workers} DataLoader workers "
+            f"per rank)" + (f"; not on the GPU: {why}" if why and device.type == "cuda" else ""))
+    return name
+
+
+def batches(loader, decoder: str, cfg: Config, device: torch.device, log):
+    """The loader itself, or with nvdec the DecodeStage that decodes its tickets."""
+    if decoder != "nvdec":
+        return loader
+    from .nvdec import DecodeRefused, DecodeStage, NvdecDecoder, OpenCVFrames
+
+    make = NvdecDecoder
+    if os.environ.get(TEST_STAGE_ENV):
+        refuse = tuple(x for x in os.environ.get(TEST_REFUSE_ENV, "").split(",") if x)
+
+        class Refusing(OpenCVFrames):
+            def frames(self, path, indices):
+                if refuse and path.endswith(refuse):
+                    raise DecodeRefused("the test decoder refuses this file", os.path.basename(path))
+                return super().frames(path, indices)
+        make = Refusing
+    return DecodeStage(loader, loader.dataset, device, cfg.height, cfg.width, make, threads=cfg.video_decode_threads,
+                       log=log)
 
 
 def load_reference(cfg: Config, device: torch.device):

@@ -23,7 +23,8 @@ from torch.utils.data import Dataset
 from ..errors import DataError
 from ..plan.schema import Config
 from ..dataindex import latentcache as lc
-from .data import Crop, View, VideoClipDataset, read_view
+from .data import Crop, Ticket, View, VideoClipDataset, read_view
+from .decode import codec_of
 from .refvae import weights_digest
 from ..dataindex.viewtable import ViewTable, as_table
 
@@ -47,6 +48,7 @@ class CachedViewDataset(Dataset):
         self._broken: dict[str, str] = {}              # video path or shard label -> why (per worker)
         self._handles: OrderedDict[str, Any] = OrderedDict()
         self._quiet = False
+        self.defer = False               # True: items carry a Ticket, not frames (GPU decode, train/nvdec.py)
 
     def __len__(self) -> int:
         return len(self.views) + (len(self.extra) if self.extra is not None else 0)
@@ -75,8 +77,9 @@ class CachedViewDataset(Dataset):
         if j >= len(self.views):                       # a video the cache does not have: a fresh clip
             video = j - len(self.views)
             path = self.extra.entries[video].path
-            clip = self.extra.clip(video, i)
-            return ({"frames": clip, "latents": None, "online": True} if clip is not None else None), path
+            clip = self.extra.plan(video, i) if self.defer else self.extra.clip(video, i)
+            key = "ticket" if self.defer else "frames"
+            return ({key: clip, "latents": None, "online": True} if clip is not None else None), path
         shard, rec = self.views[j]
         path = os.path.join(self.data_root, rec["video"])
         if path in self._broken:
@@ -84,16 +87,17 @@ class CachedViewDataset(Dataset):
         frames = self._frames(path, rec)
         if frames is None:
             return None, path
+        key = "ticket" if isinstance(frames, Ticket) else "frames"
         if not self.read_latents:
-            return {"frames": frames, "latents": None, "online": True}, ""
+            return {key: frames, "latents": None, "online": True}, ""
         label = f"latent cache shard {shard}"
         row_label = f"{label} row {rec['row']}"
         latents = None if (label in self._broken or row_label in self._broken) else self._latents(shard, rec, label)
         if latents is None:
             if self.online_fallback:
-                return {"frames": frames, "latents": None, "online": True}, ""
+                return {key: frames, "latents": None, "online": True}, ""
             return None, (label if label in self._broken else row_label)
-        return {"frames": frames, "latents": latents, "online": False}, ""
+        return {key: frames, "latents": latents, "online": False}, ""
 
     def probe(self, tries: int = 16) -> None:
         """Read the first views until one is usable, so that a moved data_root or a cache of other files
@@ -113,7 +117,14 @@ class CachedViewDataset(Dataset):
                         f"{self._broken.get(labels[0], 'unreadable')}): point data_root at the videos the cache was "
                         f"written from, or write the cache again")
 
-    def _frames(self, path: str, rec: dict[str, Any]) -> torch.Tensor | None:
+    def recover(self, ticket: Ticket) -> torch.Tensor | None:
+        """The ticket's clip decoded on the CPU (when the GPU decoder cannot take the file); None: unusable."""
+        if ticket.video >= 0 and self.extra is not None:
+            return self.extra.recover(ticket)
+        clip = read_view(ticket.path, ticket.view, self.height, self.width)
+        return clip if clip is not None else self._mark(ticket.path, "cannot be decoded")
+
+    def _frames(self, path: str, rec: dict[str, Any]) -> torch.Tensor | Ticket | None:
         try:
             size = os.path.getsize(path)
         except OSError:
@@ -121,6 +132,8 @@ class CachedViewDataset(Dataset):
         if size != rec["bytes"]:
             return self._mark(path, f"changed since it was cached ({rec['bytes']} bytes then, {size} now)")
         view = View(tuple(rec["frames"]), Crop(*rec["crop"]), rec["seek"])
+        if self.defer:
+            return Ticket(path, view, codec=codec_of(path))
         clip = read_view(path, view, self.height, self.width)
         return clip if clip is not None else self._mark(path, "cannot be decoded")
 
@@ -158,14 +171,16 @@ class CachedViewDataset(Dataset):
 
 
 def collate_cached(batch: list[dict[str, Any]]) -> dict[str, Any]:
-    """frames uint8 NTCHW; latents float32 NTCHW with zeros where `online` (None when no item has any)."""
-    frames = torch.stack([it["frames"] for it in batch])
+    """frames uint8 NTCHW (or "tickets": planned clips); latents float32 NTCHW with zeros where `online`
+    (None when no item has any)."""
+    frames = {"tickets": [it["ticket"] for it in batch]} if "ticket" in batch[0] else \
+        {"frames": torch.stack([it["frames"] for it in batch])}
     stored = [it["latents"] for it in batch if it["latents"] is not None]
     latents = None
     if stored:
         latents = torch.stack([it["latents"] if it["latents"] is not None else torch.zeros_like(stored[0])
                                for it in batch])
-    return {"frames": frames, "latents": latents, "online": [it["online"] for it in batch],
+    return {**frames, "latents": latents, "online": [it["online"] for it in batch],
             "skipped": [p for it in batch for p in it["skipped"]]}
 
 

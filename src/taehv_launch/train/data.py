@@ -24,11 +24,12 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError, DataError
-from .decode import _decode_path, count_frames, header_frame_count, open_video
+from .decode import _decode_path, codec_of, count_frames, header_frame_count, header_info, read_prefix
 from ..dataindex.flat import VideoEntry, as_flat
 
 log = logging.getLogger(__name__)
 
+HEADER_CACHE = 4096          # headers kept per worker when planning for the GPU decoder (bounded: millions of files)
 MIN_SIDE = 8                # frames smaller than this (test_video.mp4 is 1x1) hold nothing to learn: broken
 # --- decoding ---------------------------------------------------------------------------
 
@@ -128,6 +129,21 @@ class View:
     seek: bool = True
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """A clip planned but not decoded (video_decoder="nvdec": the training process decodes it on the
+    GPU, train/nvdec.py). `src` is the header's (height, width), or None when unknown; `video` and
+    `item` let the dataset cut the same item on the CPU if the GPU decoder cannot (-1: not a
+    VideoClipDataset item)."""
+
+    path: str
+    view: View
+    src: tuple[int, int] | None = None
+    video: int = -1
+    item: int = -1
+    codec: str = ""             # the header's codec name (decode.codec_of), "" when unknown
+
+
 def render_clip(frames: Sequence[np.ndarray], crop: Crop, height: int, width: int) -> torch.Tensor:
     """Decoded BGR frames -> the uint8 TCHW RGB clip of `crop`, resized to height x width."""
     src_h, src_w = frames[0].shape[:2]
@@ -185,6 +201,8 @@ class VideoClipDataset(Dataset):
         self.seed, self.train, self.epoch = seed, train, 0
         self._broken: dict[str, str] = {}   # path -> why; per worker process, saves re-decoding
         self._lengths: dict[str, int] = {}  # counted lengths of files whose header has none
+        self.defer = False                  # True: items carry a Ticket, not frames (GPU decode)
+        self._headers: dict[str, tuple[int, int, int]] = {}   # deferred planning: a bounded header cache
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -198,9 +216,14 @@ class VideoClipDataset(Dataset):
         skipped: list[str] = []
         for video in self._candidates(int(i)):
             path = self.entries[video].path
-            clip = self.clip(video, int(i))
-            if clip is not None:
-                return {"frames": clip, "skipped": skipped}
+            if self.defer:
+                ticket = self.plan(video, int(i))
+                if ticket is not None:
+                    return {"ticket": ticket, "skipped": skipped}
+            else:
+                clip = self.clip(video, int(i))
+                if clip is not None:
+                    return {"frames": clip, "skipped": skipped}
             skipped.append(path)
         raise DataError(f"no usable video among {len(self.entries)} files: every one is unreadable, empty, "
                         f"shorter than n_frames={self.n_frames} frames or smaller than {MIN_SIDE}x{MIN_SIDE} pixels "
@@ -228,6 +251,45 @@ class VideoClipDataset(Dataset):
         if isinstance(got, str):
             return self._mark_broken(path, got)
         return got[0]
+
+    def plan(self, video: int, i: int) -> Ticket | None:
+        """Item i's clip of one video, planned from the header without decoding (the same frames and
+        crop as clip() draws), or None: the file is unusable (and marked so)."""
+        path = self.entries[video].path
+        if path in self._broken:
+            return None
+        length, w, h = self._header(path)
+        if length == 0:
+            return self._mark_broken(path, "cannot be opened or has no frames")
+        if length < self.n_frames:
+            return self._mark_broken(path, f"{length} frames, fewer than n_frames={self.n_frames}")
+        if min(w, h) < MIN_SIDE:
+            return self._mark_broken(path, f"{w}x{h} pixels, smaller than {MIN_SIDE}" if w and h
+                                     else "no frame size in its header")
+        rng = (lambda stream: self._rng(i, video, stream)) if self.train else None
+        wanted = plan_frames(rng(0) if rng else None, length, self.n_frames, self.min_frame_delta, self.max_frame_delta)
+        crop = plan_crop(rng(1) if rng else None, h, w, self.height, self.width, self.random_flip,
+                         self.random_downscale)
+        return Ticket(path, View(tuple(wanted), crop, path not in self._lengths), (h, w), video, i, codec_of(path))
+
+    def recover(self, ticket: Ticket) -> torch.Tensor | None:
+        """The ticket's clip cut on the CPU (when the GPU decoder cannot take the file): the same item
+        as clip() gives it, re-planned if the file is shorter than its header says; None: unusable."""
+        return self.clip(ticket.video, ticket.item)
+
+    def _header(self, path: str) -> tuple[int, int, int]:
+        """(usable length, width, height) from the header; a short or missing count is counted."""
+        got = self._headers.get(path)
+        if got is None:
+            count, w, h = header_info(path)
+            if count < self.n_frames:
+                if path not in self._lengths:
+                    self._lengths[path] = count_frames(path)     # 0 when it cannot be opened
+                count = self._lengths[path]
+            if len(self._headers) >= HEADER_CACHE:
+                self._headers.pop(next(iter(self._headers)))
+            got = self._headers[path] = (count, w, h)
+        return got
 
     def make_view(self, path: str, rng: Callable[[int], np.random.Generator] | None) -> tuple[torch.Tensor, View] | str:
         """A clip of `path` and the View it was cut by, or why the file is unusable.
@@ -295,10 +357,13 @@ def _check_sizes(height: int, width: int, n_frames: int, min_delta: int, max_del
 
 
 def collate(batch: list[dict]) -> dict:
-    """Items -> {"frames": uint8 NTCHW RGB, "skipped": all broken paths hit by the batch}."""
+    """Items -> {"frames": uint8 NTCHW RGB (or "tickets": planned clips), "skipped": all broken paths hit}."""
+    skipped = [p for item in batch for p in item["skipped"]]
+    if "ticket" in batch[0]:
+        return {"tickets": [item["ticket"] for item in batch], "skipped": skipped}
     frames = torch.stack([item["frames"] for item in batch])
     assert frames.ndim == 5 and frames.shape[2] == 3 and frames.dtype == torch.uint8, frames.shape
-    return {"frames": frames, "skipped": [p for item in batch for p in item["skipped"]]}
+    return {"frames": frames, "skipped": skipped}
 
 
 def probe_first_usable(entries: Sequence[VideoEntry], n_frames: int, max_tries: int = 16) -> tuple[int, list[str]]:
@@ -328,24 +393,5 @@ def usable_entries(entries: Sequence[VideoEntry], n_frames: int) -> list[VideoEn
 
 def _gives_usable_frame(path: str, n_frames: int) -> bool:
     """n_frames decodable frames of at least MIN_SIDE pixels a side."""
-    frames = _read_prefix(path, max(1, n_frames))
+    frames = read_prefix(path, max(1, n_frames))
     return len(frames) >= max(1, n_frames) and min(frames[0].shape[:2]) >= MIN_SIDE
-
-
-def _read_prefix(path: str, n: int) -> list[np.ndarray]:
-    """Up to n frames from the start of a video (BGR); [] if it cannot be read."""
-    cap = open_video(path)
-    if cap is None:
-        return []
-    frames: list[np.ndarray] = []
-    try:
-        while len(frames) < n:
-            ok, frame = cap.read()
-            if not ok or frame is None:
-                break
-            frames.append(frame)
-    except cv2.error:
-        pass
-    finally:
-        cap.release()
-    return frames

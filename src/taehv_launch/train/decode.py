@@ -6,6 +6,7 @@ or -1 instead of raising, and decoding is bounded so a strange file cannot stall
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -122,13 +123,34 @@ def _decode_path(path: str, wanted: list[int], allow_seek: bool = True) -> tuple
 
 def header_frame_count(path: str) -> int:
     """The container's frame count, or -1 when unknown or implausible. Reads the header only."""
+    return header_info(path)[0]
+
+
+def header_info(path: str) -> tuple[int, int, int]:
+    """(frame count or -1 as header_frame_count gives it, width, height) from the header; the size is
+    (0, 0) when unknown, and (-1, 0, 0) when the file cannot be opened."""
     cap = open_video(path)
     if cap is None:
-        return -1
+        return -1, 0, 0
     try:
-        return _plausible(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        return (_plausible(cap.get(cv2.CAP_PROP_FRAME_COUNT)), max(0, int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))),
+                max(0, int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))))
     finally:
         cap.release()
+
+
+@functools.lru_cache(maxsize=4096)
+def codec_of(path: str) -> str:
+    """The video stream's codec as OpenCV names it from the header (e.g. "h264", "hevc", "vp90"), lower
+    case; "" when unknown. Cached per process (bounded)."""
+    cap = open_video(path)
+    if cap is None:
+        return ""
+    try:
+        code = int(cap.get(cv2.CAP_PROP_FOURCC))
+    finally:
+        cap.release()
+    return code.to_bytes(4, "little").decode("latin-1").strip("\x00 ").lower() if code > 0 else ""
 
 
 def _plausible(count: float) -> int:
@@ -136,3 +158,22 @@ def _plausible(count: float) -> int:
     if not math.isfinite(count) or count <= 0 or count > MAX_FRAME_HINT:
         return -1
     return int(count)
+
+
+def read_prefix(path: str, n: int) -> list[np.ndarray]:
+    """Up to n frames from the start of a video (BGR); [] if it cannot be read."""
+    cap = open_video(path)
+    if cap is None:
+        return []
+    frames: list[np.ndarray] = []
+    try:
+        while len(frames) < n:
+            ok, frame = cap.read()
+            if not ok or frame is None:
+                break
+            frames.append(frame)
+    except cv2.error:
+        pass
+    finally:
+        cap.release()
+    return frames

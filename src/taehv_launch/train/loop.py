@@ -91,9 +91,11 @@ class Trainer:
             self.state.config = config_dict(cfg)
             self.log(f"resumed from {resume} at step {self.state.step}")
         train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
+        decoder = build.use_decoder(cfg, self.device, train_ds, self.log)
         sampler = build.ShardedInfiniteSampler(len(train_ds), self.rank, self.world, cfg.seed,
                                                start=self.state.samples_seen)
         self.loader = build.make_loader(train_ds, cfg.micro_batch_size, sampler, cfg)
+        self.batches = build.batches(self.loader, decoder, cfg, self.device, self.log)   # GPU decode stage or loader
         self.writer = None
         if self.acc.is_main_process:
             from torch.utils.tensorboard import SummaryWriter
@@ -121,7 +123,6 @@ class Trainer:
         if what:
             self.log(f"compile: {' and '.join(what)} (first steps are slow while kernels are built; cache {cache})")
 
-    # ------------------------------------------------------------------ logging
     def log(self, msg: str, all_ranks: bool = False) -> None:
         if all_ranks or self.debug or getattr(self, "acc", None) is None or self.acc.is_main_process:
             prefix = f"[rank {self.acc.process_index}] " if (self.debug or all_ranks) and hasattr(self, "acc") else ""
@@ -211,7 +212,7 @@ class Trainer:
         window = Window()
         t_window, samples_window = time.perf_counter(), 0
         prof = self._profiler() if self.profile else contextlib.nullcontext()
-        data_iter = Prefetcher(self.loader, self.device)
+        data_iter = Prefetcher(self.batches, self.device)
         vote = AsyncVote(self.device) if self.world > 1 else None
         self.speed.start(st.step)
         self.bar = bar = self._progress(st.step, total)
@@ -372,13 +373,12 @@ class Trainer:
                        profile_memory=self.device.type == "cuda")
 
     def close(self) -> None:
+        getattr(self.batches, "close", lambda: None)()     # the GPU decode threads
         if self.writer is not None:
             self.writer.close()
 
 
 def train(cfg: Config, run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:
-
-
     trainer = Trainer(cfg, run_dir, resume, debug, profile)
     dog = Watchdog(run_dir, trainer.rank, trainer.world, node_rank(),
                    on_dead=abort_job(lambda code, msg: write_status(run_dir, code, msg), trainer.rank)).start()

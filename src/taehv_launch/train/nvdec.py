@@ -1,0 +1,319 @@
+"""Decoding clips on the GPU (NVDEC, through PyNvVideoCodec) inside the training process.
+
+With video_decoder="nvdec" the DataLoader workers only plan clips: each item opens its file's header,
+draws the frames and the crop exactly as the CPU path does, and returns a data.Ticket. DecodeStage,
+in the training process, turns a batch of tickets into a batch of clips: a pool of threads, each
+with its own NVDEC session and CUDA stream, decodes the planned frames into GPU memory, crops,
+resizes and flips them there, and hands uint8 NTCHW batches to the step several batches ahead, so
+decoding overlaps with training. Threads of one process share one CUDA context; decoder processes
+would each need their own and time-slice the GPU (docs/benchmarks.md, "Video decoders").
+
+A file the hardware decoder cannot take (no NVDEC support for its codec or pixel format, a failed
+frame fetch, ...) is cut on the CPU instead by the dataset's own code (`recover`), and NVDEC is not
+tried on it again; each reason is logged once. A file neither can read is replaced in its batch by
+another clip of that batch and reported like any broken video.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .data import Crop, Ticket
+
+CHUNK_BYTES = 256 << 20      # float32 frames resized at a time: bounds the 4K crop's working memory
+DECODER_CACHE = 2            # NVDEC sessions PyNvVideoCodec keeps per thread (one per stream shape)
+# Codecs (OpenCV's header names) NVDEC decodes here: H.264 was checked frame for frame against a decode
+# from frame 0 on the H100 (docs/benchmarks.md). HEVC gave wrong frames for some clips, so it and
+# every codec not checked yet (VP8/VP9/AV1, ...) are decoded on the CPU.
+NVDEC_CODECS = frozenset({"h264", "avc1", "avc3"})
+FETCH_FAILURES = 3           # failed frame fetches after which a file goes to the CPU for good (HEVC fails on a
+                             # few clips of a file that NVDEC otherwise decodes: docs/benchmarks.md)
+
+
+class DecodeRefused(Exception):
+    """The decoder cannot give this file's frames; `reason` is the category logged once."""
+
+    def __init__(self, reason: str, detail: str = "", *, for_good: bool = True):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason, self.detail, self.for_good = reason, detail, for_good
+
+
+def nvdec_available() -> str:
+    """'' when PyNvVideoCodec imports and a CUDA device is visible, else why not (one phrase)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        import PyNvVideoCodec  # noqa: F401
+    except Exception as err:        # ImportError, or its native library failing to load
+        return f"PyNvVideoCodec is not installed ({type(err).__name__}): pip install 'taehv-launch[nvdec]'"
+    return ""
+
+
+def nvdec_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("PyNvVideoCodec")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def yuv420_to_rgb(frame: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """An NV12 frame ((h * 3 / 2) x w uint8: Y rows, then interleaved U/V rows) -> uint8 (3, h, w) RGB with
+    the BT.601 limited-range matrix, as OpenCV's FFmpeg backend converts (so both paths give one colour)."""
+    y = (frame[:h].float() - 16.0) * (255.0 / 219.0)
+    uv = frame[h: h + h // 2].reshape(h // 2, w // 2, 2).permute(2, 0, 1).float()
+    uv = F.interpolate(uv[None], size=(h, w), mode="bilinear", align_corners=False)[0].sub_(128.0).mul_(255.0 / 224.0)
+    u, v = uv[0], uv[1]
+    rgb = torch.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u])
+    return rgb.round_().clamp_(0, 255).to(torch.uint8)
+
+
+class NvdecDecoder:
+    """One thread's NVDEC: a PyNvVideoCodec SimpleDecoder reconfigured per file, on its own CUDA stream.
+
+    output "nv12" (default) takes the decoder's native 8-bit 4:2:0 surfaces and converts them here
+    (yuv420_to_rgb); "rgbp" takes NVDEC's own RGB conversion, whose colours differ from OpenCV's."""
+
+    output = "nv12"
+
+    def __init__(self, device: torch.device):
+        import PyNvVideoCodec as nvc
+
+        self.nvc, self.device = nvc, device
+        self.stream = torch.cuda.Stream(device)
+        self.dec = None
+
+    def frames(self, path: str, indices: tuple[int, ...]) -> torch.Tensor:
+        """uint8 (T, 3, H, W) RGB frames at `indices` (clip order), on self.stream's device."""
+        try:
+            if self.dec is None:
+                colour = self.nvc.OutputColorType.RGBP if self.output == "rgbp" else self.nvc.OutputColorType.NATIVE
+                self.dec = self.nvc.SimpleDecoder(
+                    path, gpu_id=self.device.index or 0, cuda_stream=self.stream.cuda_stream,
+                    use_device_memory=True, decoder_cache_size=DECODER_CACHE, output_color_type=colour)
+            else:
+                self.dec.reconfigure_decoder(path)
+            total = len(self.dec)
+        except Exception as err:
+            self.dec = None                       # a failed session is not reused
+            raise DecodeRefused("NVDEC cannot open the stream", _first_line(err)) from None
+        wanted = sorted(set(indices))
+        if total and wanted[-1] >= total:
+            raise DecodeRefused("the frame count NVDEC reads differs from the header's", f"{total} frames")
+        try:
+            got = self.dec.get_batch_frames_by_index(wanted)
+            planes = [torch.from_dlpack(f) for f in got]
+        except Exception as err:
+            self.dec = None
+            raise DecodeRefused("NVDEC failed to decode frames", _first_line(err), for_good=False) from None
+        if self.output != "rgbp" and planes and planes[0].ndim == 2:
+            meta = self.dec.get_stream_metadata()
+            h, w = int(meta.height), int(meta.width)
+            if planes[0].dtype != torch.uint8 or planes[0].shape[0] < h * 3 // 2 or planes[0].shape[1] != w:
+                raise DecodeRefused("NVDEC's surfaces are not 8-bit 4:2:0 here",
+                                    f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}")
+            planes = [yuv420_to_rgb(p, h, w) for p in planes]
+        if len(planes) != len(wanted) or any(p.ndim != 3 or p.shape[0] != 3 for p in planes):
+            raise DecodeRefused("NVDEC returned frames of an unexpected layout",
+                                f"{len(planes)} of {len(wanted)}, shape {tuple(planes[0].shape) if planes else ()}")
+        at = {k: n for n, k in enumerate(wanted)}
+        return torch.stack([planes[at[k]] for k in indices])   # copies out of the decoder's surfaces
+
+
+class OpenCVFrames:
+    """The same interface over OpenCV on the CPU (train/decode.py): the CPU tests' stand-in for NVDEC,
+    and what a subclass refusing some files uses to exercise the fallback path."""
+
+    stream = None
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def frames(self, path: str, indices: tuple[int, ...]) -> torch.Tensor:
+        import cv2
+
+        from .decode import _decode_path
+
+        got, _ = _decode_path(path, sorted(set(indices)))
+        if got is None:
+            raise DecodeRefused("OpenCV cannot decode the frames")
+        rgb = [cv2.cvtColor(got[k], cv2.COLOR_BGR2RGB) for k in indices]
+        return torch.from_numpy(_stack(rgb)).permute(0, 3, 1, 2).to(self.device)
+
+
+def _stack(frames):
+    import numpy as np
+
+    return np.ascontiguousarray(np.stack(frames))
+
+
+def finish(x: torch.Tensor, crop: Crop, src: tuple[int, int] | None, height: int, width: int) -> torch.Tensor:
+    """uint8 (T, 3, H, W) frames -> the clip: crop, resize (bilinear, antialiased) in chunks of frames
+    that bound the float working memory, flip. A source whose decoded size differs from the header's
+    (`src`) gets the crop scaled to the decoded size."""
+    t, _, h, w = x.shape
+    if src is not None and src != (h, w):
+        sy, sx = h / src[0], w / src[1]
+        crop = Crop(min(h - 1, round(crop.y * sy)), min(w - 1, round(crop.x * sx)), max(1, round(crop.h * sy)),
+                    max(1, round(crop.w * sx)), crop.flip)
+    x = x[:, :, crop.y: crop.y + crop.h, crop.x: crop.x + crop.w]
+    if tuple(x.shape[-2:]) != (height, width):
+        out = torch.empty((t, 3, height, width), dtype=torch.uint8, device=x.device)
+        step = max(1, CHUNK_BYTES // (3 * x.shape[-2] * x.shape[-1] * 4))
+        for k in range(0, t, step):
+            part = F.interpolate(x[k: k + step].float(), size=(height, width), mode="bilinear", antialias=True,
+                                 align_corners=False)
+            out[k: k + step] = part.round_().clamp_(0, 255).to(torch.uint8)
+        x = out
+    if crop.flip:
+        x = x.flip(-1)
+    return x.contiguous()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:160]
+
+
+class DecodeStage:
+    """Iterate a DataLoader of tickets, yielding batches with "frames" decoded on `device`.
+
+    `depth` batches are decoding while the step runs; `make_decoder(device)` builds one decoder per
+    thread (NvdecDecoder on GPUs). `dataset.recover(ticket)` cuts a refused file's clip on the CPU.
+    Log lines from the threads are handed to `log` by the consuming thread."""
+
+    def __init__(self, loader, dataset, device: torch.device, height: int, width: int,
+                 make_decoder: Callable[[torch.device], Any], threads: int = 4, depth: int = 3,
+                 log: Callable[[str], None] = print):
+        self.it: Iterator[dict[str, Any]] = iter(loader)
+        self.dataset, self.device, self.height, self.width = dataset, device, height, width
+        self.make_decoder, self.log = make_decoder, log
+        self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="video-decode")
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.refused: dict[str, str] = {}       # path -> reason: decoded on the CPU from now on
+        self.failures: dict[str, int] = {}      # path -> failed frame fetches so far
+        self.reasons: set[str] = set()
+        self.messages: list[str] = []
+        self.counts = {"gpu": 0, "cpu": 0, "lost": 0}
+        self.pending: deque[tuple[dict[str, Any], list[Future]]] = deque()
+        for _ in range(max(1, depth)):
+            self._submit()
+
+    def __iter__(self) -> "DecodeStage":
+        return self
+
+    def _submit(self) -> None:
+        batch = next(self.it)
+        self.pending.append((batch, [self.pool.submit(self._clip, t) for t in batch["tickets"]]))
+
+    def _decoder(self):
+        dec = getattr(self.local, "decoder", None)
+        if dec is None:
+            if self.device.type == "cuda" and self.device.index is not None:
+                torch.cuda.set_device(self.device)
+            dec = self.local.decoder = self.make_decoder(self.device)
+        return dec
+
+    def _clip(self, ticket: Ticket) -> torch.Tensor | None:
+        """The ticket's clip on self.device, or None when no decoder can read the file."""
+        if ticket.codec and ticket.codec not in NVDEC_CODECS and ticket.path not in self.refused:
+            self._refuse(ticket.path, DecodeRefused(f"NVDEC is not used for {ticket.codec} files",
+                                                    "only H.264 is checked frame for frame"))
+        if ticket.path not in self.refused:
+            dec = self._decoder()
+            stream = torch.cuda.stream(dec.stream) if dec.stream is not None else contextlib.nullcontext()
+            try:
+                with stream:
+                    clip = finish(dec.frames(ticket.path, ticket.view.frames), ticket.view.crop, ticket.src,
+                                  self.height, self.width)
+                if dec.stream is not None:
+                    dec.stream.synchronize()       # this thread's stream only: the step's stream runs on
+                self._count("gpu")
+                return clip
+            except DecodeRefused as err:
+                self._refuse(ticket.path, err)
+        cpu = self.dataset.recover(ticket)
+        if cpu is None:
+            self._count("lost")
+            return None
+        self._count("cpu")
+        if self.device.type != "cuda":
+            return cpu
+        copy = getattr(self.local, "copy", None) or torch.cuda.Stream(self.device)
+        self.local.copy = copy
+        with torch.cuda.stream(copy):
+            out = cpu.to(self.device)
+        copy.synchronize()                          # a pageable copy may still be in flight when .to returns
+        return out
+
+    def _count(self, what: str) -> None:
+        with self.lock:
+            self.counts[what] += 1
+
+    def _refuse(self, path: str, err: DecodeRefused) -> None:
+        """This clip goes to the CPU; the file too once it is refused for good or failed FETCH_FAILURES times."""
+        with self.lock:
+            self.failures[path] = self.failures.get(path, 0) + 1
+            if err.for_good or self.failures[path] >= FETCH_FAILURES:
+                self.refused[path] = err.reason
+            if err.reason not in self.reasons:
+                self.reasons.add(err.reason)
+                what = "such files are" if err.for_good else \
+                    f"such clips are (and a file's every clip after {FETCH_FAILURES} failures)"
+                self.messages.append(f"data: {err.reason} of {path} ({err.detail or 'no detail'}); {what} decoded on "
+                                     f"the CPU (this line once per reason)")
+
+    def __next__(self) -> dict[str, Any]:
+        skipped: list[str] = []
+        while True:
+            batch, futures = self.pending.popleft()
+            self._submit()
+            clips = [f.result() for f in futures]
+            skipped += batch["skipped"] + [t.path for t, c in zip(batch["tickets"], clips) if c is None]
+            self._flush()
+            good = [c for c in clips if c is not None]
+            if good:
+                break                               # else: every file of the batch is unreadable; the next one
+        if self.device.type == "cuda":
+            current = torch.cuda.current_stream(self.device)
+            for c in good:
+                c.record_stream(current)            # made on a decode thread's stream, used and freed on this one
+        filled = [c if c is not None else good[n % len(good)] for n, c in enumerate(clips)]
+        out = {k: v for k, v in batch.items() if k != "tickets"}
+        out.update(frames=torch.stack(filled), skipped=skipped)
+        return out
+
+    def _flush(self) -> None:
+        with self.lock:
+            lines, self.messages = self.messages, []
+        for line in lines:
+            self.log(line)
+
+    def close(self) -> None:
+        """Stop the decode threads: queued clips are dropped, running ones finish (a clip takes well under a
+        second), so no thread is inside a decoder when the caller goes on, e.g. to fork a DataLoader's
+        workers, which would inherit a lock that thread held."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def choose(cfg, device: torch.device) -> tuple[str, str]:
+    """(decoder, why): "nvdec" or "opencv" for this run's training clips, and one phrase on the choice.
+
+    video_decoder "auto" takes NVDEC on a GPU when PyNvVideoCodec is installed; "nvdec" insists (the
+    caller refuses the run when it cannot); "opencv" decodes in the DataLoader workers on the CPU."""
+    want = cfg.video_decoder
+    if want == "opencv" or device.type != "cuda":
+        return "opencv", "" if want != "nvdec" else "no CUDA device"
+    missing = nvdec_available()
+    if missing:
+        return "opencv", missing
+    return "nvdec", ""
