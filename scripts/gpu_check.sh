@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 assets() {
   python3 - <<'PY'
 import os, torch, diffusers
-from taehv_launch.train.synthetic import write_demo_videos
+from taehv_launch.train.data.synthetic import write_demo_videos
 if not os.path.isdir("/tmp/vids"):
     os.makedirs("/tmp/vids"); write_demo_videos("/tmp/vids", 8, 480, 720, 36)
 if not os.path.isdir("/tmp/refvae/vae"):
@@ -87,7 +87,7 @@ case $mode in
     done
     python3 - <<'PY' | tee "$out/layout_carried.txt"
 from pathlib import Path
-from taehv_launch.train.portable import carried_over
+from taehv_launch.train.durability.portable import carried_over
 run = Path("output/lay")
 for a, b in ((10, 11), (11, 12)):
     print(f"checkpoint-{a} -> checkpoint-{b}:", carried_over(run / f"checkpoint-{a}", run / f"checkpoint-{b}", 0.9, 0.95))

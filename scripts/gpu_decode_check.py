@@ -33,10 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from taehv_launch.train import nvdec  # noqa: E402
-from taehv_launch.train.build import ShardedInfiniteSampler, make_loader  # noqa: E402
-from taehv_launch.train.data import VideoClipDataset, render_clip  # noqa: E402
-from taehv_launch.train.decode import _decode_path  # noqa: E402
+from taehv_launch.train.data import nvdec  # noqa: E402
+from taehv_launch.train.loop.build import ShardedInfiniteSampler, make_loader  # noqa: E402
+from taehv_launch.train.data.clips import VideoClipDataset, render_clip  # noqa: E402
+from taehv_launch.train.data.decode import _decode_path  # noqa: E402
 from taehv_launch.plan.schema import make_config  # noqa: E402
 
 H, W, T, MICRO, WORKERS, THREADS = 480, 720, 12, 8, 12, 4
@@ -100,7 +100,7 @@ def run_set(name: str, files: list[str], batches: int, report: dict) -> None:
                     and b["frames"].is_cuda for b in got)
     check(f"{name}: full uint8 GPU batches", shapes_ok, f"{len(got)} batches of {tuple(got[0]['frames'].shape)}")
     counts = dict(stage.counts)
-    from taehv_launch.train.decode import codec_of
+    from taehv_launch.train.data.decode import codec_of
 
     if codec_of(files[0]) in nvdec.NVDEC_CODECS:
         check(f"{name}: decoded by NVDEC", counts["gpu"] >= 0.8 * (counts["gpu"] + counts["cpu"]),

@@ -6,7 +6,7 @@
 VIDEO_ROOT holds one folder per set (e.g. h264_1080p/, from scripts/make_bench_videos.py). For each
 decoder x set x worker count, N worker processes (spawned once per decoder, like DataLoader workers)
 cut clips the way the trainer does: random start, 12 frames at a random frame delta of 1-2, a random
-(downscaling) crop resized to 480x720 (train/data.py plan_frames/plan_crop). CPU decoders resize with
+(downscaling) crop resized to 480x720 (train/data/clips.py plan_frames/plan_crop). CPU decoders resize with
 OpenCV as the loader does (render_clip); GPU decoders crop and resize on the GPU with
 torch.nn.functional.interpolate (bilinear, antialias). Every worker decodes for --seconds, in step.
 
@@ -41,8 +41,8 @@ DECODERS = ["pynvvideocodec", "opencv", "pyav", "torchcodec-cuda", "torchcodec-c
 # --- decoders (built inside the worker processes) ----------------------------------------------
 
 def _cpu_finish(frames_bgr, rng):
-    """BGR frames -> uint8 TCHW RGB clip, exactly as the loader does it (train/data.py)."""
-    from taehv_launch.train.data import plan_crop, render_clip
+    """BGR frames -> uint8 TCHW RGB clip, exactly as the loader does it (train/data/clips.py)."""
+    from taehv_launch.train.data.clips import plan_crop, render_clip
     h, w = frames_bgr[0].shape[:2]
     return render_clip(frames_bgr, plan_crop(rng, h, w, H, W, False, True), H, W)
 
@@ -51,7 +51,7 @@ def _gpu_finish(x, rng):
     """uint8 T,3,h,w CUDA tensor -> the 480x720 clip: the loader's random crop, resized on the GPU."""
     import torch
     import torch.nn.functional as F
-    from taehv_launch.train.data import plan_crop
+    from taehv_launch.train.data.clips import plan_crop
     c = plan_crop(rng, x.shape[2], x.shape[3], H, W, False, True)
     x = x[:, :, c.y:c.y + c.h, c.x:c.x + c.w].float()
     x = F.interpolate(x, size=(H, W), mode="bilinear", antialias=True, align_corners=False)
@@ -61,17 +61,17 @@ def _gpu_finish(x, rng):
 
 
 def _frames(rng, n):
-    from taehv_launch.train.data import plan_frames
+    from taehv_launch.train.data.clips import plan_frames
     return plan_frames(rng, n, N_FRAMES, MIN_DELTA, MAX_DELTA)
 
 
 class OpenCV:
-    """The trainer's loader today: train/decode.py (_decode_path: seek, grab, read), threads = core share."""
+    """The trainer's loader today: train/data/decode.py (_decode_path: seek, grab, read), threads = core share."""
 
     def __init__(self):
         import cv2
         cv2.setNumThreads(0)  # as worker_init_fn does
-        from taehv_launch.train import decode
+        from taehv_launch.train.data import decode
         self.decode = decode
 
     def set_threads(self, t):
@@ -189,7 +189,7 @@ def _cpu_s():
 def worker(idx, name, cmd_q, res_q):
     import numpy as np
     try:
-        import taehv_launch.train.data  # noqa: F401  (torch, cv2: imported before the clock, as in a DataLoader worker)
+        import taehv_launch.train.data.clips  # noqa: F401  (torch, cv2: imported before the clock, as in a DataLoader worker)
         dec = make_decoder(name)
         res_q.put({"idx": idx, "ready": True, "pid": os.getpid()})
     except Exception as e:  # the decoder cannot even be built here: say why, once
@@ -284,7 +284,7 @@ def _inproc(sets, ks, seconds, q):
     import threading
     import numpy as np
     import torch
-    import taehv_launch.train.data  # noqa: F401
+    import taehv_launch.train.data.clips  # noqa: F401
     torch.cuda.init()
     done, go, stop = [0], threading.Event(), threading.Event()
 

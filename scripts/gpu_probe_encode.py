@@ -195,7 +195,7 @@ def probe_setup(kind="cogvideox"):
     12 x 480x720, and their eager encode at chunk 2 (the reference every variant is checked against)."""
     import diffusers
     from taehv_launch.plan.families import FAMILIES
-    from taehv_launch.train.refvae import load_reference_vae
+    from taehv_launch.train.reference.refvae import load_reference_vae
 
     path = f"/tmp/probe_ref_{kind}"
     torch.manual_seed(0)
@@ -207,7 +207,7 @@ def probe_setup(kind="cogvideox"):
 
 def time_encode(kind, path, frames, want, name, setup, chunk=2, reps=5, profile=True) -> float:
     """One row: load, apply `setup(ref)`, time ref.encode (first call = compile), check against `want`."""
-    from taehv_launch.train.refvae import load_reference_vae
+    from taehv_launch.train.reference.refvae import load_reference_vae
 
     ref = load_reference_vae(kind, path, dtype=bf, device=dev, chunk_size=chunk)
     setup(ref)
@@ -229,8 +229,8 @@ def time_encode(kind, path, frames, want, name, setup, chunk=2, reps=5, profile=
 
 def ref_layouts():
     """The trainer's own encode (ReferenceVAE.encode, chunk 2, compiled) NCDHW against NDHWC with
-    ChannelsLastGroupNorm (train/refopt.py), each checked against the eager encode."""
-    from taehv_launch.train.speed import compile_reference
+    ChannelsLastGroupNorm (train/reference/refopt.py), each checked against the eager encode."""
+    from taehv_launch.train.loop.speed import compile_reference
 
     data = probe_setup()
     for name, cl in [("compiled NCDHW (until now)", False), ("compiled NDHWC + ChannelsLastGroupNorm", True)]:
@@ -241,8 +241,8 @@ def ref_more():
     """Levers on top of the NDHWC encode, each on its own row against the NDHWC row of the same run:
     cuDNN autotuning, Inductor realizing fewer intermediates (fuses the group norm's affine map into the
     SiLU + causal-pad copy), and the encoder compiled without its conv_cache outputs."""
-    from taehv_launch.train.speed import compile_reference
-    from taehv_launch.train.refopt import channels_last_encoder
+    from taehv_launch.train.loop.speed import compile_reference
+    from taehv_launch.train.reference.refopt import channels_last_encoder
 
     class NoCache(nn.Module):
         """The encoder's forward without the conv_cache outputs (one frame batch: nobody reads them)."""
@@ -282,9 +282,9 @@ def ref_more():
 
 def ref_pad():
     """Levers on top of the NDHWC encode, each on its own row against the NDHWC row of the same run."""
-    from taehv_launch.train.refopt import channels_last_encoder, replicate_time_padding
-    from taehv_launch.train.refvae import load_reference_vae
-    from taehv_launch.train.speed import compile_reference
+    from taehv_launch.train.reference.refopt import channels_last_encoder, replicate_time_padding
+    from taehv_launch.train.reference.refvae import load_reference_vae
+    from taehv_launch.train.loop.speed import compile_reference
 
     path, frames, want = data = probe_setup()
     ref_eager = load_reference_vae("cogvideox", path, dtype=bf, device=dev, chunk_size=2)
@@ -310,7 +310,7 @@ def ref_pad():
 def families():
     """The other families' encoders (diffusers default architectures, random weights), compiled,
     NCDHW against NDHWC with ChannelsLastGroupNorm, 8 clips of 12 x 480x720 at chunk 2."""
-    from taehv_launch.train.speed import compile_reference
+    from taehv_launch.train.loop.speed import compile_reference
 
     for kind in ("hunyuan", "wan"):
         data = probe_setup(kind)
@@ -319,8 +319,8 @@ def families():
 
 
 def taehv_step(cl: bool, compiled: bool):
-    from taehv_launch.train.model import TAEHV
-    from taehv_launch.train.seraena import VideoSeraena, seraena_crop
+    from taehv_launch.train.model.taehv import TAEHV
+    from taehv_launch.train.model.seraena import VideoSeraena, seraena_crop
 
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)

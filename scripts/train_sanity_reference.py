@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """a, b in [-1, 1]: PSNR of the [0, 1] images (the trainer's own losses.psnr)."""
-    from taehv_launch.train.losses import psnr as psnr01
+    from taehv_launch.train.model.losses import psnr as psnr01
 
     return psnr01((a + 1) / 2, (b + 1) / 2)
 
@@ -35,7 +35,7 @@ def main() -> None:
     import diffusers
 
     from taehv_launch.plan.schema import DEFAULTS
-    from taehv_launch.train.data import VideoClipDataset, collate, usable_entries, worker_init_fn
+    from taehv_launch.train.data.clips import VideoClipDataset, collate, usable_entries, worker_init_fn
     from taehv_launch.dataindex.index import build_index, split_train_val
 
     t_start = time.perf_counter()

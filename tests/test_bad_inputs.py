@@ -125,7 +125,7 @@ def _broken_videos(tmp: Path) -> None:
 def _demo_vae(tmp: Path) -> None:
     """The cpu profile's tiny 4-channel reference VAE in the shared cache (normally already built by then)."""
     if not (cache_dir(tmp) / "demo" / "ref_vae" / "cogvideox_c4").is_dir():
-        code = "import sys; from taehv_launch.train.synthetic import ensure_demo_assets; ensure_demo_assets(sys.argv[1])"
+        code = "import sys; from taehv_launch.train.data.synthetic import ensure_demo_assets; ensure_demo_assets(sys.argv[1])"
         subprocess.run([sys.executable, "-c", code, str(cache_dir(tmp) / "demo")], check=True, env=clean_env())
 
 

@@ -123,8 +123,8 @@ def test_the_job_writes_every_view_once_and_skips_broken_videos(cache):
 
 def test_training_reads_the_stored_views_exactly(cache):
     """The dataset decodes each view's recorded frames and crop again: the clip the job encoded."""
-    from taehv_launch.train.cached import CachedViewDataset
-    from taehv_launch.train.cachejob import ViewDataset
+    from taehv_launch.train.data.cached import CachedViewDataset
+    from taehv_launch.train.reference.cachejob import ViewDataset
 
     manifest = json.loads((cache / lc.MANIFEST).read_text())
     shard = manifest["shards"][0]["name"]
@@ -143,7 +143,7 @@ def test_training_reads_the_stored_views_exactly(cache):
 
 
 def test_a_damaged_shard_is_skipped_and_counted_or_encoded_online(cache, tmp_path):
-    from taehv_launch.train.cached import build_cached_datasets
+    from taehv_launch.train.data.cached import build_cached_datasets
 
     copy = tmp_path / "lc"
     shutil.copytree(cache, copy)
@@ -192,7 +192,7 @@ def test_training_from_the_cache_runs_without_the_reference_vae(cache, tmp_path)
 
 
 def test_a_moved_data_root_fails_at_start_in_one_line(cache, tmp_path):
-    from taehv_launch.train.cached import build_cached_datasets
+    from taehv_launch.train.data.cached import build_cached_datasets
 
     acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
     (tmp_path / "empty").mkdir()
@@ -201,7 +201,7 @@ def test_a_moved_data_root_fails_at_start_in_one_line(cache, tmp_path):
 
 
 def test_training_from_a_cache_on_a_gpu_needs_no_reference_vae_path(cache):
-    from taehv_launch.train.build import resolve_demo_paths
+    from taehv_launch.train.loop.build import resolve_demo_paths
 
     cfg = cfg_for(cache, ref_vae_path="")
     assert resolve_demo_paths(cfg, torch.device("cuda"), print) is cfg          # no "ref_vae_path is empty"
@@ -284,7 +284,7 @@ def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_pat
 def test_the_view_list_is_flat_arrays_with_the_same_records(cache):
     """#27: the views training reads are a ViewTable (numpy arrays, no per-view Python objects for forked
     workers to copy) that gives back exactly the records of the shard indexes, in order."""
-    from taehv_launch.train.cached import build_cached_datasets
+    from taehv_launch.train.data.cached import build_cached_datasets
     from taehv_launch.dataindex.viewtable import ViewTable
 
     manifest = json.loads((cache / lc.MANIFEST).read_text())

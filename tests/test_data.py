@@ -22,11 +22,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from taehv_launch.errors import DataError
-from taehv_launch.train.data import (
+from taehv_launch.train.data.clips import (
     VideoClipDataset, collate, plan_crop, plan_frames, probe_first_usable, worker_init_fn,
 )
 from taehv_launch.dataindex.index import VideoEntry, build_index, split_train_val
-from taehv_launch.train.synthetic import ensure_demo_assets
+from taehv_launch.train.data.synthetic import ensure_demo_assets
 
 TESTDATA = Path(os.environ.get("TAEHV_TESTDATA") or Path(__file__).resolve().parents[2] / "shared/testdata/videos")
 # What each file is expected to do (README.md beside them says what they are).
@@ -99,7 +99,7 @@ def test_smaller_than_crop_in_both_sides_is_upscaled():
 
 
 def test_seek_reads_the_same_frames_as_grabbing():
-    from taehv_launch.train.decode import SEEK_MIN, _decode_path
+    from taehv_launch.train.data.decode import SEEK_MIN, _decode_path
 
     wanted = [SEEK_MIN + 50 + 2 * k for k in range(4)]  # chaplin.mp4 has 241 frames
     seeked, _ = _decode_path(str(TESTDATA / "chaplin.mp4"), wanted, allow_seek=True)
@@ -174,7 +174,7 @@ def test_video_shorter_than_clip_is_skipped(tmp_path):
 def test_short_video_reason_is_logged(tmp_path, caplog):
     ds = VideoClipDataset([_coded_video(tmp_path / "11.avi", T - 1), _coded_video(tmp_path / "40.avi", 40)],
                           16, 24, T, 1, 2, False, seed=0)
-    with caplog.at_level("WARNING", logger="taehv_launch.train.data"):
+    with caplog.at_level("WARNING", logger="taehv_launch.train.data.clips"):
         ds[0]
     assert [r.getMessage() for r in caplog.records] == [f"skipping video {tmp_path / '11.avi'}: 11 frames, "
                                                         f"fewer than n_frames=12"]
@@ -185,12 +185,12 @@ def test_a_short_header_count_is_checked_before_skipping(tmp_path):
     from unittest import mock
 
     ds = VideoClipDataset([_coded_video(tmp_path / "40.avi", 40)], 16, 24, T, 1, 2, False, seed=0)
-    with mock.patch("taehv_launch.train.data.header_frame_count", return_value=3):
+    with mock.patch("taehv_launch.train.data.clips.header_frame_count", return_value=3):
         assert ds[0]["skipped"] == [] and ds[0]["frames"].shape[0] == T
 
 
 def test_probe_and_validation_leave_out_short_videos(tmp_path):
-    from taehv_launch.train.data import usable_entries
+    from taehv_launch.train.data.clips import usable_entries
 
     short, good = VideoEntry(_coded_video(tmp_path / "5.avi", 5)), VideoEntry(_coded_video(tmp_path / "24.avi", 24))
     assert probe_first_usable([short, good], T) == (1, [short.path])
@@ -287,7 +287,7 @@ def test_index_cache_is_reused(video_tree, tmp_path):
 
 
 def test_probe_frame_counts(video_tree):
-    from taehv_launch.train.decode import header_frame_count
+    from taehv_launch.train.data.decode import header_frame_count
 
     counts = {Path(e.path).name: e.frame_count for e in build_index(str(video_tree), "", "", probe_frame_counts=header_frame_count)}
     assert counts == {"a.webm": 150, "b.MP4": 5}

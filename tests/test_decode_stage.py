@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from taehv_launch.train import build, nvdec
-from taehv_launch.train.data import Crop, VideoClipDataset, collate
+from taehv_launch.train.loop import build
+from taehv_launch.train.data import nvdec
+from taehv_launch.train.data.clips import Crop, VideoClipDataset, collate
 from trainrun import launch, ok
 
 GOOD = ["chaplin.mp4", "smpte-2997.mp4", "example2.mp4", "fire2.mp4", "big_buck_bunny_432_433.webm",
@@ -55,7 +56,7 @@ def test_a_ticket_plans_the_same_clip_as_the_cpu_path(videos):
 
 
 def clip_source(path):
-    from taehv_launch.train.decode import read_prefix
+    from taehv_launch.train.data.decode import read_prefix
 
     return tuple(read_prefix(path, 1)[0].shape[:2])
 
@@ -211,7 +212,7 @@ def test_nv12_conversion_matches_opencv(videos):
     import cv2
     import numpy as np
 
-    from taehv_launch.train.decode import read_prefix
+    from taehv_launch.train.data.decode import read_prefix
 
     bgr = read_prefix(str(videos / "chaplin.mp4"), 1)[0]
     h, w = bgr.shape[:2]

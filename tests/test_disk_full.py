@@ -107,7 +107,7 @@ def test_publish_dir_with_a_marker_keeps_a_folder_made_meanwhile(tmp_path):
 # ---------------------------------------------------------------- the exports, in-process, with a real model
 def real_ema_state() -> dict[str, torch.Tensor]:
     from taehv_launch.plan.profiles import get_profile
-    from taehv_launch.train.model import build_taehv
+    from taehv_launch.train.model.taehv import build_taehv
 
     torch.manual_seed(0)
     return build_taehv(get_profile("cpu").config).state_dict()
@@ -115,7 +115,7 @@ def real_ema_state() -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("disk", ["tmpfs", "ulimit"])
 def test_an_export_on_a_full_disk_keeps_the_previous_one(tmp_path, tmpfs, disk):
-    from taehv_launch.train.checkpoint import export_model
+    from taehv_launch.train.durability.checkpoint import export_model
 
     state = real_ema_state()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
@@ -155,7 +155,7 @@ def test_a_latent_cache_shard_on_a_full_disk_is_one_line_and_leaves_no_file(tmp_
 
 def test_demo_assets_on_a_full_disk_are_one_line_and_leave_no_folder(tmp_path):
     """OpenCV's video writer says nothing when a write fails: the videos are checked after writing."""
-    from taehv_launch.train.synthetic import ensure_demo_assets
+    from taehv_launch.train.data.synthetic import ensure_demo_assets
 
     with file_size_limit(20_000), pytest.raises(DiskWriteError, match=r"^could not write the CPU demo's assets in "
                                                 r".*\(OpenCV could not finish writing demo_00\d\.mp4.*set TAEHV_CACHE"):

@@ -204,11 +204,11 @@ ERROR_CASES = [
     ErrorCase("none of the first", ("1", "cpu", "--run-name", "b", "--set", "data_root={tmp}/broken",
                                     "--set", "dataloader_num_workers=0"), launch=True, slow=True,
               files=(("broken/a.mp4", "not a video"),)),
-    ErrorCase("none of the first", source="train/data.py"),
+    ErrorCase("none of the first", source="train/data/clips.py"),
     # the trainer on a GPU only: on the cpu profile an empty data_root means the demo videos
-    ErrorCase("data_root is empty", source="train/build.py"),
+    ErrorCase("data_root is empty", source="train/loop/build.py"),
     # every file unusable later in training (the probe above saw a usable one first)
-    ErrorCase("no usable video among", source="train/data.py"),
+    ErrorCase("no usable video among", source="train/data/clips.py"),
     # need a real complete checkpoint (tests/test_trust.py resumes one for each)
     ErrorCase("checkpoint-<n> is at step", source="run/checkpoints.py"),
     ErrorCase("checkpoint-<n> was trained against", source="run/checkpoints.py"),

@@ -87,10 +87,10 @@ def test_every_shipped_record_is_complete():
 
 
 def test_a_new_family_is_one_record(fake_family, tmp_path):
-    from taehv_launch.train.losses import DistillNet
-    from taehv_launch.train.model import TAEHV
-    from taehv_launch.train.refvae import load_reference_vae
-    from taehv_launch.train.synthetic import make_tiny_ref_vae
+    from taehv_launch.train.model.losses import DistillNet
+    from taehv_launch.train.model.taehv import TAEHV
+    from taehv_launch.train.reference.refvae import load_reference_vae
+    from taehv_launch.train.data.synthetic import make_tiny_ref_vae
 
     plan = plan_for(1, "cpu", ref_vae_type="fakevae")                      # the config key accepts it
     assert plan.config["ref_vae_type"] == "fakevae"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-from taehv_launch.train.data import VideoClipDataset, probe_first_usable, usable_entries
+from taehv_launch.train.data.clips import VideoClipDataset, probe_first_usable, usable_entries
 from taehv_launch.dataindex.flat import FlatIndex
 from taehv_launch.dataindex.index import VideoEntry, build_index, split_train_val
 from taehv_launch.dataindex.listing import scan as _scan

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from taehv_launch.plan.schema import make_config
-from taehv_launch.train.loop import lr_at
+from taehv_launch.train.loop.trainer import lr_at
 from taehv_launch.plan.families import FAMILIES
-from taehv_launch.train.losses import DistillNet, decoder_targets, psnr, ssim
-from taehv_launch.train.model import TAEHV
+from taehv_launch.train.model.losses import DistillNet, decoder_targets, psnr, ssim
+from taehv_launch.train.model.taehv import TAEHV
 
 
 def test_psnr_and_ssim():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from taehv_launch.errors import ModelError
-from taehv_launch.train.model import MemBlock, TAEHV, build_taehv, count_params, load_taehv_state_dict
+from taehv_launch.train.model.taehv import MemBlock, TAEHV, build_taehv, count_params, load_taehv_state_dict
 
 
 def memblock(prefix: str, c: int) -> list[tuple[str, tuple]]:

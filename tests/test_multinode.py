@@ -60,7 +60,7 @@ def test_a_dead_rank_on_another_node_stops_the_job_within_60s(tmp_path):
 # --- preempted and resumed (#28) ------------------------------------------------------------
 
 BIG = 100000
-REF_STEPS = 6     # the stop vote of several ranks is read one step after the signal (train/speed.py)
+REF_STEPS = 6     # the stop vote of several ranks is read one step after the signal (train/loop/speed.py)
 
 
 class TwoNodes:

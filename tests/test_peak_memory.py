@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from taehv_launch.train.timing import PeakMemory, peak_memory
+from taehv_launch.train.loop.timing import PeakMemory, peak_memory
 
 GiB = 2**30
 

@@ -64,7 +64,7 @@ def test_data_checks_decode_real_files(tmp_path, videos):
 
 
 def _tiny_wan(tmp_path: Path) -> list[str]:
-    from taehv_launch.train.synthetic import make_tiny_ref_vae
+    from taehv_launch.train.data.synthetic import make_tiny_ref_vae
 
     vae = make_tiny_ref_vae("wan", str(tmp_path / "wan"), latent_channels=4)
     return ["--set", "ref_vae_type='wan'", "--set", f"ref_vae_path='{vae}'", "--set", f"output_dir='{tmp_path}'"]

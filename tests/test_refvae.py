@@ -18,8 +18,8 @@ import torch.nn as nn
 
 from taehv_launch.errors import ConfigError, ModelError
 from taehv_launch.plan import families
-from taehv_launch.train.refvae import load_reference_vae
-from taehv_launch.train.synthetic import make_tiny_ref_vae
+from taehv_launch.train.reference.refvae import load_reference_vae
+from taehv_launch.train.data.synthetic import make_tiny_ref_vae
 
 FAMILIES = tuple(families.FAMILIES)   # every family record is tested
 
@@ -275,7 +275,7 @@ def test_unknown_family(vae_dirs):
 @pytest.mark.parametrize("shape,groups,affine", [((2, 16, 5, 12, 10), 4, True), ((1, 8, 3, 8, 8), 8, False),
                                                  ((2, 6, 1, 4, 4), 1, True)])
 def test_channels_last_group_norm_is_torchs_group_norm(shape, groups, affine):
-    from taehv_launch.train.refopt import ChannelsLastGroupNorm
+    from taehv_launch.train.reference.refopt import ChannelsLastGroupNorm
 
     torch.manual_seed(0)
     ref = nn.GroupNorm(groups, shape[1], affine=affine)
@@ -295,7 +295,7 @@ def test_channels_last_group_norm_is_torchs_group_norm(shape, groups, affine):
 def test_channels_last_encoder_gives_the_same_latents(vae_dirs, kind):
     """The NDHWC encoder (refopt.channels_last_encoder, NDHWC input) matches the diffusers encode for
     every family (all three run it compiled on GPUs: ref_channels_last)."""
-    from taehv_launch.train.refopt import ChannelsLastGroupNorm, channels_last_encoder
+    from taehv_launch.train.reference.refopt import ChannelsLastGroupNorm, channels_last_encoder
 
     frames = _frames(n=2)
     want = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu").encode(frames)
@@ -309,7 +309,7 @@ def test_channels_last_encoder_gives_the_same_latents(vae_dirs, kind):
 
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_compile_reference_goes_channels_last_when_asked(vae_dirs, kind):
-    from taehv_launch.train.speed import compile_reference
+    from taehv_launch.train.loop.speed import compile_reference
 
     vae = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu")
     compile_reference(vae, channels_last=True)            # wraps lazily: nothing compiles until a call
@@ -325,7 +325,7 @@ def test_compile_reference_goes_channels_last_when_asked(vae_dirs, kind):
 def test_replicate_time_padding_gives_the_same_latents(vae_dirs, kind):
     """CogVideoX's causal convs pad time with one replicate pad: bit-identical latents, also chained
     with the NDHWC encoder; the other families' convs are left alone."""
-    from taehv_launch.train.refopt import channels_last_encoder, replicate_time_padding
+    from taehv_launch.train.reference.refopt import channels_last_encoder, replicate_time_padding
 
     frames = _frames(n=2)
     want = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu").encode(frames)

@@ -140,8 +140,8 @@ def _assert_state_carried(run: Path, before: int, after: int) -> None:
     """The checkpoint one step after a resume at a negligible LR holds the resumed state."""
     from safetensors.torch import load_file
 
-    from taehv_launch.train.ema import EMA
-    from taehv_launch.train.portable import carried_over
+    from taehv_launch.train.model.ema import EMA
+    from taehv_launch.train.durability.portable import carried_over
 
     cfg = trainer_state(run / f"checkpoint-{after}")["config"]
     got = carried_over(run / f"checkpoint-{before}", run / f"checkpoint-{after}", cfg["adam_beta1"], cfg["adam_beta2"])
@@ -208,7 +208,7 @@ def test_portable_state_files_and_the_carried_over_measure(tmp_path):
     from zero read as a mismatch of order 1; a file of another format is refused."""
     from safetensors.torch import save_file
 
-    from taehv_launch.train import portable
+    from taehv_launch.train.durability import portable
 
     torch.manual_seed(0)
     b1, b2 = 0.9, 0.95

@@ -24,8 +24,8 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 from taehv_launch.errors import EXIT_FAILED
-from taehv_launch.train.build import ShardedInfiniteSampler
-from taehv_launch.train.watchdog import Watchdog, stop_message
+from taehv_launch.train.loop.build import ShardedInfiniteSampler
+from taehv_launch.train.durability.watchdog import Watchdog, stop_message
 
 SEED = 1234
 
@@ -392,7 +392,7 @@ def test_stop_message():
 
 ABORT_SCRIPT = textwrap.dedent("""
     import atexit, sys
-    from taehv_launch.train.watchdog import abort_job
+    from taehv_launch.train.durability.watchdog import abort_job
     status = sys.argv[1]
     def write_status(code, msg):
         with open(status, "w") as f:
@@ -420,7 +420,7 @@ def test_abort_job_records_why_and_exits_without_cleanup(tmp_path):
 HUNG_RANK_SCRIPT = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from taehv_launch.train.watchdog import Watchdog, abort_job
+    from taehv_launch.train.durability.watchdog import Watchdog, abort_job
     run = Path(sys.argv[1])
     def write_status(code, msg):
         (run / "status").write_text(f"{code}\\t{msg}")

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from taehv_launch.train.seraena import VideoSeraena
+from taehv_launch.train.model.seraena import VideoSeraena
 
 LATENT = 4
 ENTRY_BYTES = (9 * 32 * 32 + LATENT * 4 * 4) * 2  # one grouped bf16 fake + its context

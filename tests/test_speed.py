@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import assert_one_line_error, clean_env, run_cli
-from taehv_launch.train import decode
-from taehv_launch.train.seraena import seraena_crop
-from taehv_launch.train.speed import Window
+from taehv_launch.train.data import decode
+from taehv_launch.train.model.seraena import seraena_crop
+from taehv_launch.train.loop.speed import Window
 
 
 def test_window_keeps_no_loss_buffers_and_averages():
@@ -30,7 +30,7 @@ def test_window_keeps_no_loss_buffers_and_averages():
 
 def test_profile_table_covers_the_steady_window_only(monkeypatch):
     """--profile's table leaves out the warm-up steps (compile) and shows the time outside every phase."""
-    from taehv_launch.train import timing
+    from taehv_launch.train.loop import timing
 
     clock = iter(range(0, 1000, 1))
     monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))
@@ -120,7 +120,7 @@ def test_bench_compare_cpu_smoke(tmp_path):
 def test_channels_last_taehv_computes_the_same_and_keeps_its_weights_layout():
     """The compiled-GPU layout lever: frames NHWC inside every block, same outputs and gradients, the
     parameters (what checkpoints and DeepSpeed's flat buffers hold) untouched."""
-    from taehv_launch.train.model import TAEHV
+    from taehv_launch.train.model.taehv import TAEHV
 
     torch.manual_seed(0)
     a = TAEHV(latent_channels=4).double()
@@ -146,8 +146,8 @@ def test_gpu_profiles_compile_taehv_channels_last_and_zero3_stays_eager(tmp_path
 
     from taehv_launch.plan.profiles import PROFILES
     from taehv_launch.plan.schema import make_config
-    from taehv_launch.train import loop
-    from taehv_launch.train.model import TAEHV
+    from taehv_launch.train.loop import trainer as loop
+    from taehv_launch.train.model.taehv import TAEHV
 
     for name, prof in PROFILES.items():
         if prof.device == "cuda":

@@ -16,7 +16,7 @@ WORKERS_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
     import torch
     from torch.utils.data import DataLoader, Dataset
-    from taehv_launch.train.data import worker_init_fn
+    from taehv_launch.train.data.clips import worker_init_fn
 
     class Slow(Dataset):
         def __len__(self): return 10**6
@@ -61,7 +61,7 @@ def test_dataloader_workers_ignore_stop_signals_but_not_their_rank(tmp_path):
 
 RANK_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
-    from taehv_launch.train.stop import StopFlag, install
+    from taehv_launch.train.durability.stop import StopFlag, install
     install()
     flag = StopFlag()
     print("ready", flush=True)
@@ -112,7 +112,7 @@ def test_counts_once_rule():
 
 
 def test_worker_death_message_is_one_line():
-    from taehv_launch.train.stop import worker_death_message
+    from taehv_launch.train.durability.stop import worker_death_message
 
     msg = worker_death_message(RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. "))
     assert msg.startswith("a DataLoader worker (pid 4242) is killed by signal: Killed: usually the out-of-memory")

@@ -143,7 +143,7 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path):
     """Weights with NaNs: every step is non-finite, skipped on all ranks, and the run stops clearly."""
     from safetensors.torch import save_file
 
-    from taehv_launch.train.model import TAEHV
+    from taehv_launch.train.model.taehv import TAEHV
 
     sd = TAEHV(latent_channels=4).state_dict()
     sd["decoder.1.weight"] = torch.full_like(sd["decoder.1.weight"], float("nan"))

@@ -80,16 +80,16 @@ def make_clips(cfg: dict[str, Any], device: torch.device, n_batches: int = 2) ->
 
 
 def load_ref(cfg: dict[str, Any], path: str, device: torch.device, chunk: int):
-    from ..train.refvae import load_reference_vae
+    from ..train.reference.refvae import load_reference_vae
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     return load_reference_vae(cfg["ref_vae_type"], path, dtype=dtype, device=device, chunk_size=chunk)
 
 
 def build_student(cfg: dict[str, Any], device: torch.device, seraena_autocast: torch.dtype | None):
-    from ..train.losses import DistillNet
-    from ..train.model import build_taehv
-    from ..train.seraena import VideoSeraena
+    from ..train.model.losses import DistillNet
+    from ..train.model.taehv import build_taehv
+    from ..train.model.seraena import VideoSeraena
 
     taehv = build_taehv(cfg).to(device).train()
     net = DistillNet(taehv, get_family(cfg["ref_vae_type"]))
@@ -102,7 +102,7 @@ def build_student(cfg: dict[str, Any], device: torch.device, seraena_autocast: t
 # ----------------------------------------------------------------------------- the naive pipeline
 
 def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: int) -> dict[str, Any]:
-    from ..train.losses import decoder_targets
+    from ..train.model.losses import decoder_targets
 
     cuda = device.type == "cuda"
     meter = Meter(device)
@@ -163,8 +163,8 @@ LEVERS = ("eager", "compile reference encoder", "chunk", "reference channels-las
 def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: int, chunks: list[int],
                crop: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Our modules, adding one lever per row; every row times encode + train step of one micro-batch."""
-    from ..train.losses import decoder_targets, psnr_t
-    from ..train.speed import compile_reference, compile_taehv
+    from ..train.model.losses import decoder_targets, psnr_t
+    from ..train.loop.speed import compile_reference, compile_taehv
 
     cuda = device.type == "cuda"
     amp = torch.bfloat16 if cuda else None
@@ -272,7 +272,7 @@ def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], cr
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: print(m, flush=True))
     data, ref_path = make_assets(cfg, device, work, data_root, log)
     if want_gpu and cfg["compile"] != "none":
-        from ..train.speed import enable_compile_cache
+        from ..train.loop.speed import enable_compile_cache
 
         enable_compile_cache(make_config(cfg | {"output_dir": str(work / "output")}))   # shared with the trainer run below
     gpu = torch.cuda.get_device_name(device) if want_gpu else "cpu"

@@ -52,7 +52,7 @@ def rss_bytes() -> int:
 # --- one row, in its own interpreter --------------------------------------------------------
 
 def _flat(paths: list[str], tmp: str) -> tuple[Any, dict[str, float]]:
-    from ..train.data import VideoClipDataset
+    from ..train.data.clips import VideoClipDataset
     from ..dataindex.flat import FlatIndex
     from ..dataindex.index import _read_index, _write_index, split_train_val
 

@@ -33,8 +33,8 @@ def _videos(data_root: str) -> list[str]:
 
 
 def clip_plans(files: list[str], n: int, n_frames: int, max_delta: int, seed: int = 0) -> list[tuple[str, list[int]]]:
-    from ..train.data import plan_frames
-    from ..train.decode import header_frame_count
+    from ..train.data.clips import plan_frames
+    from ..train.data.decode import header_frame_count
 
     rng = np.random.default_rng(seed)
     lengths = {f: max(1, header_frame_count(f)) for f in files}
@@ -51,7 +51,7 @@ def decode_opencv(threads: int | None) -> Callable[[str, list[int]], int]:
     def run(path: str, wanted: list[int]) -> int:
         import cv2
 
-        from ..train import decode
+        from ..train.data import decode
 
         cap = decode.capture(path, threads)
         try:
@@ -131,9 +131,9 @@ def decode_rate(name: str, plans: list[tuple[str, list[int]]], procs: int) -> fl
 def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int | None,
                 seconds: float) -> tuple[float, float]:
     """(Clips/s, CPU cores) of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
-    from ..train import data, decode
+    from ..train.data import clips as data, decode
     from ..plan.schema import make_config
-    from ..train.build import ShardedInfiniteSampler, make_loader
+    from ..train.loop.build import ShardedInfiniteSampler, make_loader
 
     decode.WORKER_DECODE_THREADS = threads
     ds = data.VideoClipDataset(files, height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
@@ -180,8 +180,8 @@ def stage_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int
     import torch
 
     from ..plan.schema import make_config
-    from ..train import data, nvdec
-    from ..train.build import ShardedInfiniteSampler, make_loader
+    from ..train.data import clips as data, nvdec
+    from ..train.loop.build import ShardedInfiniteSampler, make_loader
 
     ds = data.VideoClipDataset(files, height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
                                min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
@@ -202,7 +202,7 @@ def by_height(files: list[str], heights: list[int] | None) -> list[tuple[str, li
     if not heights:
         return [("", files)]
     from ..errors import DataError
-    from ..train.decode import header_info
+    from ..train.data.decode import header_info
 
     found: dict[int, list[str]] = {}
     for f in files:
@@ -223,7 +223,7 @@ def run(data_root: str, height: int, width: int, n_frames: int, micro: int, work
     everything = _videos(data_root)
     groups = by_height(everything, resolutions)
     if "nvdec" in decoders:
-        from ..train.nvdec import nvdec_available
+        from ..train.data.nvdec import nvdec_available
 
         why = nvdec_available()
         if why:

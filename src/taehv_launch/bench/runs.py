@@ -21,7 +21,7 @@ from ..plan.families import get_family
 def make_assets(cfg: dict[str, Any], device: torch.device, workdir: Path, data_root: str | None,
                 log: Callable[[str], None]) -> tuple[str, str]:
     """(data_root, ref_vae_path): video files at the profile's size and a reference VAE folder."""
-    from ..train.synthetic import _build_once, make_tiny_ref_vae, write_demo_videos
+    from ..train.data.synthetic import _build_once, make_tiny_ref_vae, write_demo_videos
 
     workdir.mkdir(parents=True, exist_ok=True)
     h, w, kind = cfg["height"], cfg["width"], cfg["ref_vae_type"]

@@ -37,14 +37,14 @@ def real_reference_vae(kind: str, device: torch.device, dtype: torch.dtype):
     import diffusers
 
     from ..plan.families import get_family
-    from ..train.refvae import freeze
+    from ..train.reference.refvae import freeze
 
     return freeze(getattr(diffusers, get_family(kind).class_name)().to(device, dtype))
 
 
 def time_reference_encode(kind: str, micro: int, chunk: int, n_frames: int, height: int, width: int,
                           device: torch.device, repeats: int = 2) -> dict[str, Any]:
-    from ..train.refvae import ReferenceVAE
+    from ..train.reference.refvae import ReferenceVAE
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     vae = real_reference_vae(kind, device, dtype)
@@ -67,8 +67,8 @@ def time_reference_encode(kind: str, micro: int, chunk: int, n_frames: int, heig
 def time_train_step(micro: int, n_frames: int, height: int, width: int, latent_channels: int, device: torch.device,
                     checkpointing: bool, seraena: bool, repeats: int = 3) -> dict[str, Any]:
     """TAEHV encode + decode + Seraena + backward + AdamW step on random data (no reference VAE)."""
-    from ..train.model import TAEHV
-    from ..train.seraena import VideoSeraena
+    from ..train.model.taehv import TAEHV
+    from ..train.model.seraena import VideoSeraena
 
     _peak_reset(device)
     model = TAEHV(latent_channels=latent_channels, gradient_checkpointing=checkpointing).to(device).train()

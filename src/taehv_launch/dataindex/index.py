@@ -44,7 +44,7 @@ def build_index(
     The cache key is (data_root, annotation_file, its mtime and size); without an annotation
     file the scan is keyed on data_root's own mtime, which catches files added at the top
     level only: delete the cache file to rescan after changes deeper down. Only stat() is
-    used; probe_frame_counts (a function of a path, e.g. train.decode.header_frame_count) also opens
+    used; probe_frame_counts (a function of a path, e.g. train.data.decode.header_frame_count) also opens
     each file to read the container's frame count (a hint; the dataset reads it anyway when it opens a
     file, so it is off by default).
     read_only=True reads the cache file but writes nothing: keep_index(index) writes it later.

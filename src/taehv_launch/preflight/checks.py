@@ -188,7 +188,7 @@ def check_data(plan: Plan, quick: bool) -> list[Check]:
         return [Check("data", FAIL, "data_root is not set", "--set data_root=/path/to/videos")]
     if demo := _demo_asset(plan, 0):
         return [Check("data", PASS, "built-in synthetic demo set: " + demo), check_decoder(plan, None)]
-    from ..train.data import VideoClipDataset
+    from ..train.data.clips import VideoClipDataset
     from ..dataindex.index import build_index
 
     with tempfile.TemporaryDirectory() as cache:
@@ -231,7 +231,7 @@ def check_models(plan: Plan, quick: bool) -> list[Check]:
         else:
             out.append(_check_ref_vae(c, quick))
     if c["pretrained_model_path"]:
-        from ..train.model import build_taehv
+        from ..train.model.taehv import build_taehv
 
         try:
             build_taehv(c)
@@ -244,7 +244,7 @@ def check_models(plan: Plan, quick: bool) -> list[Check]:
 def _check_ref_vae(c: dict, quick: bool) -> Check:
     import torch
 
-    from ..train.refvae import ChannelMismatch, load_reference_vae
+    from ..train.reference.refvae import ChannelMismatch, load_reference_vae
 
     try:
         t0 = time.perf_counter()
@@ -265,8 +265,8 @@ def _check_ref_vae(c: dict, quick: bool) -> Check:
 def checkpoint_bytes(plan: Plan) -> int:
     """One checkpoint of this plan (run/checkpoints.py's estimate, with this model's sizes)."""
     from ..rundir.checkpoint import estimate_bytes
-    from ..train.model import TAEHV, count_params
-    from ..train.seraena import PatchDiscWithContext
+    from ..train.model.taehv import TAEHV, count_params
+    from ..train.model.seraena import PatchDiscWithContext
 
     c = plan.config
     return estimate_bytes(count_params(TAEHV(latent_channels=c["latent_channels"], patch_size=c["patch_size"])),

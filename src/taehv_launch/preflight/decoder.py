@@ -12,7 +12,7 @@ def check_decoder(plan: Plan, path: str | None) -> Check:
 
     import torch
 
-    from ..train import nvdec
+    from ..train.data import nvdec
 
     c = plan.config
     gpu = _gpu_plan(plan) and torch.cuda.is_available()

@@ -1,8 +1,8 @@
 """The checkpoint format, in one place: folder and file names, what trainer_state.json holds
 (TrainState), the world-size-free file format, the COMPLETE marker with every file's size and CRC-32,
 listing and verifying, rotation, which layouts can resume, and the size estimate. Stdlib only: the
-launcher (run/), preflight and the trainer (train/checkpoint.py, which writes and reads the tensors,
-and train/portable.py) all use it.
+launcher (run/), preflight and the trainer (train/durability/checkpoint.py, which writes and reads the tensors,
+and train/durability/portable.py) all use it.
 
 A checkpoint is complete when its COMPLETE marker exists; it is written last, after every
 file is on disk, and the directory is renamed from a temporary name only after that.

@@ -1,4 +1,4 @@
-"""The stop signals, as the launcher and the trainer agree on them (train/stop.py acts on them,
+"""The stop signals, as the launcher and the trainer agree on them (train/durability/stop.py acts on them,
 run/launch.py relays them; docs/troubleshooting.md has the table).
 
 The first STOP_SIGNALS signal to a rank makes it stop after the next optimizer step with a checkpoint;

@@ -29,8 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from taehv_launch.train.status import write_status
-    from taehv_launch.train.stop import install, worker_death_message
+    from taehv_launch.train.durability.status import write_status
+    from taehv_launch.train.durability.stop import install, worker_death_message
 
     install()          # first: a stop signal during start-up is kept, not fatal
     args = parse_args(argv)
@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         from taehv_launch.plan.schema import make_config
         cfg = make_config(read_rendered_config(args.config))
         if args.task == "cache":
-            from taehv_launch.train.cachejob import run_cache_job
+            from taehv_launch.train.reference.cachejob import run_cache_job
 
             code, message = run_cache_job(cfg, run_dir, args.debug), "ok"
         else:
-            from taehv_launch.train.loop import train
+            from taehv_launch.train.loop.trainer import train
 
             code, message = train(cfg, run_dir, args.resume, args.debug, args.profile), "ok"
     except UserError as err:

@@ -22,9 +22,9 @@ import tempfile
 
 import numpy as np
 
-from ..errors import DataError
-from ..files import disk_errors, publish_dir
-from ..plan.demo import DEMO_FRAMES, DEMO_SIZE, DEMO_VIDEOS, demo_paths
+from ...errors import DataError
+from ...files import disk_errors, publish_dir
+from ...plan.demo import DEMO_FRAMES, DEMO_SIZE, DEMO_VIDEOS, demo_paths
 
 MARKER = ".complete"
 DEMO_FPS = 12
@@ -39,7 +39,7 @@ def make_tiny_ref_vae(kind: str, path: str, latent_channels: int = 4, seed: int 
     import diffusers
     import torch
 
-    from ..plan.families import get_family
+    from ...plan.families import get_family
 
     family = get_family(kind)
     cls = getattr(diffusers, family.class_name)
@@ -63,7 +63,7 @@ def ensure_demo_assets(
     with disk_errors("the CPU demo's assets", cache_dir, then=_THEN):
         os.makedirs(cache_dir, exist_ok=True)
     data_root, ref_path = demo_paths(cache_dir, ref_vae_type, latent_channels, n_videos, size, n_frames)
-    from ..dataindex.index import exclusive_lock
+    from ...dataindex.index import exclusive_lock
 
     with exclusive_lock(os.path.join(cache_dir, ".demo.lock")):
         _build_once(data_root, lambda tmp: write_demo_videos(tmp, n_videos, height, width, n_frames))

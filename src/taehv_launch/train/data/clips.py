@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError, DataError
+from ...errors import ConfigError, DataError
 from .decode import _decode_path, codec_of, count_frames, header_frame_count, header_info, read_prefix
-from ..dataindex.flat import VideoEntry, as_flat
+from ...dataindex.flat import VideoEntry, as_flat
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ MIN_SIDE = 8                # frames smaller than this (test_video.mp4 is 1x1) h
 def worker_init_fn(worker_id: int) -> None:
     """DataLoader workers: no OpenCV thread pool per worker (N workers x N threads thrash), and
     stop signals are left to the rank (stop.guard_worker)."""
-    from .stop import guard_worker
+    from ..durability.stop import guard_worker
 
     guard_worker()
     cv2.setNumThreads(0)
@@ -132,7 +132,7 @@ class View:
 @dataclass(frozen=True)
 class Ticket:
     """A clip planned but not decoded (video_decoder="nvdec": the training process decodes it on the
-    GPU, train/nvdec.py). `src` is the header's (height, width), or None when unknown; `video` and
+    GPU, train/data/nvdec.py). `src` is the header's (height, width), or None when unknown; `video` and
     `item` let the dataset cut the same item on the CPU if the GPU decoder cannot (-1: not a
     VideoClipDataset item)."""
 

@@ -7,9 +7,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..plan.families import get_family
-from ..plan.schema import Config
-from .losses import decoder_targets, psnr, ssim
+from ...plan.families import get_family
+from ...plan.schema import Config
+from ..model.losses import decoder_targets, psnr, ssim
 from .speed import eager_reference
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..plan.families import Family
+from ...plan.families import Family
 
 
 class DistillNet(nn.Module):

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..plan.schema import Config
+from ...plan.schema import Config
 
 
 def compile_cache_dir(cfg: Config) -> Path:
@@ -50,7 +50,7 @@ def compile_reference(ref, channels_last: bool = False, replicate_pad: bool = Tr
     faster for all three families on an H100: CogVideoX -18%, HunyuanVideo -8%, Wan -14%). replicate_pad:
     CogVideoX's causal time padding as one fusable replicate pad (same tensor). Both in refopt.py.
     An encoder compiled already is compiled again from its original module."""
-    from .refopt import channels_last_encoder, replicate_time_padding
+    from ..reference.refopt import channels_last_encoder, replicate_time_padding
 
     model = ref.model
     encoder = getattr(model.encoder, "_orig_mod", model.encoder)

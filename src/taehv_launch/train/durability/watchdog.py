@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..errors import EXIT_FAILED
-from ..files import write_atomic
+from ...errors import EXIT_FAILED
+from ...files import write_atomic
 
 
 class Watchdog:

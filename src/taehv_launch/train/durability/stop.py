@@ -27,8 +27,8 @@ import sys
 import threading
 import time
 
-from ..errors import EXIT_ABORTED
-from ..rundir.signals import RELAY_SIGNAL, STOP_SIGNALS, counts_once
+from ...errors import EXIT_ABORTED
+from ...rundir.signals import RELAY_SIGNAL, STOP_SIGNALS, counts_once
 
 
 _direct: list[int] = []        # stop signals sent to this process itself (repeats not counted)

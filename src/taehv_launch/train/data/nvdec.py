@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from .data import Crop, Ticket
+from .clips import Crop, Ticket
 
 CHUNK_BYTES = 256 << 20      # float32 frames resized at a time: bounds the 4K crop's working memory
 DECODER_CACHE = 2            # NVDEC sessions PyNvVideoCodec keeps per thread (one per stream shape)
@@ -129,7 +129,7 @@ class NvdecDecoder:
 
 
 class OpenCVFrames:
-    """The same interface over OpenCV on the CPU (train/decode.py): the CPU tests' stand-in for NVDEC,
+    """The same interface over OpenCV on the CPU (train/data/decode.py): the CPU tests' stand-in for NVDEC,
     and what a subclass refusing some files uses to exercise the fallback path."""
 
     stream = None

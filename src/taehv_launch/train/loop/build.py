@@ -13,9 +13,9 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from ..errors import ConfigError, DataError, ModelError
-from ..plan.schema import Config
-from ..plan.demo import demo_cache_dir, demo_paths
+from ...errors import ConfigError, DataError, ModelError
+from ...plan.schema import Config
+from ...plan.demo import demo_cache_dir, demo_paths
 
 
 def make_accelerator(cfg: Config):
@@ -29,7 +29,7 @@ def make_accelerator(cfg: Config):
     on_gpu = torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true")
     use_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     if use_ds and not on_gpu:
-        from ..compat import skip_deepspeed_shm_build
+        from ...compat import skip_deepspeed_shm_build
 
         skip_deepspeed_shm_build()          # a 30 s JIT build that gloo on CPU does not need
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -54,7 +54,7 @@ def resolve_demo_paths(cfg: Config, device: torch.device, log) -> dict[str, Any]
         what = "data_root" if need_data else "ref_vae_path"
         raise (DataError if need_data else ModelError)(
             f"{what} is empty: on GPUs set --set {what}=/path (the built-in demo assets are for the cpu profile)")
-    from .synthetic import ensure_demo_assets
+    from ..data.synthetic import ensure_demo_assets
 
     data_root, vae_path = ensure_demo_assets(str(demo_cache_dir()), latent_channels=cfg.latent_channels,
                                              ref_vae_type=cfg.ref_vae_type)
@@ -92,11 +92,11 @@ class ShardedInfiniteSampler(Sampler[int]):
 
 def build_datasets(cfg: Config, accelerator, log):
     if cfg.latent_cache:
-        from .cached import build_cached_datasets
+        from ..data.cached import build_cached_datasets
 
         return build_cached_datasets(cfg, accelerator, log)
-    from .data import VideoClipDataset, probe_first_usable, usable_entries
-    from ..dataindex.index import index_once, split_train_val
+    from ..data.clips import VideoClipDataset, probe_first_usable, usable_entries
+    from ...dataindex.index import index_once, split_train_val
 
     entries = index_once(cfg, accelerator)
     train_e, val_e = split_train_val(entries, cfg.validation_fraction, cfg.max_validation_videos, cfg.seed)
@@ -118,8 +118,8 @@ def build_datasets(cfg: Config, accelerator, log):
 
 
 def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
-    from .cached import collate_cached
-    from .data import collate, worker_init_fn
+    from ..data.cached import collate_cached
+    from ..data.clips import collate, worker_init_fn
 
     collate = collate_cached if cfg.latent_cache else collate
     workers = cfg.dataloader_num_workers
@@ -136,7 +136,7 @@ TEST_STAGE_ENV, TEST_REFUSE_ENV = "TAEHV_LAUNCH_TEST_STAGE_DECODER", "TAEHV_LAUN
 def use_decoder(cfg: Config, device: torch.device, dataset, log) -> str:
     """Which decoder cuts the training clips ("nvdec" or "opencv"), said in one line; with nvdec the
     dataset plans clips (tickets) and the training process decodes them (nvdec.DecodeStage)."""
-    from .nvdec import choose, nvdec_version
+    from ..data.nvdec import choose, nvdec_version
 
     name, why = choose(cfg, device)
     if os.environ.get(TEST_STAGE_ENV):
@@ -160,7 +160,7 @@ def batches(loader, decoder: str, cfg: Config, device: torch.device, log):
     """The loader itself, or with nvdec the DecodeStage that decodes its tickets."""
     if decoder != "nvdec":
         return loader
-    from .nvdec import DecodeRefused, DecodeStage, NvdecDecoder, OpenCVFrames
+    from ..data.nvdec import DecodeRefused, DecodeStage, NvdecDecoder, OpenCVFrames
 
     make = NvdecDecoder
     if os.environ.get(TEST_STAGE_ENV):
@@ -179,7 +179,7 @@ def batches(loader, decoder: str, cfg: Config, device: torch.device, log):
 def load_reference(cfg: Config, device: torch.device):
     if not cfg.use_ref_vae or (cfg.latent_cache and cfg.latent_cache_encode == "never"):
         return None     # a latent cache holds the reference latents: the VAE is not loaded
-    from .refvae import load_reference_vae
+    from ..reference.refvae import load_reference_vae
 
     dtype = getattr(torch, cfg.ref_vae_dtype)
     ref = load_reference_vae(cfg.ref_vae_type, cfg.ref_vae_path, dtype=dtype, device=device,
@@ -191,7 +191,7 @@ def load_reference(cfg: Config, device: torch.device):
 def build_seraena(cfg: Config, device: torch.device, rank: int):
     if not cfg.use_seraena:
         return None
-    from .seraena import VideoSeraena
+    from ..model.seraena import VideoSeraena
 
     autocast = torch.bfloat16 if (cfg.mixed_precision == "bf16" and device.type == "cuda") else None
     return VideoSeraena(cfg.latent_channels, frames_per_group=cfg.n_seraena_frames, lr=cfg.seraena_lr,

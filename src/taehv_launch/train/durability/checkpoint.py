@@ -33,12 +33,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError
-from ..files import disk_errors, publish_dir
-from ..rundir.checkpoint import (DEEPSPEED_DIR, EMA_FILE, STATE_FILE, CheckpointMismatch, CheckpointWriteError,
+from ...errors import CheckpointError
+from ...files import disk_errors, publish_dir
+from ...rundir.checkpoint import (DEEPSPEED_DIR, EMA_FILE, STATE_FILE, CheckpointMismatch, CheckpointWriteError,
                                   TrainState, checkpoint_dir, layout_change_problem, list_checkpoints, rng_file,
                                   seraena_file, write_complete, writing_dir)
-from ..rundir.layout import EXPORT_META, EXPORT_PTH, EXPORT_SAFETENSORS
+from ...rundir.layout import EXPORT_META, EXPORT_PTH, EXPORT_SAFETENSORS
 from . import portable
 
 

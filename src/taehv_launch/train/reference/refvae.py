@@ -25,8 +25,8 @@ from typing import Sequence
 
 import torch
 
-from ..errors import ConfigError, ModelError
-from ..plan.families import Family, family_of_class, get_family
+from ...errors import ConfigError, ModelError
+from ...plan.families import Family, family_of_class, get_family
 
 _WEIGHT_FILES = (
     "diffusion_pytorch_model.safetensors",

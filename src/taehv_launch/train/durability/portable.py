@@ -21,10 +21,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..errors import CheckpointError
-from ..rundir.checkpoint import MODEL_FILE, MOMENTS, OPTIMIZER_FILE, PORTABLE_FORMAT as FORMAT, CheckpointMismatch
-from ..compat import init_zero_optimizer_state
-from .ema import gathered
+from ...errors import CheckpointError
+from ...rundir.checkpoint import MODEL_FILE, MOMENTS, OPTIMIZER_FILE, PORTABLE_FORMAT as FORMAT, CheckpointMismatch
+from ...compat import init_zero_optimizer_state
+from ..model.ema import gathered
 
 
 def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..files import disk_errors, write_atomic
-from ..plan.schema import Config, global_batch
+from ...files import disk_errors, write_atomic
+from ...plan.schema import Config, global_batch
 
 
 class PeakMemory:

@@ -20,13 +20,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import DataError
-from ..plan.schema import Config
-from ..dataindex import latentcache as lc
-from .data import Crop, Ticket, View, VideoClipDataset, read_view
+from ...errors import DataError
+from ...plan.schema import Config
+from ...dataindex import latentcache as lc
+from .clips import Crop, Ticket, View, VideoClipDataset, read_view
 from .decode import codec_of
-from .refvae import weights_digest
-from ..dataindex.viewtable import ViewTable, as_table
+from ..reference.refvae import weights_digest
+from ...dataindex.viewtable import ViewTable, as_table
 
 log = logging.getLogger(__name__)
 OPEN_SHARDS = 32          # safetensors handles kept open per worker
@@ -48,7 +48,7 @@ class CachedViewDataset(Dataset):
         self._broken: dict[str, str] = {}              # video path or shard label -> why (per worker)
         self._handles: OrderedDict[str, Any] = OrderedDict()
         self._quiet = False
-        self.defer = False               # True: items carry a Ticket, not frames (GPU decode, train/nvdec.py)
+        self.defer = False               # True: items carry a Ticket, not frames (GPU decode, train/data/nvdec.py)
 
     def __len__(self) -> int:
         return len(self.views) + (len(self.extra) if self.extra is not None else 0)
@@ -186,7 +186,7 @@ def collate_cached(batch: list[dict[str, Any]]) -> dict[str, Any]:
 
 def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedViewDataset, CachedViewDataset]:
     """The training and validation sets of a latent cache, checked against this run's config."""
-    from ..dataindex.index import check_root
+    from ...dataindex.index import check_root
 
     cache = Path(cfg.latent_cache).expanduser().resolve()
     manifest = lc.read_manifest(cfg.latent_cache)
@@ -236,7 +236,7 @@ def build_cached_datasets(cfg: Config, accelerator, log_line) -> tuple[CachedVie
 
 
 def _videos_not_cached(cfg: Config, accelerator, data_root: str, cached: set[str]) -> VideoClipDataset | None:
-    from ..dataindex.index import index_once
+    from ...dataindex.index import index_once
 
     entries = index_once(cfg, accelerator)
     missing = [e for e in entries if lc.relative(e.path, data_root) not in cached]

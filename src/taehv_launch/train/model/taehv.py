@@ -152,7 +152,7 @@ class TAEHV(nn.Module):
         self.patch_size = patch_size
         self.image_channels = 3
         self.gradient_checkpointing = gradient_checkpointing
-        self.channels_last = False   # NHWC frames: set for compiled GPU training (train/speed.py)
+        self.channels_last = False   # NHWC frames: set for compiled GPU training (train/loop/speed.py)
 
         def enc_stage(down_t: bool) -> list[nn.Module]:
             return [TPool(64, 2 if down_t else 1), conv(64, 64, stride=2, bias=False),

@@ -20,23 +20,23 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..compat import add_gif, uncount_micro_batch
-from ..errors import EXIT_OK, EXIT_RESUMABLE, PeerFailure, TooManyBadSteps, UserError
-from ..plan.families import get_family
-from ..plan.schema import Config, config_dict, global_batch
-from ..rundir.layout import REQUEUE
+from ...compat import add_gif, uncount_micro_batch
+from ...errors import EXIT_OK, EXIT_RESUMABLE, PeerFailure, TooManyBadSteps, UserError
+from ...plan.families import get_family
+from ...plan.schema import Config, config_dict, global_batch
+from ...rundir.layout import REQUEUE
 from . import build
-from ..rundir.checkpoint import rotate
-from .checkpoint import TrainState, export_model, load_checkpoint, save_checkpoint
-from .ema import EMA
+from ...rundir.checkpoint import rotate
+from ..durability.checkpoint import TrainState, export_model, load_checkpoint, save_checkpoint
+from ..model.ema import EMA
 from .evaluate import evaluate, gif_bytes
-from .losses import DistillNet, decoder_targets, psnr_t
-from .seraena import seraena_crop
+from ..model.losses import DistillNet, decoder_targets, psnr_t
+from ..model.seraena import seraena_crop
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, enable_compile_cache
-from .status import node_rank, write_status
-from .stop import StopFlag
+from ..durability.status import node_rank, write_status
+from ..durability.stop import StopFlag
 from .timing import PhaseTimer, SpeedLog, hms
-from .watchdog import Watchdog, abort_job, stop_message
+from ..durability.watchdog import Watchdog, abort_job, stop_message
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -67,7 +67,7 @@ class Trainer:
         set_seed(cfg.seed + self.rank)
         self.stop = StopFlag()
         self.ref = build.load_reference(cfg, self.device)
-        from .model import build_taehv, count_params
+        from ..model.taehv import build_taehv, count_params
 
         taehv = build_taehv(cfg)
         self.log(f"model: TAEHV {count_params(taehv) / 1e6:.2f}M parameters, latent_channels {cfg.latent_channels}, "
