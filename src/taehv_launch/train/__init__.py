@@ -1,1 +1,1 @@
-"""The trainer `accelerate launch` runs: data -> refvae -> model -> seraena/losses -> loop -> checkpoint."""
+"""The trainer `accelerate launch` runs (main.py): data -> reference -> model -> loop -> durability, one subpackage each."""
