@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, run_cli
+from conftest import assert_one_line_error, clean_env, run_cli
 
 
 def dry_json(*args, env=None):

@@ -50,7 +50,7 @@ def test_a_ticket_plans_the_same_clip_as_the_cpu_path(videos):
     for i in range(14):
         video = i % len(GOOD)
         ticket = ds.plan(video, i)
-        clip, view = ds.make_view(ds.entries[video].path, lambda s: ds._rng(i, video, s))
+        clip, view = ds.make_view(ds.entries[video].path, lambda s, i=i, video=video: ds._rng(i, video, s))
         assert ticket.view.frames == view.frames and ticket.view.crop == view.crop, ds.entries[video].path
         assert ticket.src == clip_source(ds.entries[video].path)
 

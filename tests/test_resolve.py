@@ -6,7 +6,7 @@ import pytest
 
 from taehv_launch.plan.configfile import load_config_file, parse_set, render_config_file
 from taehv_launch.errors import ConfigError
-from taehv_launch.plan.profiles import H100_ROWS, PROFILES, row_for
+from taehv_launch.plan.profiles import H100_ROWS, PROFILES
 from taehv_launch.plan.resolve import Options, resolve
 from taehv_launch.plan.schema import DEFAULTS, KEYS
 from taehv_launch.plan.topology import detect_topology

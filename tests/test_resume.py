@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -72,7 +71,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     ok(proc)
     a, b = scalars(full)["train/loss"], scalars(part)["train/loss"]
     assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4, 5, 6]
-    for (sa, va), (sb, vb) in zip(a, b):
+    for (sa, va), (_sb, vb) in zip(a, b):
         assert va == pytest.approx(vb, rel=1e-4, abs=1e-6), (sa, va, vb)
 
 
@@ -199,7 +198,7 @@ def test_zero_stage_change_continues_the_same_curve(tmp_path):
     assert "ZeRO-2, this run has 2 process(es) with ZeRO-3" in proc.stdout
     a, b = scalars(full)["train/loss"], scalars(part)["train/loss"]
     assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4]
-    for (sa, va), (sb, vb) in zip(a, b):
+    for (sa, va), (_sb, vb) in zip(a, b):
         assert va == pytest.approx(vb, rel=1e-4, abs=1e-6), (sa, va, vb)
 
 

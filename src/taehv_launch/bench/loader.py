@@ -218,7 +218,6 @@ def by_height(files: list[str], heights: list[int] | None) -> list[tuple[str, li
 def run(data_root: str, height: int, width: int, n_frames: int, micro: int, workers: list[int],
         decoders: list[str], seconds: float, clips: int, as_json: bool, resolutions: list[int] | None = None,
         threads: int = 4) -> int:
-    import torch
 
     everything = _videos(data_root)
     groups = by_height(everything, resolutions)

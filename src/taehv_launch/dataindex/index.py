@@ -18,7 +18,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import DataError
-from ..files import write_atomic
 from .flat import FlatIndex, VideoEntry, as_flat
 from .listing import VIDEO_EXTENSIONS, existing, read_annotation, scan
 

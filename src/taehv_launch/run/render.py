@@ -113,7 +113,7 @@ def accelerate_config(plan: Plan, run_dir: Path, env: Mapping[str, str]) -> dict
 
 def environment(plan: Plan, env: Mapping[str, str], cpu_count: int) -> dict[str, EnvVar]:
     """Variables for the launch. Each is set only when the user or site has not set it."""
-    topo, c = plan.topology, plan.config
+    topo = plan.topology
     want: dict[str, tuple[str, str]] = {}
     procs = max(1, topo.gpus_per_machine)
     want["OMP_NUM_THREADS"] = (str(max(1, cpu_count // procs)), f"{cpu_count} CPUs / {procs} processes")

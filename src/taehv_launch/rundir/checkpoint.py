@@ -202,7 +202,7 @@ def newest_complete(run_dir: Path, verify: bool = False) -> tuple[Path | None, l
     """The newest complete checkpoint in run_dir, and a line for each newer one skipped.
     verify: also compare every file's checksum (reads the checkpoint), falling back past damaged ones."""
     skipped = []
-    for step, path, why in reversed(list_checkpoints(run_dir)):
+    for _step, path, why in reversed(list_checkpoints(run_dir)):
         note = None
         if why is None and verify:
             why, note = checksum_problem(path)
@@ -241,7 +241,7 @@ def rotate(run_dir: Path, keep: int, best_step: int) -> list[str]:
     removable = [(s, p) for s, p in complete if s not in protected]
     excess = len(complete) - keep
     removed = []
-    for s, p in removable[:max(0, excess)]:
+    for _s, p in removable[:max(0, excess)]:
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p.name)
     return removed
