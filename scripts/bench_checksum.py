@@ -30,8 +30,12 @@ MB = 1 << 20
 
 
 def file_set(ranks: int) -> dict[str, int]:
-    files = {"model.safetensors": 45 * MB, "optimizer.safetensors": 90 * MB, "ema.safetensors": 45 * MB,
-             "trainer_state.json": 4096}
+    files = {
+        "model.safetensors": 45 * MB,
+        "optimizer.safetensors": 90 * MB,
+        "ema.safetensors": 45 * MB,
+        "trainer_state.json": 4096,
+    }
     for r in range(ranks):
         files[f"seraena_rank{r}.pt"] = 256 * MB + 3 * MB
         files[f"rng_rank{r}.pt"] = 20 * 1024
@@ -90,15 +94,22 @@ def main() -> None:
             write_s = time.perf_counter() - t0
             total = sum(files.values())
             names = list(files)
-            print(f"\n{ranks} rank(s): {len(files)} files, {total / 2**30:.2f} GiB (writing them: {write_s:.2f} s, "
-                  f"incl. generating random bytes)")
+            print(
+                f"\n{ranks} rank(s): {len(files)} files, {total / 2**30:.2f} GiB (writing them: {write_s:.2f} s, "
+                f"incl. generating random bytes)"
+            )
             t0 = time.perf_counter()
             write_complete(root, 0)
             t = time.perf_counter() - t0
             print(f"  write_complete (sizes + crc32, {threads} threads): {t:.2f} s  ({total / MB / t:.0f} MB/s)")
-            for label, make, th in [("crc32 (zlib)", Crc32, 1), ("crc32 (zlib)", Crc32, threads),
-                                    ("sha256", hashlib.sha256, 1), ("sha256", hashlib.sha256, threads),
-                                    ("blake2b", hashlib.blake2b, 1), ("blake2b", hashlib.blake2b, threads)]:
+            for label, make, th in [
+                ("crc32 (zlib)", Crc32, 1),
+                ("crc32 (zlib)", Crc32, threads),
+                ("sha256", hashlib.sha256, 1),
+                ("sha256", hashlib.sha256, threads),
+                ("blake2b", hashlib.blake2b, 1),
+                ("blake2b", hashlib.blake2b, threads),
+            ]:
                 t = hash_all(root, names, make, th)
                 print(f"  {label:<13} {th} thread(s): {t:6.2f} s  ({total / MB / t:5.0f} MB/s)")
         finally:

@@ -41,7 +41,7 @@ from taehv_launch.plan.schema import make_config  # noqa: E402
 
 H, W, T, MICRO, WORKERS, THREADS = 480, 720, 12, 8, 12, 4
 RESULTS: list[tuple[str, bool, str]] = []
-LIMIT = 2.0        # mean |GPU - CPU| per pixel: the resize filters differ (antialiased bilinear vs INTER_AREA)
+LIMIT = 2.0  # mean |GPU - CPU| per pixel: the resize filters differ (antialiased bilinear vs INTER_AREA)
 
 
 def check(name: str, ok: bool, detail: str) -> None:
@@ -51,8 +51,12 @@ def check(name: str, ok: bool, detail: str) -> None:
 
 def process_mib() -> float:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return -1.0
     for line in out.splitlines():
@@ -65,11 +69,20 @@ def process_mib() -> float:
 def stage_for(files: list[str], lines: list[str], threads: int = THREADS):
     ds = VideoClipDataset(files, H, W, T, 1, 2, random_flip=True, seed=0, train=True)
     ds.defer = True
-    cfg = make_config({"height": H, "width": W, "n_frames": T, "micro_batch_size": MICRO,
-                       "dataloader_num_workers": WORKERS, "prefetch_factor": 3})
+    cfg = make_config(
+        {
+            "height": H,
+            "width": W,
+            "n_frames": T,
+            "micro_batch_size": MICRO,
+            "dataloader_num_workers": WORKERS,
+            "prefetch_factor": 3,
+        }
+    )
     loader = make_loader(ds, MICRO, ShardedInfiniteSampler(len(ds), 0, 1, seed=0), cfg)
-    return ds, nvdec.DecodeStage(loader, ds, torch.device("cuda"), H, W, nvdec.NvdecDecoder, threads=threads,
-                                 log=lines.append)
+    return ds, nvdec.DecodeStage(
+        loader, ds, torch.device("cuda"), H, W, nvdec.NvdecDecoder, threads=threads, log=lines.append
+    )
 
 
 def _first(ds, n: int):
@@ -96,18 +109,26 @@ def run_set(name: str, files: list[str], batches: int, report: dict) -> None:
         during = process_mib()
     finally:
         stage.close()
-    shapes_ok = all(b["frames"].shape == (MICRO, T, 3, H, W) and b["frames"].dtype == torch.uint8
-                    and b["frames"].is_cuda for b in got)
+    shapes_ok = all(
+        b["frames"].shape == (MICRO, T, 3, H, W) and b["frames"].dtype == torch.uint8 and b["frames"].is_cuda
+        for b in got
+    )
     check(f"{name}: full uint8 GPU batches", shapes_ok, f"{len(got)} batches of {tuple(got[0]['frames'].shape)}")
     counts = dict(stage.counts)
     from taehv_launch.train.data.decode import codec_of
 
     if codec_of(files[0]) in nvdec.NVDEC_CODECS:
-        check(f"{name}: decoded by NVDEC", counts["gpu"] >= 0.8 * (counts["gpu"] + counts["cpu"]),
-              f"{counts} ({len(got) * MICRO / wall:.1f} clips/s incl. start-up); lines: {lines}")
+        check(
+            f"{name}: decoded by NVDEC",
+            counts["gpu"] >= 0.8 * (counts["gpu"] + counts["cpu"]),
+            f"{counts} ({len(got) * MICRO / wall:.1f} clips/s incl. start-up); lines: {lines}",
+        )
     else:
-        check(f"{name}: {codec_of(files[0])} decoded on the CPU", counts["gpu"] == 0 and len(lines) == 1,
-              f"{counts}; lines: {lines}")
+        check(
+            f"{name}: {codec_of(files[0])} decoded on the CPU",
+            counts["gpu"] == 0 and len(lines) == 1,
+            f"{counts}; lines: {lines}",
+        )
     cpu = VideoClipDataset(files, H, W, T, 1, 2, random_flip=True, seed=0, train=True)
     sampler = iter(ShardedInfiniteSampler(len(ds), 0, 1, seed=0))
     diffs, aligned, frames = [], 0, 0
@@ -116,11 +137,11 @@ def run_set(name: str, files: list[str], batches: int, report: dict) -> None:
         want = cpu[i]["frames"].float()
         mine = got[0]["frames"][k].float().cpu()
         diffs.append((mine - want).abs().mean().item())
-        for t in range(1, T - 1):        # the GPU frame is closest to the CPU frame at its own position
+        for t in range(1, T - 1):  # the GPU frame is closest to the CPU frame at its own position
             near = [(mine[t] - want[u]).abs().mean().item() for u in (t - 1, t, t + 1)]
             aligned += near.index(min(near)) == 1
             frames += 1
-    truth_gpu, truth_cpu = [], []     # against decoding from frame 0 without seeking (exact on every codec)
+    truth_gpu, truth_cpu = [], []  # against decoding from frame 0 without seeking (exact on every codec)
     for k, ticket in enumerate(stage_tickets[:4]):
         seq, _ = _decode_path(ticket.path, sorted(set(ticket.view.frames)), False)
         if seq is None:
@@ -128,16 +149,31 @@ def run_set(name: str, files: list[str], batches: int, report: dict) -> None:
         ref = render_clip([seq[f] for f in ticket.view.frames], ticket.view.crop, H, W).float()
         truth_gpu.append((got[0]["frames"][k].float().cpu() - ref).abs().mean().item())
         truth_cpu.append((cpu[ticket.item]["frames"].float() - ref).abs().mean().item())
-    print(f"      vs a sequential decode from frame 0: GPU {', '.join(f'{d:.2f}' for d in truth_gpu)}; CPU path (seeks) "
-          f"{', '.join(f'{d:.2f}' for d in truth_cpu)}", flush=True)
-    check(f"{name}: matches the CPU path's clips", max(diffs) < LIMIT and aligned >= 0.9 * frames,
-          f"mean |GPU - CPU| per pixel: {', '.join(f'{d:.2f}' for d in diffs)}; {aligned}/{frames} frames closest "
-          f"to the CPU frame at the same position")
-    report[name] = {"counts": counts, "lines": lines, "diffs": diffs, "torch_peak_mib":
-                    torch.cuda.max_memory_allocated() / 2**20, "process_mib_before": before,
-                    "process_mib_during": during, "threads": THREADS}
-    print(f"      memory: torch peak {report[name]['torch_peak_mib']:.0f} MiB; process {before:.0f} -> {during:.0f} "
-          f"MiB (nvidia-smi)", flush=True)
+    print(
+        f"      vs a sequential decode from frame 0: GPU {', '.join(f'{d:.2f}' for d in truth_gpu)}; CPU path (seeks) "
+        f"{', '.join(f'{d:.2f}' for d in truth_cpu)}",
+        flush=True,
+    )
+    check(
+        f"{name}: matches the CPU path's clips",
+        max(diffs) < LIMIT and aligned >= 0.9 * frames,
+        f"mean |GPU - CPU| per pixel: {', '.join(f'{d:.2f}' for d in diffs)}; {aligned}/{frames} frames closest "
+        f"to the CPU frame at the same position",
+    )
+    report[name] = {
+        "counts": counts,
+        "lines": lines,
+        "diffs": diffs,
+        "torch_peak_mib": torch.cuda.max_memory_allocated() / 2**20,
+        "process_mib_before": before,
+        "process_mib_during": during,
+        "threads": THREADS,
+    }
+    print(
+        f"      memory: torch peak {report[name]['torch_peak_mib']:.0f} MiB; process {before:.0f} -> {during:.0f} "
+        f"MiB (nvidia-smi)",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -146,16 +182,23 @@ def main() -> int:
     ap.add_argument("--odd", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--batches", type=int, default=12)
-    ap.add_argument("--output", default="nv12", choices=["nv12", "rgbp"], help="NVDEC surfaces: native + our "
-                    "conversion (the trainer's), or NVDEC's own RGB conversion")
+    ap.add_argument(
+        "--output",
+        default="nv12",
+        choices=["nv12", "rgbp"],
+        help="NVDEC surfaces: native + our conversion (the trainer's), or NVDEC's own RGB conversion",
+    )
     a = ap.parse_args()
     nvdec.NvdecDecoder.output = a.output
     global LIMIT
     LIMIT = 2.0 if a.output == "nv12" else 8.0
     torch.cuda.init()
     torch.zeros(1, device="cuda")
-    print(f"GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}, PyNvVideoCodec {nvdec.nvdec_version()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    print(
+        f"GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}, PyNvVideoCodec {nvdec.nvdec_version()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}",
+        flush=True,
+    )
     missing = nvdec.nvdec_available()
     check("NVDEC available", not missing, missing or "PyNvVideoCodec imports, CUDA device visible")
     if missing:
@@ -166,7 +209,7 @@ def main() -> int:
     if a.odd:
         tmp = Path(tempfile.mkdtemp())
         src = Path(a.odd) / "smpte-2997.mp4"
-        if src.is_file():               # header: 251 frames; data to ~118
+        if src.is_file():  # header: 251 frames; data to ~118
             (tmp / "truncated.mp4").write_bytes(src.read_bytes()[: src.stat().st_size // 2])
         (tmp / "notes.mp4").write_text("not a video")
         for p in Path(a.odd).iterdir():
@@ -179,12 +222,19 @@ def main() -> int:
         finally:
             stage.close()
         skipped = sorted({os.path.basename(p) for b in got for p in b["skipped"]})
-        check("odd files: full batches", all(b["frames"].shape == (MICRO, T, 3, H, W) for b in got),
-              f"{len(got)} batches")
-        check("odd files: broken ones skipped", {"empty.webm", "notes.mp4", "test_video.mp4"} <= set(skipped),
-              f"skipped {skipped}")
-        check("odd files: each refusal reason logged once", len(lines) == len(set(stage.reasons)),
-              f"{stage.counts}; lines: {lines}")
+        check(
+            "odd files: full batches", all(b["frames"].shape == (MICRO, T, 3, H, W) for b in got), f"{len(got)} batches"
+        )
+        check(
+            "odd files: broken ones skipped",
+            {"empty.webm", "notes.mp4", "test_video.mp4"} <= set(skipped),
+            f"skipped {skipped}",
+        )
+        check(
+            "odd files: each refusal reason logged once",
+            len(lines) == len(set(stage.reasons)),
+            f"{stage.counts}; lines: {lines}",
+        )
         check("odd files: the truncated file still gives clips", "truncated.mp4" not in skipped, "not skipped")
         report["odd"] = {"counts": dict(stage.counts), "lines": lines, "skipped": skipped}
     failed = [n for n, ok, _ in RESULTS if not ok]

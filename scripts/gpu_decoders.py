@@ -40,9 +40,11 @@ DECODERS = ["pynvvideocodec", "opencv", "pyav", "torchcodec-cuda", "torchcodec-c
 
 # --- decoders (built inside the worker processes) ----------------------------------------------
 
+
 def _cpu_finish(frames_bgr, rng):
     """BGR frames -> uint8 TCHW RGB clip, exactly as the loader does it (train/data/clips.py)."""
     from taehv_launch.train.data.clips import plan_crop, render_clip
+
     h, w = frames_bgr[0].shape[:2]
     return render_clip(frames_bgr, plan_crop(rng, h, w, H, W, False, True), H, W)
 
@@ -52,8 +54,9 @@ def _gpu_finish(x, rng):
     import torch
     import torch.nn.functional as F
     from taehv_launch.train.data.clips import plan_crop
+
     c = plan_crop(rng, x.shape[2], x.shape[3], H, W, False, True)
-    x = x[:, :, c.y:c.y + c.h, c.x:c.x + c.w].float()
+    x = x[:, :, c.y : c.y + c.h, c.x : c.x + c.w].float()
     x = F.interpolate(x, size=(H, W), mode="bilinear", antialias=True, align_corners=False)
     out = x.round_().clamp_(0, 255).to(torch.uint8)
     torch.cuda.current_stream().synchronize()  # this stream only: a training stream beside it runs on
@@ -62,6 +65,7 @@ def _gpu_finish(x, rng):
 
 def _frames(rng, n):
     from taehv_launch.train.data.clips import plan_frames
+
     return plan_frames(rng, n, N_FRAMES, MIN_DELTA, MAX_DELTA)
 
 
@@ -70,8 +74,10 @@ class OpenCV:
 
     def __init__(self):
         import cv2
+
         cv2.setNumThreads(0)  # as worker_init_fn does
         from taehv_launch.train.data import decode
+
         self.decode = decode
 
     def set_threads(self, t):
@@ -90,6 +96,7 @@ class PyAV:
 
     def __init__(self):
         import av
+
         self.av, self.threads = av, 1
 
     def set_threads(self, t):
@@ -121,6 +128,7 @@ class NvCodec:
     def __init__(self, stream=None):
         import torch
         import PyNvVideoCodec as nvc
+
         torch.cuda.init()
         self.nvc, self.torch, self.dec, self.stream = nvc, torch, None, stream
 
@@ -130,8 +138,9 @@ class NvCodec:
     def clip(self, path, n, rng):
         if self.dec is None:
             kw = {"cuda_stream": self.stream.cuda_stream} if self.stream is not None else {}
-            self.dec = self.nvc.SimpleDecoder(path, gpu_id=0, use_device_memory=True,
-                                              output_color_type=self.nvc.OutputColorType.RGBP, **kw)
+            self.dec = self.nvc.SimpleDecoder(
+                path, gpu_id=0, use_device_memory=True, output_color_type=self.nvc.OutputColorType.RGBP, **kw
+            )
         else:
             self.dec.reconfigure_decoder(path)
         n = min(n, len(self.dec))
@@ -157,6 +166,7 @@ class TorchCodec:
     def __init__(self, device):
         import torch
         from torchcodec.decoders import VideoDecoder
+
         if device == "cuda":
             torch.cuda.init()
         self.VD, self.device, self.threads = VideoDecoder, device, 1
@@ -175,11 +185,17 @@ class TorchCodec:
 
 
 def make_decoder(name):
-    return {"opencv": OpenCV, "pyav": PyAV, "pynvvideocodec": NvCodec,
-            "torchcodec-cuda": lambda: TorchCodec("cuda"), "torchcodec-cpu": lambda: TorchCodec("cpu")}[name]()
+    return {
+        "opencv": OpenCV,
+        "pyav": PyAV,
+        "pynvvideocodec": NvCodec,
+        "torchcodec-cuda": lambda: TorchCodec("cuda"),
+        "torchcodec-cpu": lambda: TorchCodec("cpu"),
+    }[name]()
 
 
 # --- worker processes ------------------------------------------------------------------------
+
 
 def _cpu_s():
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -188,8 +204,10 @@ def _cpu_s():
 
 def worker(idx, name, cmd_q, res_q):
     import numpy as np
+
     try:
         import taehv_launch.train.data.clips  # noqa: F401  (torch, cv2: imported before the clock, as in a DataLoader worker)
+
         dec = make_decoder(name)
         res_q.put({"idx": idx, "ready": True, "pid": os.getpid()})
     except Exception as e:  # the decoder cannot even be built here: say why, once
@@ -220,6 +238,7 @@ def worker(idx, name, cmd_q, res_q):
             first_err = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         if cuda:
             import torch
+
             torch.cuda.reset_peak_memory_stats()
         while time.time() < cmd["t_start"]:
             time.sleep(0.002)
@@ -234,18 +253,20 @@ def worker(idx, name, cmd_q, res_q):
                 fails += 1
                 first_err = first_err or f"{type(e).__name__}: {e}".splitlines()[0][:300]
             end = time.time()
-        r = {"idx": idx, "count": count, "fails": fails, "error": first_err, "wall": end - start,
-             "cpu": _cpu_s() - c0}
+        r = {"idx": idx, "count": count, "fails": fails, "error": first_err, "wall": end - start, "cpu": _cpu_s() - c0}
         if cuda:
             import torch
+
             r["torch_max_alloc_mib"] = torch.cuda.max_memory_allocated() / 2**20
         res_q.put(r)
 
 
 # --- the stand-in for training: a bf16 matmul loop, its progress in a shared counter -------------
 
+
 def matmul_loop(counter, stop, go):
     import torch
+
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     while not stop.is_set():
@@ -269,6 +290,7 @@ def matmul_rate(counter, seconds):
 
 # --- GPU decode inside one process (threads, own CUDA streams), beside a training stand-in --------
 
+
 def inproc(sets, ks, seconds, q):
     try:
         _inproc(sets, ks, seconds, q)
@@ -285,6 +307,7 @@ def _inproc(sets, ks, seconds, q):
     import numpy as np
     import torch
     import taehv_launch.train.data.clips  # noqa: F401
+
     torch.cuda.init()
     done, go, stop = [0], threading.Event(), threading.Event()
 
@@ -332,6 +355,7 @@ def _inproc(sets, ks, seconds, q):
                         counts[i] += 1
                     except Exception as e:
                         errs.append(f"{type(e).__name__}: {e}".splitlines()[0][:120])
+
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.time()
         th = [threading.Thread(target=body, args=(i,)) for i in range(k)]
         for t in th:
@@ -359,13 +383,24 @@ def _inproc(sets, ks, seconds, q):
             box[0] = tflops(seconds - 1.0)
             th.join()
             go.clear()
-            row = {"set": sname, "threads": k, "clips_per_s": alone[0], "cpu_cores": alone[1], "fails": alone[2],
-                   "error": alone[3], "clips_per_s_with_matmul": res[0][0], "matmul_tflops_with": box[0],
-                   "torch_max_alloc_mib": torch.cuda.max_memory_allocated() / 2**20,
-                   "smi": smi("utilization.gpu,utilization.decoder,memory.used")}
+            row = {
+                "set": sname,
+                "threads": k,
+                "clips_per_s": alone[0],
+                "cpu_cores": alone[1],
+                "fails": alone[2],
+                "error": alone[3],
+                "clips_per_s_with_matmul": res[0][0],
+                "matmul_tflops_with": box[0],
+                "torch_max_alloc_mib": torch.cuda.max_memory_allocated() / 2**20,
+                "smi": smi("utilization.gpu,utilization.decoder,memory.used"),
+            }
             out["rows"].append(row)
-            print(f"   inproc {sname} k={k}: {alone[0]:.1f} clips/s ({alone[1]:.1f} cores), with matmul "
-                  f"{res[0][0]:.1f} clips/s and {box[0]:.0f} TFLOP/s, fails {alone[2]} {alone[3][:60]}", flush=True)
+            print(
+                f"   inproc {sname} k={k}: {alone[0]:.1f} clips/s ({alone[1]:.1f} cores), with matmul "
+                f"{res[0][0]:.1f} clips/s and {box[0]:.0f} TFLOP/s, fails {alone[2]} {alone[3][:60]}",
+                flush=True,
+            )
     go.set()
     time.sleep(0.5)
     out["matmul_alone_end"] = tflops(2.0)
@@ -375,11 +410,16 @@ def _inproc(sets, ks, seconds, q):
 
 # --- the parent ----------------------------------------------------------------------------
 
+
 def smi(query, apps=False):
     kind = "--query-compute-apps" if apps else "--query-gpu"
     try:
-        out = subprocess.run(["nvidia-smi", f"{kind}={query}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", f"{kind}={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return [line.split(", ") for line in out.strip().splitlines() if line.strip()]
     except Exception:
         return []
@@ -389,13 +429,17 @@ def ffmpeg_libs_for_torchcodec():
     """torchcodec loads libavcodec.so.N by its plain name; point such names at PyAV's bundled FFmpeg."""
     try:
         import importlib.util
+
         spec = importlib.util.find_spec("av")
         libs = os.path.join(os.path.dirname(os.path.dirname(spec.origin)), "av.libs")
     except Exception:
         return ""
     import torch
+
     site = os.path.dirname(os.path.dirname(torch.__file__))
-    cuda_dirs = sorted({os.path.dirname(p) for p in glob.glob(os.path.join(site, "nvidia", "**", "lib*.so*"), recursive=True)})
+    cuda_dirs = sorted(
+        {os.path.dirname(p) for p in glob.glob(os.path.join(site, "nvidia", "**", "lib*.so*"), recursive=True)}
+    )
     d = tempfile.mkdtemp(prefix="fflibs")
     for f in glob.glob(os.path.join(libs, "*.so.*")):
         b = os.path.basename(f)
@@ -405,8 +449,11 @@ def ffmpeg_libs_for_torchcodec():
             os.symlink(f, os.path.join(d, f"{stem}.so.{major}"))
     # av.libs itself too: the linked libraries' own hashed dependencies (libdrm-*.so...) are found through
     # $ORIGIN, which is the symlink's folder here (2026-11-24 run 2 failed on exactly that; untested since)
-    os.environ["LD_LIBRARY_PATH"] = ":".join([d, libs, os.path.join(os.path.dirname(torch.__file__), "lib")] + cuda_dirs
-                                             + [os.environ.get("LD_LIBRARY_PATH", "")])
+    os.environ["LD_LIBRARY_PATH"] = ":".join(
+        [d, libs, os.path.join(os.path.dirname(torch.__file__), "lib")]
+        + cuda_dirs
+        + [os.environ.get("LD_LIBRARY_PATH", "")]
+    )
     return os.environ["LD_LIBRARY_PATH"]
 
 
@@ -421,6 +468,7 @@ def torchcodec_load_error():
 
 def video_sets(root):
     import cv2
+
     sets = {}
     for d in sorted(glob.glob(os.path.join(root, "*"))):
         files = sorted(f for f in glob.glob(os.path.join(d, "*")) if os.path.isfile(f))
@@ -433,16 +481,20 @@ def video_sets(root):
             info = f"{int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))}x{int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))}"
             cap.release()
         mib = sum(os.path.getsize(f) for f in files) / 2**20
-        sets[os.path.basename(d)] = {"files": files, "lengths": lengths,
-                                     "desc": f"{len(files)} files {info}, {min(lengths.values())}-{max(lengths.values())} frames, {mib:.1f} MiB"}
+        sets[os.path.basename(d)] = {
+            "files": files,
+            "lengths": lengths,
+            "desc": f"{len(files)} files {info}, {min(lengths.values())}-{max(lengths.values())} frames, {mib:.1f} MiB",
+        }
     return sets
 
 
 class Pool:
     def __init__(self, name, n, ctx):
         self.name, self.cmd_qs, self.res_q = name, [ctx.Queue() for _ in range(n)], ctx.Queue()
-        self.procs = [ctx.Process(target=worker, args=(i, name, self.cmd_qs[i], self.res_q), daemon=True)
-                      for i in range(n)]
+        self.procs = [
+            ctx.Process(target=worker, args=(i, name, self.cmd_qs[i], self.res_q), daemon=True) for i in range(n)
+        ]
         for p in self.procs:
             p.start()
         ready = [self.res_q.get(timeout=180) for _ in range(n)]
@@ -452,8 +504,17 @@ class Pool:
     def run(self, n, sset, seconds, seed, threads):
         t_start = time.time() + 1.2 + (1.5 if "2160" in str(sset["desc"]) else 0)
         for i in range(n):
-            self.cmd_qs[i].put({"op": "clips", "files": sset["files"], "lengths": sset["lengths"], "seconds": seconds,
-                                "t_start": t_start, "seed": seed, "threads": threads})
+            self.cmd_qs[i].put(
+                {
+                    "op": "clips",
+                    "files": sset["files"],
+                    "lengths": sset["lengths"],
+                    "seconds": seconds,
+                    "t_start": t_start,
+                    "seed": seed,
+                    "threads": threads,
+                }
+            )
         time.sleep(max(0.0, t_start - time.time()) + seconds / 2)
         util = smi("utilization.gpu,utilization.decoder,memory.used")
         apps = {int(a[0]): float(a[1]) for a in smi("pid,used_memory", apps=True) if a[0].isdigit()}
@@ -493,24 +554,41 @@ def main():
     sets = video_sets(a.root)
     workers = [int(x) for x in a.workers.split(",")]
     import torch
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "cores": CORES, "fflibs_for_torchcodec": ff,
-           "gpu": smi("name,driver_version"), "argv": sys.argv}
+
+    env = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cores": CORES,
+        "fflibs_for_torchcodec": ff,
+        "gpu": smi("name,driver_version"),
+        "argv": sys.argv,
+    }
     for mod in ("cv2", "av", "PyNvVideoCodec", "torchcodec", "numpy"):
         try:
             m = __import__(mod)
             env[mod] = getattr(m, "__version__", "?")
         except Exception as e:
             env[mod] = f"not importable: {type(e).__name__}: {e}".splitlines()[0][:200]
-    result = {"env": env, "sets": {k: v["desc"] for k, v in sets.items()}, "rows": [], "interference": {},
-              "probe": {}, "pool_errors": {}, "skipped": []}
+    result = {
+        "env": env,
+        "sets": {k: v["desc"] for k, v in sets.items()},
+        "rows": [],
+        "interference": {},
+        "probe": {},
+        "pool_errors": {},
+        "skipped": [],
+    }
     print(json.dumps(env, indent=1), flush=True)
     probe_files = sorted(glob.glob(os.path.join(a.probe, "*"))) if a.probe else []
     probe_len = {}
     if probe_files:
         import cv2
+
         for f in probe_files:
             cap = cv2.VideoCapture(f)
-            probe_len[f] = max(1, int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) if 0 < cap.get(cv2.CAP_PROP_FRAME_COUNT) < 1e7 else 60)
+            probe_len[f] = max(
+                1, int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) if 0 < cap.get(cv2.CAP_PROP_FRAME_COUNT) < 1e7 else 60
+            )
             cap.release()
 
     def save():
@@ -563,17 +641,27 @@ def main():
             def sample():
                 time.sleep(2.5)
                 rates.append(matmul_rate(counter, a.seconds - 1.0))
+
             import threading
+
             th = threading.Thread(target=sample)
             th.start()
             res, util, apps = pool.run(n, sets[a.interference_set], a.seconds + 1.0, 7, max(1, CORES // n))
             th.join()
             go.clear()
             clips = sum(r["count"] / r["wall"] for r in res if r["wall"] > 0)
-            result["interference"][name] = {"set": a.interference_set, "workers": n, "matmul_tflops_alone": base,
-                                            "matmul_tflops_with_decoder": rates[0] if rates else None,
-                                            "decoder_clips_per_s_meanwhile": clips, "util": util}
-            print(f"   interference {a.interference_set} x{n}: matmul {base:.0f} -> {rates[0] if rates else float('nan'):.0f} TFLOP/s, decoder {clips:.1f} clips/s", flush=True)
+            result["interference"][name] = {
+                "set": a.interference_set,
+                "workers": n,
+                "matmul_tflops_alone": base,
+                "matmul_tflops_with_decoder": rates[0] if rates else None,
+                "decoder_clips_per_s_meanwhile": clips,
+                "util": util,
+            }
+            print(
+                f"   interference {a.interference_set} x{n}: matmul {base:.0f} -> {rates[0] if rates else float('nan'):.0f} TFLOP/s, decoder {clips:.1f} clips/s",
+                flush=True,
+            )
         broken = False
         for sname, sset in sets.items():
             for n in workers:
@@ -584,23 +672,34 @@ def main():
                 try:
                     res, util, apps = pool.run(n, sset, a.seconds, n, threads)
                 except Exception as e:
-                    result["rows"].append({"decoder": name, "set": sname, "workers": n, "error": f"{type(e).__name__}: {e}"})
+                    result["rows"].append(
+                        {"decoder": name, "set": sname, "workers": n, "error": f"{type(e).__name__}: {e}"}
+                    )
                     print(f"   {sname} x{n}: ERROR {e}", flush=True)
                     broken = True
                     continue
                 wall = a.seconds
-                row = {"decoder": name, "set": sname, "workers": n, "threads_each": threads,
-                       "clips_per_s": sum(r["count"] / r["wall"] for r in res if r["wall"] > 0),
-                       "clips": sum(r["count"] for r in res), "fails": sum(r["fails"] for r in res),
-                       "error": next((r["error"] for r in res if r["error"]), ""),
-                       "cpu_cores": sum(r["cpu"] for r in res) / wall,
-                       "torch_max_alloc_mib_per_worker": max((r.get("torch_max_alloc_mib", 0) for r in res), default=0),
-                       "smi_mib_per_worker": max((apps.get(p, 0) for p in pool.pids[:n]), default=0),
-                       "smi_mib_workers_total": sum(apps.get(p, 0) for p in pool.pids[:n]),
-                       "gpu_util": util}
+                row = {
+                    "decoder": name,
+                    "set": sname,
+                    "workers": n,
+                    "threads_each": threads,
+                    "clips_per_s": sum(r["count"] / r["wall"] for r in res if r["wall"] > 0),
+                    "clips": sum(r["count"] for r in res),
+                    "fails": sum(r["fails"] for r in res),
+                    "error": next((r["error"] for r in res if r["error"]), ""),
+                    "cpu_cores": sum(r["cpu"] for r in res) / wall,
+                    "torch_max_alloc_mib_per_worker": max((r.get("torch_max_alloc_mib", 0) for r in res), default=0),
+                    "smi_mib_per_worker": max((apps.get(p, 0) for p in pool.pids[:n]), default=0),
+                    "smi_mib_workers_total": sum(apps.get(p, 0) for p in pool.pids[:n]),
+                    "gpu_util": util,
+                }
                 result["rows"].append(row)
-                print(f"   {sname} x{n} (t{threads}): {row['clips_per_s']:.1f} clips/s, {row['cpu_cores']:.1f} cores, "
-                      f"fails {row['fails']} {row['error'][:80]}, smi {row['smi_mib_per_worker']:.0f} MiB/worker, util {util}", flush=True)
+                print(
+                    f"   {sname} x{n} (t{threads}): {row['clips_per_s']:.1f} clips/s, {row['cpu_cores']:.1f} cores, "
+                    f"fails {row['fails']} {row['error'][:80]}, smi {row['smi_mib_per_worker']:.0f} MiB/worker, util {util}",
+                    flush=True,
+                )
                 save()
         if probe_files and not broken:
             try:
@@ -621,21 +720,36 @@ def main():
 
 
 def write_table(result, path):
-    lines = ["| decoder | set | workers (threads each) | clips/s | CPU cores | GPU MiB/worker (smi; torch max) | GPU util % (SM, NVDEC) | fails |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| decoder | set | workers (threads each) | clips/s | CPU cores | GPU MiB/worker (smi; torch max) | GPU util % (SM, NVDEC) | fails |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if "clips_per_s" not in r:
             lines.append(f"| {r['decoder']} | {r['set']} | {r['workers']} | error: {r['error'][:80]} | | | | |")
             continue
         u = r["gpu_util"][0] if r["gpu_util"] else ["?", "?", "?"]
-        mem = f"{r['smi_mib_per_worker']:.0f}; {r['torch_max_alloc_mib_per_worker']:.0f}" if r["smi_mib_per_worker"] else "-"
-        lines.append(f"| {r['decoder']} | {r['set']} | {r['workers']} ({r['threads_each']}) | {r['clips_per_s']:.1f} | "
-                     f"{r['cpu_cores']:.1f} | {mem} | {u[0]}, {u[1]} | {r['fails']} {r['error'][:60]} |")
-    lines += ["", "| decoder | matmul TFLOP/s alone | with decoder (8 workers, 1080p H.264) | decoder clips/s meanwhile |", "|---|---|---|---|"]
+        mem = (
+            f"{r['smi_mib_per_worker']:.0f}; {r['torch_max_alloc_mib_per_worker']:.0f}"
+            if r["smi_mib_per_worker"]
+            else "-"
+        )
+        lines.append(
+            f"| {r['decoder']} | {r['set']} | {r['workers']} ({r['threads_each']}) | {r['clips_per_s']:.1f} | "
+            f"{r['cpu_cores']:.1f} | {mem} | {u[0]}, {u[1]} | {r['fails']} {r['error'][:60]} |"
+        )
+    lines += [
+        "",
+        "| decoder | matmul TFLOP/s alone | with decoder (8 workers, 1080p H.264) | decoder clips/s meanwhile |",
+        "|---|---|---|---|",
+    ]
     for k, v in result["interference"].items():
         w = v["matmul_tflops_with_decoder"]
-        lines.append(f"| {k} | {v['matmul_tflops_alone']:.0f} | {w:.0f} ({100 * (w / v['matmul_tflops_alone'] - 1):+.1f}%) | {v['decoder_clips_per_s_meanwhile']:.1f} |"
-                     if w else f"| {k} | {v['matmul_tflops_alone']:.0f} | ? | {v['decoder_clips_per_s_meanwhile']:.1f} |")
+        lines.append(
+            f"| {k} | {v['matmul_tflops_alone']:.0f} | {w:.0f} ({100 * (w / v['matmul_tflops_alone'] - 1):+.1f}%) | {v['decoder_clips_per_s_meanwhile']:.1f} |"
+            if w
+            else f"| {k} | {v['matmul_tflops_alone']:.0f} | ? | {v['decoder_clips_per_s_meanwhile']:.1f} |"
+        )
     for k, v in result["pool_errors"].items():
         lines.append(f"\n{k}: not measured: {v}")
     if result["probe"]:
@@ -644,13 +758,19 @@ def write_table(result, path):
             lines.append(f"- {k}: " + "; ".join(f"{f}: {s}" for f, s in v.items()))
     ip = result.get("inproc") or {}
     if ip.get("rows"):
-        lines += ["", f"PyNvVideoCodec in one process, K threads ({ip.get('stream_arg')}); matmul alone in that process: "
-                  f"{ip['matmul_alone']:.0f} TFLOP/s (end: {ip.get('matmul_alone_end', 0):.0f})", "",
-                  "| set | K threads | clips/s alone | CPU cores | clips/s beside matmul | matmul TFLOP/s meanwhile | torch max MiB | fails |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"PyNvVideoCodec in one process, K threads ({ip.get('stream_arg')}); matmul alone in that process: "
+            f"{ip['matmul_alone']:.0f} TFLOP/s (end: {ip.get('matmul_alone_end', 0):.0f})",
+            "",
+            "| set | K threads | clips/s alone | CPU cores | clips/s beside matmul | matmul TFLOP/s meanwhile | torch max MiB | fails |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in ip["rows"]:
-            lines.append(f"| {r['set']} | {r['threads']} | {r['clips_per_s']:.1f} | {r['cpu_cores']:.1f} | {r['clips_per_s_with_matmul']:.1f} | "
-                         f"{r['matmul_tflops_with']:.0f} | {r['torch_max_alloc_mib']:.0f} | {r['fails']} {r['error'][:60]} |")
+            lines.append(
+                f"| {r['set']} | {r['threads']} | {r['clips_per_s']:.1f} | {r['cpu_cores']:.1f} | {r['clips_per_s_with_matmul']:.1f} | "
+                f"{r['matmul_tflops_with']:.0f} | {r['torch_max_alloc_mib']:.0f} | {r['fails']} {r['error'][:60]} |"
+            )
     elif ip:
         lines.append(f"\ninproc: {ip}")
     if result.get("torchcodec_load_error"):

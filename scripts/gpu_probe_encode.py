@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from taehv_launch.bench.compare import time_steps
 
+
 # --- the rejected lever: every Conv3d of the frozen encoder as one Conv2d over stacked frames ---
 class Conv3dAsConv2d(nn.Module):
     """Frozen replacement of a Conv3d (time stride 1, time padding 0, zeros padding, groups 1)."""
@@ -41,9 +42,9 @@ class Conv3dAsConv2d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, t, h, w = x.shape
         frames = t - self.kt + 1
-        xt = x.transpose(1, 2)                                           # N T C H W
+        xt = x.transpose(1, 2)  # N T C H W
         if self.kt > 1:
-            xt = torch.cat([xt[:, k:k + frames] for k in range(self.kt)], dim=2)
+            xt = torch.cat([xt[:, k : k + frames] for k in range(self.kt)], dim=2)
         y = F.conv2d(xt.reshape(n * frames, self.kt * c, h, w), self.weight, self.bias, self.stride, self.padding)
         return y.view(n, frames, *y.shape[1:]).transpose(1, 2)
 
@@ -55,8 +56,15 @@ def swappable(module: nn.Module) -> bool:
         return False
     forward = type(module).forward
     plain = forward is nn.Conv3d.forward or type(module).__name__ == "CogVideoXSafeConv3d"
-    return (plain and module.stride[0] == 1 and module.padding[0] == 0 and module.dilation == (1, 1, 1)
-            and module.groups == 1 and module.padding_mode == "zeros" and isinstance(module.padding, tuple))
+    return (
+        plain
+        and module.stride[0] == 1
+        and module.padding[0] == 0
+        and module.dilation == (1, 1, 1)
+        and module.groups == 1
+        and module.padding_mode == "zeros"
+        and isinstance(module.padding, tuple)
+    )
 
 
 def swap_conv3d(root: nn.Module) -> nn.Module:
@@ -79,7 +87,7 @@ def bench(fn, reps=5, warm=2):
 
 
 def micro():
-    for (c, t, h, w) in [(128, 11, 480, 720), (256, 7, 240, 360), (512, 5, 120, 180), (512, 5, 60, 90)]:
+    for c, t, h, w in [(128, 11, 480, 720), (256, 7, 240, 360), (512, 5, 120, 180), (512, 5, 60, 90)]:
         x = torch.randn(2, c, t, h, w, device=dev, dtype=bf)
         conv = torch.nn.Conv3d(c, c, 3, padding=(0, 1, 1)).to(dev, bf)
         flops = 2 * 27 * c * c * (t - 2) * h * w * 2
@@ -98,8 +106,10 @@ def micro():
         for name, fn in rows.items():
             ms = bench(fn)
             err = (fn().float() - ref).abs().max().item() / ref.abs().max().item()
-            print(f"micro C={c} T={t} {h}x{w}: {name:34s} {ms:8.2f} ms {flops / ms / 1e9:6.0f} TFLOP/s  rel err {err:.1e}",
-                  flush=True)
+            print(
+                f"micro C={c} T={t} {h}x{w}: {name:34s} {ms:8.2f} ms {flops / ms / 1e9:6.0f} TFLOP/s  rel err {err:.1e}",
+                flush=True,
+            )
         del x, xl
 
 
@@ -122,12 +132,16 @@ def encoder():
         print(f"encoder FLOPs per 8 clips: {flops / 1e12:.1f} T", flush=True)
         ref = run(enc).float()
         import copy
+
         swapped = swap_conv3d(copy.deepcopy(enc))
         variants = [("eager conv3d", enc), ("eager conv2d swap", swapped)]
         for name, m in variants:
             ms = bench(lambda: run(m), reps=3)
             err = (run(m).float() - ref).abs().max().item() / ref.abs().max().item()
-            print(f"encoder {name:32s} {ms:8.1f} ms / 8 clips {flops / ms / 1e9:6.0f} TFLOP/s rel err {err:.1e}", flush=True)
+            print(
+                f"encoder {name:32s} {ms:8.1f} ms / 8 clips {flops / ms / 1e9:6.0f} TFLOP/s rel err {err:.1e}",
+                flush=True,
+            )
         for name, m in [("compiled conv3d", enc), ("compiled conv2d swap", swapped)]:
             c = torch.compile(m, dynamic=False)
             t0 = time.perf_counter()
@@ -136,8 +150,11 @@ def encoder():
             first = time.perf_counter() - t0
             ms = bench(lambda: run(c), reps=3)
             err = (run(c).float() - ref).abs().max().item() / ref.abs().max().item()
-            print(f"encoder {name:32s} {ms:8.1f} ms / 8 clips {flops / ms / 1e9:6.0f} TFLOP/s rel err {err:.1e} "
-                  f"(first call {first:.0f} s) peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+            print(
+                f"encoder {name:32s} {ms:8.1f} ms / 8 clips {flops / ms / 1e9:6.0f} TFLOP/s rel err {err:.1e} "
+                f"(first call {first:.0f} s) peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+                flush=True,
+            )
             if "kernels" in sys.argv:
                 kernels(lambda: run(c), name)
 
@@ -162,8 +179,9 @@ def encoder_cl():
     enc = vae.encoder
 
     def run(module, cl):
-        return torch.cat([module(c.contiguous(memory_format=torch.channels_last_3d) if cl else c)[0]
-                          for c in x.split(2)])
+        return torch.cat(
+            [module(c.contiguous(memory_format=torch.channels_last_3d) if cl else c)[0] for c in x.split(2)]
+        )
 
     with torch.no_grad():
         ref = run(enc, False).float()
@@ -183,8 +201,11 @@ def encoder_cl():
         first = time.perf_counter() - t0
         ms = bench(lambda: run(c, True), reps=3)
         err = (run(c, True).float() - ref).abs().max().item() / ref.abs().max().item()
-        print(f"encoder compiled channels_last_3d         {ms:8.1f} ms / 8 clips rel err {err:.1e} (first call {first:.0f} s)"
-              f" peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+        print(
+            f"encoder compiled channels_last_3d         {ms:8.1f} ms / 8 clips rel err {err:.1e} (first call {first:.0f} s)"
+            f" peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+            flush=True,
+        )
         if "kernels" in sys.argv:
             kernels(lambda: run(c, True), "compiled channels_last_3d")
     return c, run
@@ -218,8 +239,11 @@ def time_encode(kind, path, frames, want, name, setup, chunk=2, reps=5, profile=
     first = time.perf_counter() - t0
     ms = bench(lambda: ref.encode(frames), reps=reps)
     err = (got - want).abs().max().item() / want.abs().max().item()
-    print(f"{kind} encode {name:40s} {ms:8.1f} ms / 8 clips rel err {err:.1e} (first call {first:.0f} s) "
-          f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    print(
+        f"{kind} encode {name:40s} {ms:8.1f} ms / 8 clips rel err {err:.1e} (first call {first:.0f} s) "
+        f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        flush=True,
+    )
     if profile and "kernels" in sys.argv:
         kernels(lambda: ref.encode(frames), name)
     del ref, got
@@ -246,6 +270,7 @@ def ref_more():
 
     class NoCache(nn.Module):
         """The encoder's forward without the conv_cache outputs (one frame batch: nobody reads them)."""
+
         def __init__(self, enc):
             super().__init__()
             self.enc = enc
@@ -265,8 +290,15 @@ def ref_more():
     def setup_fuse(ref):
         enc = channels_last_encoder(ref.model.encoder)
         ref.channels_last = True
-        ref.model.encoder = torch.compile(enc, dynamic=False, options={
-            "realize_reads_threshold": 64, "realize_opcount_threshold": 400, "realize_acc_reads_threshold": 64})
+        ref.model.encoder = torch.compile(
+            enc,
+            dynamic=False,
+            options={
+                "realize_reads_threshold": 64,
+                "realize_opcount_threshold": 400,
+                "realize_acc_reads_threshold": 64,
+            },
+        )
 
     def setup_nocache(ref):
         enc = channels_last_encoder(ref.model.encoder)
@@ -274,8 +306,12 @@ def ref_more():
         ref.model.encoder = NoCache(enc)
 
     data = probe_setup()
-    for name, setup in [("NDHWC (new default)", setup_nl), ("NDHWC + realize fewer (fuse GN affine)", setup_fuse),
-                        ("NDHWC, no conv_cache outputs", setup_nocache), ("NDHWC + cudnn.benchmark", setup_bench)]:
+    for name, setup in [
+        ("NDHWC (new default)", setup_nl),
+        ("NDHWC + realize fewer (fuse GN affine)", setup_fuse),
+        ("NDHWC, no conv_cache outputs", setup_nocache),
+        ("NDHWC + cudnn.benchmark", setup_bench),
+    ]:
         time_encode("cogvideox", *data, name, setup)
     torch.backends.cudnn.benchmark = False
 
@@ -299,10 +335,12 @@ def ref_pad():
         ref.channels_last = True
         ref.model.encoder = torch.compile(enc, dynamic=False, mode="reduce-overhead")
 
-    rows = [("NDHWC (default)", lambda ref: compile_reference(ref, True, replicate_pad=False), 2),
-            ("NDHWC + replicate pad", lambda ref: compile_reference(ref, True, replicate_pad=True), 2),
-            ("NDHWC + replicate pad + CUDA graphs", setup_graphs, 2),
-            ("NDHWC chunk 4", lambda ref: compile_reference(ref, True, replicate_pad=False), 4)]
+    rows = [
+        ("NDHWC (default)", lambda ref: compile_reference(ref, True, replicate_pad=False), 2),
+        ("NDHWC + replicate pad", lambda ref: compile_reference(ref, True, replicate_pad=True), 2),
+        ("NDHWC + replicate pad + CUDA graphs", setup_graphs, 2),
+        ("NDHWC chunk 4", lambda ref: compile_reference(ref, True, replicate_pad=False), 4),
+    ]
     for name, setup, chunk in rows:
         time_encode("cogvideox", *data, name, setup, chunk=chunk, profile="graphs" not in name)
 
@@ -355,8 +393,11 @@ def taehv_step(cl: bool, compiled: bool):
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
     ms = bench(step, reps=4)
-    print(f"taehv step channels_last={cl} compiled={compiled}: {ms:7.1f} ms / 8 clips (first {first:.0f} s) "
-          f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    print(
+        f"taehv step channels_last={cl} compiled={compiled}: {ms:7.1f} ms / 8 clips (first {first:.0f} s) "
+        f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        flush=True,
+    )
     if "kernels" in sys.argv and not compiled:
         kernels(step, f"taehv step cl={cl}")
     return step
@@ -377,14 +418,23 @@ def overlap(encode, step):
         torch.cuda.current_stream().wait_stream(side)
 
     par_ms = bench(both, reps=3)
-    print(f"overlap: encode {enc_ms:.1f} + step {step_ms:.1f} ms; sequential {seq_ms:.1f}; side stream {par_ms:.1f} ms; "
-          f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    print(
+        f"overlap: encode {enc_ms:.1f} + step {step_ms:.1f} ms; sequential {seq_ms:.1f}; side stream {par_ms:.1f} ms; "
+        f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    modes = {"ref": ref_layouts, "refmore": ref_more, "refpad": ref_pad, "families": families,
-             "micro": micro, "encoder": encoder}
+    modes = {
+        "ref": ref_layouts,
+        "refmore": ref_more,
+        "refpad": ref_pad,
+        "families": families,
+        "micro": micro,
+        "encoder": encoder,
+    }
     for mode, probe in modes.items():
         if mode in sys.argv:
             probe()

@@ -8,7 +8,14 @@ import os
 import av
 import cv2
 
-SOURCES = ["chaplin.mp4", "smpte-2997.mp4", "example2.mp4", "fire2.mp4", "big_buck_bunny_432_433.webm", "no_duration.webm"]
+SOURCES = [
+    "chaplin.mp4",
+    "smpte-2997.mp4",
+    "example2.mp4",
+    "fire2.mp4",
+    "big_buck_bunny_432_433.webm",
+    "no_duration.webm",
+]
 DEFAULT_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "testdata", "videos")
 SUFFIX = {"libx264": ".mp4", "libx265": ".mp4", "libvpx-vp9": ".webm"}
 
@@ -42,7 +49,7 @@ def write(path, src, W, H, n, k, codec, gop, crf):
     fr = src[k % len(src)]
     for i in range(n):
         j = (i + 7 * k) % (2 * len(fr))
-        j = j if j < len(fr) else 2 * len(fr) - 1 - j   # ping-pong: real motion, no cut
+        j = j if j < len(fr) else 2 * len(fr) - 1 - j  # ping-pong: real motion, no cut
         f = cv2.resize(fr[j], (W, H))
         for p in s.encode(av.VideoFrame.from_ndarray(cv2.cvtColor(f, cv2.COLOR_BGR2RGB), format="rgb24")):
             c.mux(p)
@@ -58,7 +65,9 @@ def main():
     ap.add_argument("H", type=int)
     ap.add_argument("count", type=int)
     ap.add_argument("frames", type=int)
-    ap.add_argument("--src", default=DEFAULT_SRC, help="folder of the sample videos (default: ../shared/testdata/videos)")
+    ap.add_argument(
+        "--src", default=DEFAULT_SRC, help="folder of the sample videos (default: ../shared/testdata/videos)"
+    )
     ap.add_argument("--codec", default="libx264", choices=sorted(SUFFIX))
     ap.add_argument("--gop", type=int, default=0, help="keyframe interval in frames (0: the encoder's default)")
     ap.add_argument("--crf", type=int, default=23)

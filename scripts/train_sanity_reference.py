@@ -35,7 +35,8 @@ def main() -> None:
     import diffusers
 
     from taehv_launch.plan.schema import DEFAULTS
-    from taehv_launch.train.data.clips import VideoClipDataset, collate, usable_entries, worker_init_fn
+    from taehv_launch.train.data.clips import VideoClipDataset, collate, worker_init_fn
+    from taehv_launch.train.data.probe import usable_entries
     from taehv_launch.dataindex.index import build_index, split_train_val
 
     t_start = time.perf_counter()
@@ -46,8 +47,9 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     entries = build_index(root)
-    train_e, val_e = split_train_val(entries, DEFAULTS["validation_fraction"], DEFAULTS["max_validation_videos"],
-                                     DEFAULTS["seed"])
+    train_e, val_e = split_train_val(
+        entries, DEFAULTS["validation_fraction"], DEFAULTS["max_validation_videos"], DEFAULTS["seed"]
+    )
     val_e = usable_entries(val_e, 12)
     print(f"teacher: {len(train_e)} training videos, held out: {[e.path for e in val_e]}", flush=True)
     common = dict(height=128, width=128, n_frames=12, min_frame_delta=1, max_frame_delta=2, seed=7)
@@ -55,18 +57,24 @@ def main() -> None:
     held = VideoClipDataset(val_e, train=False, **common)
     # A pool of clips decoded once by the trainer's dataset (random starts, strides, crops, flips), kept on
     # the GPU: the teacher's steps are then not bound by decoding 720p-1080p sources.
-    loader = DataLoader(train, batch_size=16, sampler=range(pool), num_workers=14, collate_fn=collate,
-                        worker_init_fn=worker_init_fn)
+    loader = DataLoader(
+        train, batch_size=16, sampler=range(pool), num_workers=14, collate_fn=collate, worker_init_fn=worker_init_fn
+    )
     clips = torch.cat([b["frames"].to(dev) for b in loader])
     print(f"teacher: {len(clips)} training clips decoded in {time.perf_counter() - t_start:.0f} s", flush=True)
     gen = torch.Generator(device=dev).manual_seed(0)
 
-    vae = diffusers.AutoencoderKLCogVideoX(block_out_channels=(64, 128, 128, 256), latent_channels=16,
-                                           layers_per_block=1, norm_num_groups=32).to(dev).train()
+    vae = (
+        diffusers.AutoencoderKLCogVideoX(
+            block_out_channels=(64, 128, 128, 256), latent_channels=16, layers_per_block=1, norm_num_groups=32
+        )
+        .to(dev)
+        .train()
+    )
     opt = torch.optim.AdamW(vae.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-4, total_steps=steps, pct_start=0.05)
 
-    def as_input(frames: torch.Tensor) -> torch.Tensor:   # uint8 NTCHW -> NCTHW in [-1, 1], the first 1 + 4k = 9
+    def as_input(frames: torch.Tensor) -> torch.Tensor:  # uint8 NTCHW -> NCTHW in [-1, 1], the first 1 + 4k = 9
         x = frames[:, :9].to(dev, non_blocking=True).float() / 127.5 - 1
         return x.permute(0, 2, 1, 3, 4).contiguous()
 
@@ -93,10 +101,15 @@ def main() -> None:
         sched.step()
         opt.zero_grad(set_to_none=True)
         if step % 250 == 0 or step == 1:
-            print(f"teacher step {step}: train psnr {psnr(y.detach(), x):.2f} dB, held-out psnr {held_psnr():.2f} dB, "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
-    print(f"teacher done after {step} steps, {time.perf_counter() - t0:.0f} s: held-out psnr {held_psnr():.2f} dB",
-          flush=True)
+            print(
+                f"teacher step {step}: train psnr {psnr(y.detach(), x):.2f} dB, held-out psnr {held_psnr():.2f} dB, "
+                f"{time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
+    print(
+        f"teacher done after {step} steps, {time.perf_counter() - t0:.0f} s: held-out psnr {held_psnr():.2f} dB",
+        flush=True,
+    )
     vae.eval().save_pretrained(out)
 
 

@@ -36,18 +36,32 @@ def free_port() -> int:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment without any scheduler variables, so tests see a plain single node."""
-    drop = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-            "TORCHELASTIC_RUN_ID", "JOB_COMPLETION_INDEX", "CUDA_VISIBLE_DEVICES")
-    env = {k: v for k, v in os.environ.items()
-           if k not in drop and not k.startswith(("SLURM_", "PET_", "SKYPILOT_", "ACCELERATE_"))}
+    drop = (
+        "WORLD_SIZE",
+        "RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+        "JOB_COMPLETION_INDEX",
+        "CUDA_VISIBLE_DEVICES",
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in drop and not k.startswith(("SLURM_", "PET_", "SKYPILOT_", "ACCELERATE_"))
+    }
     env.update(extra)
     return env
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env or clean_env(),
-                          cwd=cwd, timeout=timeout)
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env or clean_env(), cwd=cwd, timeout=timeout
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, match: str, code: int = 2) -> None:
@@ -89,9 +103,12 @@ def run_cli_here(*args: str, env: dict[str, str] | None = None, cwd: Path | None
     try:
         if cwd is not None:
             os.chdir(cwd)
-        with mock.patch.dict(os.environ, env or clean_env(), clear=True), \
-                mock.patch.object(sys, "argv", ["taehv-launch", *args]), \
-                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with (
+            mock.patch.dict(os.environ, env or clean_env(), clear=True),
+            mock.patch.object(sys, "argv", ["taehv-launch", *args]),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
             try:
                 cli.main()
                 code = 0

@@ -15,8 +15,9 @@ def note(old: str, new: str, what: str = "the flag goes") -> str:
     return f"note: `{old}` is now `{new}`; {what} in the next release"
 
 
-@pytest.mark.parametrize("sub, expect", [("step", "--micro"), ("compare", "GPUS"), ("loader", "--resolution"),
-                                         ("index", "--files")])
+@pytest.mark.parametrize(
+    "sub, expect", [("step", "--micro"), ("compare", "GPUS"), ("loader", "--resolution"), ("index", "--files")]
+)
 def test_each_bench_subcommand_has_its_help(sub, expect):
     proc = run_cli_here("bench", sub, "--help")
     assert proc.returncode == 0, proc.stderr
@@ -37,10 +38,15 @@ def test_loader_help_names_every_decoder():
         assert name in out
 
 
-@pytest.mark.parametrize("args, option", [(("bench", "index", "--micro", "2"), "--micro"),
-                                          (("bench", "step", "--files", "3"), "--files"),
-                                          (("bench", "loader", "--levers"), "--levers"),
-                                          (("bench", "compare", "1", "cpu", "--decoder", "pyav"), "--decoder")])
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (("bench", "index", "--micro", "2"), "--micro"),
+        (("bench", "step", "--files", "3"), "--files"),
+        (("bench", "loader", "--levers"), "--levers"),
+        (("bench", "compare", "1", "cpu", "--decoder", "pyav"), "--decoder"),
+    ],
+)
 def test_a_subcommand_refuses_another_ones_option(args, option):
     proc = run_cli_here(*args)
     assert_one_line_error(proc, option)
@@ -58,12 +64,17 @@ def test_old_index_flag_still_works_and_says_the_new_form():
     assert [row["variant"] for row in json.loads(old.stdout)] == [row["variant"] for row in json.loads(new.stdout)]
 
 
-@pytest.mark.parametrize("args, match", [(("bench", "--compare"), "bench --compare needs GPUS PROFILE"),
-                                         (("bench", "--loader"), "bench --loader needs --data-root"),
-                                         (("bench", "--index", "x"), "unexpected argument 'x'"),
-                                         (("bench", "1"), "GPUS PROFILE go with --compare"),
-                                         (("bench", "--index", "--files", "1"), "--files 1"),
-                                         (("bench", "loader"), "bench loader needs --data-root")])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("bench", "--compare"), "bench --compare needs GPUS PROFILE"),
+        (("bench", "--loader"), "bench --loader needs --data-root"),
+        (("bench", "--index", "x"), "unexpected argument 'x'"),
+        (("bench", "1"), "GPUS PROFILE go with --compare"),
+        (("bench", "--index", "--files", "1"), "--files 1"),
+        (("bench", "loader"), "bench loader needs --data-root"),
+    ],
+)
 def test_old_and_new_forms_refuse_bad_input_in_one_line(args, match):
     """An old form that fails says only what is wrong (one line, no note)."""
     proc = run_cli_here(*args)

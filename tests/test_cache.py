@@ -18,15 +18,35 @@ from taehv_launch.errors import ConfigError, DataError
 from taehv_launch.plan.schema import DEFAULTS, make_config
 from taehv_launch.dataindex import latentcache as lc
 
-CACHE_SETS = ["--set", "dataloader_num_workers=2", "--set", "cache_shard_size=4", "--set", "micro_batch_size=2",
-              "--set", "validation_fraction=0.2"]
+CACHE_SETS = [
+    "--set",
+    "dataloader_num_workers=2",
+    "--set",
+    "cache_shard_size=4",
+    "--set",
+    "micro_batch_size=2",
+    "--set",
+    "validation_fraction=0.2",
+]
 
 
 def cache_job(tmp: Path, out: Path, *args: str, gpus: int = 1, env=None, timeout: float = 600):
     env = env or clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
-    argv = ["cache", str(gpus), "cpu", "--run-name", f"job-{out.name}", "--set", f"latent_cache={str(out)!r}",
-            "--set", f"output_dir={str(tmp / 'output')!r}", "--set", f"data_root={str(shared_videos())!r}",
-            *CACHE_SETS, *args]
+    argv = [
+        "cache",
+        str(gpus),
+        "cpu",
+        "--run-name",
+        f"job-{out.name}",
+        "--set",
+        f"latent_cache={str(out)!r}",
+        "--set",
+        f"output_dir={str(tmp / 'output')!r}",
+        "--set",
+        f"data_root={str(shared_videos())!r}",
+        *CACHE_SETS,
+        *args,
+    ]
     return run_cli(*argv, env=env, cwd=tmp, timeout=timeout)
 
 
@@ -41,12 +61,22 @@ def cache(tmp_path_factory) -> Path:
 
 
 def cfg_for(cache: Path, **over):
-    values = {**DEFAULTS, "height": 64, "width": 64, "ref_vae_dtype": "float32", "latent_channels": 4,
-              "micro_batch_size": 2, "latent_cache": str(cache), "data_root": str(shared_videos()), **over}
+    values = {
+        **DEFAULTS,
+        "height": 64,
+        "width": 64,
+        "ref_vae_dtype": "float32",
+        "latent_channels": 4,
+        "micro_batch_size": 2,
+        "latent_cache": str(cache),
+        "data_root": str(shared_videos()),
+        **over,
+    }
     return make_config(values)
 
 
 # --- the format -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 def test_shards_cover_the_work_once_whatever_the_world_size(world):
@@ -61,15 +91,18 @@ def test_shards_cover_the_work_once_whatever_the_world_size(world):
 
 def test_a_shard_is_complete_only_with_its_index_and_the_right_size(tmp_path):
     latents = torch.randn(2, 3, 4, 2, 2).to(torch.bfloat16)
-    views = [{"video": "a.mp4", "view": 0, "row": 0}, {"video": "b.mp4", "view": 0, "skipped": "broken"},
-             {"video": "c.mp4", "view": 1, "row": 1}]
+    views = [
+        {"video": "a.mp4", "view": 0, "row": 0},
+        {"video": "b.mp4", "view": 0, "skipped": "broken"},
+        {"video": "c.mp4", "view": 1, "row": 1},
+    ]
     rec = lc.write_shard(tmp_path, "train-000000", latents, views)
     assert (rec.clips, rec.skipped) == (2, 1) and lc.is_complete(tmp_path, "train-000000")
     index = lc.read_index(tmp_path, "train-000000")
     assert [v.get("crc32") is not None for v in index["views"]] == [True, False, True]
-    assert not list(tmp_path.rglob("*.tmp"))                   # the atomic writes left nothing behind
+    assert not list(tmp_path.rglob("*.tmp"))  # the atomic writes left nothing behind
     with open(tmp_path / "shards" / "train-000000.safetensors", "ab") as f:
-        f.write(b"x")                                           # size no longer what the index says
+        f.write(b"x")  # size no longer what the index says
     assert not lc.is_complete(tmp_path, "train-000000")
     (tmp_path / "shards" / "train-000000.json").unlink()
     assert not lc.is_complete(tmp_path, "train-000000")
@@ -97,16 +130,20 @@ def test_an_unfinished_or_missing_cache_is_one_line(tmp_path):
 
 def test_cache_command_bad_inputs(tmp_path):
     assert_one_line_error(run_cli_here("cache", "1", "cpu", cwd=tmp_path), "needs --set latent_cache=DIR")
-    assert_one_line_error(run_cli_here("cache", "1", "cpu", "--views", "0", "--set", "latent_cache='x'",
-                                       cwd=tmp_path), "--views must be at least 1")
-    proc = run_cli_here("cache", "2", "cpu", "--views", "3", "--set", "latent_cache='x'", "--dry-run", "--json",
-                        cwd=tmp_path)
+    assert_one_line_error(
+        run_cli_here("cache", "1", "cpu", "--views", "0", "--set", "latent_cache='x'", cwd=tmp_path),
+        "--views must be at least 1",
+    )
+    proc = run_cli_here(
+        "cache", "2", "cpu", "--views", "3", "--set", "latent_cache='x'", "--dry-run", "--json", cwd=tmp_path
+    )
     plan = json.loads(proc.stdout)
     assert plan["command"][-2:] == ["--task", "cache"] and plan["config"]["cache_views"] == 3
     assert Path(plan["run_dir"]).name.startswith("cache-")
 
 
 # --- a real cache of real files ---------------------------------------------------------
+
 
 def test_the_job_writes_every_view_once_and_skips_broken_videos(cache):
     manifest = json.loads((cache / lc.MANIFEST).read_text())
@@ -115,7 +152,7 @@ def test_the_job_writes_every_view_once_and_skips_broken_videos(cache):
     train = [(v["video"], v["view"]) for n, v in views if n.startswith("train")]
     assert len(train) == len(set(train)) == 2 * (manifest["videos"] - len(job["val"]))
     skipped = {v["video"] for _, v in views if "skipped" in v}
-    assert {"empty.webm", "test_video.mp4"} & skipped       # 0 bytes, 1x1 pixels: unusable
+    assert {"empty.webm", "test_video.mp4"} & skipped  # 0 bytes, 1x1 pixels: unusable
     assert manifest["skipped_views"] == len([v for _, v in views if "skipped" in v]) > 0
     assert manifest["clips"] == sum(s["clips"] for s in manifest["shards"])
     assert manifest["fingerprint"]["latent_dtype"] == "bfloat16"
@@ -130,8 +167,7 @@ def test_training_reads_the_stored_views_exactly(cache):
     shard = manifest["shards"][0]["name"]
     records = [(shard, v) for v in lc.read_index(cache, shard)["views"] if "row" in v]
     cfg = cfg_for(cache)
-    ds = CachedViewDataset(cache, records, str(shared_videos()), 64, 64, 0, read_latents=True,
-                           online_fallback=False)
+    ds = CachedViewDataset(cache, records, str(shared_videos()), 64, 64, 0, read_latents=True, online_fallback=False)
     job = ViewDataset([("train", rec["video"], rec["view"]) for _, rec in records], str(shared_videos()), cfg)
     from safetensors.torch import load_file
 
@@ -150,26 +186,33 @@ def test_a_damaged_shard_is_skipped_and_counted_or_encoded_online(cache, tmp_pat
     manifest = json.loads((copy / lc.MANIFEST).read_text())
     first = manifest["shards"][0]["name"]
     data = bytearray((copy / "shards" / f"{first}.safetensors").read_bytes())
-    data[-64:] = bytes(64)                                       # the last view's latents: zeros on disk
+    data[-64:] = bytes(64)  # the last view's latents: zeros on disk
     (copy / "shards" / f"{first}.safetensors").write_bytes(bytes(data))
-    (copy / "shards" / f"{manifest['shards'][1]['name']}.json").unlink()     # a shard without its index
+    (copy / "shards" / f"{manifest['shards'][1]['name']}.json").unlink()  # a shard without its index
     acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
     lines: list[str] = []
     train, _ = build_cached_datasets(cfg_for(copy), acc, lines.append)
     assert any("cache shards are missing or damaged" in ln for ln in lines), lines
     last = max(k for k, (n, _) in enumerate(train.views) if n == first)
     item = train[last]
-    assert f"latent cache shard {first} row {train.views[last][1]['row']}" in item["skipped"]   # like a broken video
+    assert f"latent cache shard {first} row {train.views[last][1]['row']}" in item["skipped"]  # like a broken video
     same_shard = [k for k, (n, _) in enumerate(train.views) if n == first and k != last]
-    assert train[same_shard[0]]["skipped"] == []                         # the shard's other rows are still read
+    assert train[same_shard[0]]["skipped"] == []  # the shard's other rows are still read
     train_missing, _ = build_cached_datasets(cfg_for(copy, latent_cache_encode="missing"), acc, lines.append)
     item = train_missing[last]
-    assert item["online"] and item["latents"] is None                   # encoded online instead
+    assert item["online"] and item["latents"] is None  # encoded online instead
 
 
 def test_a_run_that_does_not_match_the_cache_is_refused_before_it_starts(cache, tmp_path):
-    base = ["1", "cpu", "--set", f"latent_cache={str(cache)!r}", "--set", f"data_root={str(shared_videos())!r}",
-            "--dry-run"]
+    base = [
+        "1",
+        "cpu",
+        "--set",
+        f"latent_cache={str(cache)!r}",
+        "--set",
+        f"data_root={str(shared_videos())!r}",
+        "--dry-run",
+    ]
     proc = run_cli_here(*base, "--set", "height=96", cwd=tmp_path)
     assert_one_line_error(proc, "does not match this run: it has height=64, this run height=96")
     proc = run_cli_here(*base, "--set", "max_frame_delta=4", cwd=tmp_path)
@@ -177,18 +220,32 @@ def test_a_run_that_does_not_match_the_cache_is_refused_before_it_starts(cache, 
     assert run_cli_here(*base, cwd=tmp_path).returncode == 0
 
 
-@pytest.mark.slow   # a real trainer run (9-36 s): the fast suite reads the cache in-process (tests above)
+@pytest.mark.slow  # a real trainer run (9-36 s): the fast suite reads the cache in-process (tests above)
 def test_training_from_the_cache_runs_without_the_reference_vae(cache, tmp_path):
     from trainrun import launch, ok
 
-    proc, run_dir = launch(tmp_path, 1, "--set", f"latent_cache={str(cache)!r}",
-                           "--set", f"data_root={str(shared_videos())!r}", "--set", "max_train_steps=4",
-                           "--set", "micro_batch_size=2", "--set", "validation_fraction=0.2",
-                           "--set", "dataloader_num_workers=2", "--set", "ref_vae_path='/nonexistent'")
+    proc, run_dir = launch(
+        tmp_path,
+        1,
+        "--set",
+        f"latent_cache={str(cache)!r}",
+        "--set",
+        f"data_root={str(shared_videos())!r}",
+        "--set",
+        "max_train_steps=4",
+        "--set",
+        "micro_batch_size=2",
+        "--set",
+        "validation_fraction=0.2",
+        "--set",
+        "dataloader_num_workers=2",
+        "--set",
+        "ref_vae_path='/nonexistent'",
+    )
     ok(proc)
     out = proc.stdout
     assert "reference encode: never" in out and "validation at step 4" in out
-    assert "reference VAE is a tiny" not in out      # not loaded: its path does not even exist
+    assert "reference VAE is a tiny" not in out  # not loaded: its path does not even exist
 
 
 def test_a_moved_data_root_fails_at_start_in_one_line(cache, tmp_path):
@@ -196,7 +253,9 @@ def test_a_moved_data_root_fails_at_start_in_one_line(cache, tmp_path):
 
     acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match=r"none of the first \d+ cached views can be read .*: is gone\): point data_root"):
+    with pytest.raises(
+        DataError, match=r"none of the first \d+ cached views can be read .*: is gone\): point data_root"
+    ):
         build_cached_datasets(cfg_for(cache, data_root=str(tmp_path / "empty")), acc, lambda _: None)
 
 
@@ -204,15 +263,17 @@ def test_training_from_a_cache_on_a_gpu_needs_no_reference_vae_path(cache):
     from taehv_launch.train.loop.build import resolve_demo_paths
 
     cfg = cfg_for(cache, ref_vae_path="")
-    assert resolve_demo_paths(cfg, torch.device("cuda"), print) is cfg          # no "ref_vae_path is empty"
+    assert resolve_demo_paths(cfg, torch.device("cuda"), print) is cfg  # no "ref_vae_path is empty"
     with pytest.raises(Exception, match="ref_vae_path is empty"):
         resolve_demo_paths(cfg_for(cache, ref_vae_path="", latent_cache_encode="missing"), torch.device("cuda"), print)
 
 
 def test_a_cache_path_that_is_a_file_or_another_dtype_is_refused(cache, tmp_path):
     (tmp_path / "f").write_text("x")
-    assert_one_line_error(run_cli_here("cache", "1", "cpu", "--set", f"latent_cache={str(tmp_path / 'f')!r}",
-                                       "--dry-run", cwd=tmp_path), "is a file: give a folder")
+    assert_one_line_error(
+        run_cli_here("cache", "1", "cpu", "--set", f"latent_cache={str(tmp_path / 'f')!r}", "--dry-run", cwd=tmp_path),
+        "is a file: give a folder",
+    )
     job = lc.read_job(cache)
     other = {**job, "fingerprint": {**job["fingerprint"], "latent_dtype": "float32"}}
     with pytest.raises(ConfigError, match="stores latents as bfloat16, this job asks for latent_cache_dtype=float32"):
@@ -228,6 +289,7 @@ def test_a_cache_path_that_is_a_file_or_another_dtype_is_refused(cache, tmp_path
 
 
 # --- the cache's size before it is written (#27 item 4) -----------------------------------
+
 
 def _dry_run_size(tmp: Path, out: Path, *args: str) -> tuple[dict, str]:
     proc = cache_job(tmp, out, "--dry-run", "--json", *args)
@@ -249,35 +311,59 @@ def test_the_dry_run_states_the_size_a_real_cache_has(cache, tmp_path):
         data = (cache / lc.SHARDS / f"{shard['name']}.safetensors").read_bytes()
         header = 8 + int.from_bytes(data[:8], "little")
         if shard["clips"]:
-            assert (len(data) - header) == shard["clips"] * size["view_bytes"]       # exact, per view
-    assert size["shape"] == [3, 4, 8, 8] and size["dtype"] == "bfloat16"           # 12 frames of 64x64, 4 channels
+            assert (len(data) - header) == shard["clips"] * size["view_bytes"]  # exact, per view
+    assert size["shape"] == [3, 4, 8, 8] and size["dtype"] == "bfloat16"  # 12 frames of 64x64, 4 channels
     on_disk = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
     per_view = on_disk / (manifest["clips"])
     assert on_disk <= size["total"] and size["total"] / size["clips"] < 1.5 * per_view, (on_disk, size)
     line = next(t for t in text.splitlines() if t.startswith("  size"))
-    assert (f"{size['train_videos']} videos x 2 views + {size['val_videos']} validation clips = {size['clips']} "
-            f"views x ") in line and "(3x4x8x8 bfloat16 latents = 1,536 B + ~" in line and "GB free at " in line
-    assert not (tmp_path / "new").exists() and not (tmp_path / "output").exists()        # a dry run writes nothing
+    assert (
+        (f"{size['train_videos']} videos x 2 views + {size['val_videos']} validation clips = {size['clips']} views x ")
+        in line
+        and "(3x4x8x8 bfloat16 latents = 1,536 B + ~" in line
+        and "GB free at " in line
+    )
+    assert not (tmp_path / "new").exists() and not (tmp_path / "output").exists()  # a dry run writes nothing
 
 
 def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_path):
     """1e5 views of 2048x2048 clips need ~1.1 TB: the job, its dry run and validate-env --cache refuse it."""
     big = ("--views", "100000", "--set", "height=2048", "--set", "width=2048")
     out = tmp_path / "lc"
-    refusal = r"^error: the latent cache needs about 1\.\d\d TB more \(700,002 views x 1\.57 MB\), but .* has " \
-              r"[\d.]+ [GMT]B free: free space, lower --views or the clip size, or set latent_cache to a folder " \
-              r"on a larger filesystem$"
+    refusal = (
+        r"^error: the latent cache needs about 1\.\d\d TB more \(700,002 views x 1\.57 MB\), but .* has "
+        r"[\d.]+ [GMT]B free: free space, lower --views or the clip size, or set latent_cache to a folder "
+        r"on a larger filesystem$"
+    )
     assert_one_line_error(cache_job(tmp_path, out, *big), refusal)
     assert not out.exists() and not (tmp_path / "output").exists()
     dry = cache_job(tmp_path, out, "--dry-run", *big)
     assert dry.returncode == 2 and re.search(refusal, dry.stderr.strip()) and "about 1.10 TB" in dry.stdout
     env = clean_env(TAEHV_CACHE=str(tmp_path / "taehv-cache"))
-    check = run_cli("validate-env", "1", "cpu", "--cache", "--quick", "--set", f"latent_cache={str(out)!r}",
-                    "--set", f"data_root={str(shared_videos())!r}", "--set", f"output_dir={str(tmp_path / 'o')!r}",
-                    "--set", "height=2048", "--set", "width=2048", "--set", "cache_views=100000", env=env,
-                    cwd=tmp_path)
-    assert check.returncode == 1 and re.search(r"FAIL  cache space +the latent cache needs about 1\.\d\d TB more",
-                                               check.stdout), check.stdout
+    check = run_cli(
+        "validate-env",
+        "1",
+        "cpu",
+        "--cache",
+        "--quick",
+        "--set",
+        f"latent_cache={str(out)!r}",
+        "--set",
+        f"data_root={str(shared_videos())!r}",
+        "--set",
+        f"output_dir={str(tmp_path / 'o')!r}",
+        "--set",
+        "height=2048",
+        "--set",
+        "width=2048",
+        "--set",
+        "cache_views=100000",
+        env=env,
+        cwd=tmp_path,
+    )
+    assert check.returncode == 1 and re.search(
+        r"FAIL  cache space +the latent cache needs about 1\.\d\d TB more", check.stdout
+    ), check.stdout
     assert not out.exists()
 
 
@@ -290,8 +376,9 @@ def test_the_view_list_is_flat_arrays_with_the_same_records(cache):
     manifest = json.loads((cache / lc.MANIFEST).read_text())
     expected = {"train": [], "val": []}
     for s in manifest["shards"]:
-        expected[s["name"][:s["name"].index("-")]] += [(s["name"], v) for v in lc.read_index(cache, s["name"])["views"]
-                                                        if "row" in v]
+        expected[s["name"][: s["name"].index("-")]] += [
+            (s["name"], v) for v in lc.read_index(cache, s["name"])["views"] if "row" in v
+        ]
     acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
     train, val = build_cached_datasets(cfg_for(cache), acc, lambda _: None)
     assert isinstance(train.views, ViewTable) and isinstance(val.views, ViewTable)

@@ -20,10 +20,26 @@ pytestmark = pytest.mark.slow
 
 
 def train(tmp: Path, name: str, cache: Path, *args: str):
-    proc, run_dir = launch(tmp, 1, "--set", f"latent_cache={str(cache)!r}", "--set",
-                           f"data_root={str(shared_videos())!r}", "--set", "max_train_steps=4",
-                           "--set", "micro_batch_size=2", "--set", "validation_fraction=0.2", "--set", "ref_vae_dtype='float32'",
-                           "--set", "dataloader_num_workers=2", *args, run_name=name)
+    proc, run_dir = launch(
+        tmp,
+        1,
+        "--set",
+        f"latent_cache={str(cache)!r}",
+        "--set",
+        f"data_root={str(shared_videos())!r}",
+        "--set",
+        "max_train_steps=4",
+        "--set",
+        "micro_batch_size=2",
+        "--set",
+        "validation_fraction=0.2",
+        "--set",
+        "ref_vae_dtype='float32'",
+        "--set",
+        "dataloader_num_workers=2",
+        *args,
+        run_name=name,
+    )
     ok(proc)
     return [v for _, v in sorted(scalars(run_dir)["train/loss"])]
 
@@ -31,26 +47,49 @@ def train(tmp: Path, name: str, cache: Path, *args: str):
 def test_training_from_the_cache_equals_online_training_on_the_same_views(tmp_path):
     f32, bf16 = tmp_path / "f32", tmp_path / "bf16"
     for out, dtype in ((f32, "float32"), (bf16, "bfloat16")):
-        proc = cache_job(tmp_path, out, "--views", "1", "--set", f"latent_cache_dtype={dtype!r}",
-                         "--set", "ref_vae_dtype='float32'")
+        proc = cache_job(
+            tmp_path, out, "--views", "1", "--set", f"latent_cache_dtype={dtype!r}", "--set", "ref_vae_dtype='float32'"
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cached = train(tmp_path, "cached", f32)
     online = train(tmp_path, "online", f32, "--set", "latent_cache_encode='always'")
     rounded = train(tmp_path, "bf16", bf16)
     assert len(cached) == len(online) == 4
     for a, b, c in zip(cached, online, rounded):
-        assert abs(a - b) <= 1e-4 * abs(b), (cached, online)          # the same views, the same latents
-        assert abs(c - b) <= 3e-2 * abs(b), (rounded, online)         # bf16 rounding of the stored latents
+        assert abs(a - b) <= 1e-4 * abs(b), (cached, online)  # the same views, the same latents
+        assert abs(c - b) <= 3e-2 * abs(b), (rounded, online)  # bf16 rounding of the stored latents
 
 
 def _start(tmp: Path, out: Path, *args: str) -> subprocess.Popen:
     env = clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
-    argv = [*CLI, "cache", "1", "cpu", "--run-name", f"job-{out.name}", "--set", f"latent_cache={str(out)!r}",
-            "--set", f"output_dir={str(tmp / 'output')!r}", "--set", f"data_root={str(shared_videos())!r}",
-            "--set", "dataloader_num_workers=2", "--set", "cache_shard_size=2", "--set", "micro_batch_size=2",
-            "--set", "validation_fraction=0.2", "--views", "3", *args]
-    return subprocess.Popen(argv, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    argv = [
+        *CLI,
+        "cache",
+        "1",
+        "cpu",
+        "--run-name",
+        f"job-{out.name}",
+        "--set",
+        f"latent_cache={str(out)!r}",
+        "--set",
+        f"output_dir={str(tmp / 'output')!r}",
+        "--set",
+        f"data_root={str(shared_videos())!r}",
+        "--set",
+        "dataloader_num_workers=2",
+        "--set",
+        "cache_shard_size=2",
+        "--set",
+        "micro_batch_size=2",
+        "--set",
+        "validation_fraction=0.2",
+        "--views",
+        "3",
+        *args,
+    ]
+    return subprocess.Popen(
+        argv, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def _wait_for_shards(out: Path, proc: subprocess.Popen, n: int) -> None:
@@ -78,7 +117,7 @@ def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
     expected = (whole / lc.MANIFEST).read_text()
     n_shards = len(json.loads(expected)["shards"])
 
-    killed = tmp_path / "killed"                        # SIGKILL to every process: no chance to clean up
+    killed = tmp_path / "killed"  # SIGKILL to every process: no chance to clean up
     proc = _start(tmp_path, killed)
     _wait_for_shards(killed, proc, 2)
     _kill_tree(proc.pid)
@@ -91,7 +130,7 @@ def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
     assert f"{done} of {n_shards} shards already complete" in out
     assert (killed / lc.MANIFEST).read_text() == expected
 
-    stopped = tmp_path / "stopped"                      # SIGTERM to the launcher: stops between shards, exit 75
+    stopped = tmp_path / "stopped"  # SIGTERM to the launcher: stops between shards, exit 75
     proc = _start(tmp_path, stopped)
     _wait_for_shards(stopped, proc, 1)
     proc.send_signal(signal.SIGTERM)
@@ -109,8 +148,14 @@ def test_two_ranks_share_the_shards_without_overlap_and_write_the_same_cache(tmp
         proc = cache_job(tmp_path, out, "--views", "2", "--debug", gpus=gpus)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         if gpus == 2:
-            written = {r: {ln.split("shard ")[1].split()[0] for ln in proc.stdout.splitlines()
-                           if ln.startswith(f"[rank {r}] cache: shard ")} for r in (0, 1)}
+            written = {
+                r: {
+                    ln.split("shard ")[1].split()[0]
+                    for ln in proc.stdout.splitlines()
+                    if ln.startswith(f"[rank {r}] cache: shard ")
+                }
+                for r in (0, 1)
+            }
             assert written[0] and written[1] and not written[0] & written[1], written
     assert (one / lc.MANIFEST).read_text() == (two / lc.MANIFEST).read_text()
 
@@ -121,6 +166,6 @@ def test_a_resumed_job_must_do_the_same_work(tmp_path):
     proc = cache_job(tmp_path, out, "--views", "3")
     assert_one_line_error(proc, "was started with --views 2, this job asks for 3")
     before = (out / lc.MANIFEST).read_text()
-    proc = cache_job(tmp_path, out, "--views", "2")              # complete: nothing to do, same manifest
+    proc = cache_job(tmp_path, out, "--views", "2")  # complete: nothing to do, same manifest
     assert proc.returncode == 0 and "shards already complete" in proc.stdout
     assert (out / lc.MANIFEST).read_text() == before

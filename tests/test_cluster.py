@@ -95,18 +95,39 @@ def test_sbatch_under_a_fake_slurm_resolves_every_node(tmp_path, gpus, nodes):
     assert "#SBATCH --signal=USR1@120\n" in text and "#SBATCH --requeue\n" in text
     out = tmp_path / "out"
     out.mkdir()
-    env = clean_env(PATH=f"{_bin_dir(tmp_path)}:{os.environ['PATH']}", FAKE_OUT=str(out), SLURM_JOB_ID="4242",
-                    SLURM_JOB_NUM_NODES=str(nodes), SLURM_NNODES=str(nodes), SLURM_JOB_NODELIST=f"gpu[017-{16 + nodes:03d}]",
-                    SLURM_CPUS_ON_NODE="96", SLURM_RESTART_COUNT="0")
+    env = clean_env(
+        PATH=f"{_bin_dir(tmp_path)}:{os.environ['PATH']}",
+        FAKE_OUT=str(out),
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NUM_NODES=str(nodes),
+        SLURM_NNODES=str(nodes),
+        SLURM_JOB_NODELIST=f"gpu[017-{16 + nodes:03d}]",
+        SLURM_CPUS_ON_NODE="96",
+        SLURM_RESTART_COUNT="0",
+    )
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "--cpus-per-task=96" in (out / "srun_options").read_text()
     assert not (out / "scontrol").exists()
     plans = [json.loads((out / f"node{i}.json").read_text()) for i in range(nodes)]
     # the plan render resolved for the job, on this machine
-    expect = json.loads(run_cli_here(str(gpus), "h100", "--dry-run", "--json", "--run-name", "x",
-                                     "--set", "data_root=/shared/videos", "--set", "output_dir=/shared/taehv",
-                                     "--set", "ref_vae_path=/shared/models/cogvideox-vae", env=clean_env()).stdout)
+    expect = json.loads(
+        run_cli_here(
+            str(gpus),
+            "h100",
+            "--dry-run",
+            "--json",
+            "--run-name",
+            "x",
+            "--set",
+            "data_root=/shared/videos",
+            "--set",
+            "output_dir=/shared/taehv",
+            "--set",
+            "ref_vae_path=/shared/models/cogvideox-vae",
+            env=clean_env(),
+        ).stdout
+    )
     for i, plan in enumerate(plans):
         topo = plan["topology"]
         assert (topo["num_machines"], topo["machine_rank"], topo["gpus_per_machine"]) == (nodes, i, 8)
@@ -114,7 +135,7 @@ def test_sbatch_under_a_fake_slurm_resolves_every_node(tmp_path, gpus, nodes):
         assert topo["ranks"] == list(range(8 * i, 8 * i + 8)) and topo["world_size"] == gpus
         assert topo["source"] == "slurm" and topo["job_id"] == "4242"
         assert plan["run_dir"] == "/shared/taehv/job-4242"
-        assert plan["config"] == expect["config"]          # overrides included, the same on every node
+        assert plan["config"] == expect["config"]  # overrides included, the same on every node
         assert plan["accelerate"]["gpu_ids"] == "0,1,2,3,4,5,6,7"
         assert any("this-run" in n and "starting from scratch" in n for n in plan["notes"])
 
@@ -123,13 +144,23 @@ def test_sbatch_under_a_fake_slurm_resolves_every_node(tmp_path, gpus, nodes):
 def test_sbatch_requeues_itself_only_after_a_checkpointed_stop(tmp_path, code, requeued):
     out = tmp_path / "out"
     out.mkdir()
-    env = clean_env(PATH=f"{_bin_dir(tmp_path)}:{os.environ['PATH']}", FAKE_OUT=str(out), SLURM_JOB_ID="77",
-                    SLURM_JOB_NUM_NODES="2", SLURM_NNODES="2", SLURM_JOB_NODELIST="n[1-2]", SLURM_CPUS_ON_NODE="8",
-                    FAKE_SRUN_EXIT=str(code))
-    proc = subprocess.run(["bash", str(CLUSTER / "slurm-16-h100.sbatch")], env=env, capture_output=True, text=True,
-                          timeout=300)
+    env = clean_env(
+        PATH=f"{_bin_dir(tmp_path)}:{os.environ['PATH']}",
+        FAKE_OUT=str(out),
+        SLURM_JOB_ID="77",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="n[1-2]",
+        SLURM_CPUS_ON_NODE="8",
+        FAKE_SRUN_EXIT=str(code),
+    )
+    proc = subprocess.run(
+        ["bash", str(CLUSTER / "slurm-16-h100.sbatch")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == code, proc.stderr
-    assert ((out / "scontrol").read_text().split() == ["requeue", "77"]) if requeued else not (out / "scontrol").exists()
+    assert (
+        ((out / "scontrol").read_text().split() == ["requeue", "77"]) if requeued else not (out / "scontrol").exists()
+    )
 
 
 @pytest.mark.parametrize("gpus,nodes", [(16, 2), (64, 8)])
@@ -146,8 +177,13 @@ def test_k8s_job_parses_and_every_pod_resolves_its_node(tmp_path, gpus, nodes):
     (container,) = pod["containers"]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
     env = {e["name"]: e.get("value") or e["valueFrom"] for e in container["env"]}
-    assert env == {"NNODES": str(nodes), "MASTER_ADDR": f"{name}-0.{name}", "MASTER_PORT": "29500",
-                   "JOB_UID": {"fieldRef": {"fieldPath": JOB_UID_LABEL}}, "JOB_NAME": f"{name}-$(JOB_UID)"}
+    assert env == {
+        "NNODES": str(nodes),
+        "MASTER_ADDR": f"{name}-0.{name}",
+        "MASTER_PORT": "29500",
+        "JOB_UID": {"fieldRef": {"fieldPath": JOB_UID_LABEL}},
+        "JOB_NAME": f"{name}-$(JOB_UID)",
+    }
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts == {"dshm": "/dev/shm", "shared": "/shared"}
@@ -158,12 +194,21 @@ def test_k8s_job_parses_and_every_pod_resolves_its_node(tmp_path, gpus, nodes):
     bin_dir = _bin_dir(tmp_path)
     for index in sorted({0, 1, nodes - 1}):
         pod_env = clean_env(**_pod_env(container, "5f0c-uid", index), HOSTNAME=f"{name}-{index}-x7k2p")
-        proc = subprocess.run([str(bin_dir / "taehv-launch"), *argv[1:], "--dry-run", "--json"], env=pod_env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [str(bin_dir / "taehv-launch"), *argv[1:], "--dry-run", "--json"],
+            env=pod_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         plan = json.loads(proc.stdout)
         topo = plan["topology"]
-        assert (topo["num_machines"], topo["machine_rank"], topo["source"]) == (nodes, index, "kubernetes (JOB_COMPLETION_INDEX)")
+        assert (topo["num_machines"], topo["machine_rank"], topo["source"]) == (
+            nodes,
+            index,
+            "kubernetes (JOB_COMPLETION_INDEX)",
+        )
         assert topo["main_process_ip"] == f"{name}-0.{name}" and topo["ranks"][0] == 8 * index
         assert plan["run_dir"] == f"/shared/taehv/job-{name}-5f0c-uid"
         shm = shm_bytes(plan["config"], topo["gpus_per_machine"])
@@ -172,7 +217,9 @@ def test_k8s_job_parses_and_every_pod_resolves_its_node(tmp_path, gpus, nodes):
 
 
 def _pod_plan(container: dict, uid: str, index: int = 0) -> dict:
-    proc = run_cli_here(*container["command"][1:], "--dry-run", "--json", env=clean_env(**_pod_env(container, uid, index)))
+    proc = run_cli_here(
+        *container["command"][1:], "--dry-run", "--json", env=clean_env(**_pod_env(container, uid, index))
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -181,21 +228,39 @@ def test_a_k8s_job_applied_again_is_a_new_run(tmp_path):
     """The run id is the Job's uid (#29): a pod replaced within the Job continues the run, the same
     manifest applied again later (same Job name, new uid) starts a new one, as docs/resume.md says."""
     out = tmp_path / "runs"
-    args = ["k8s", "16", "h100", "--output-dir", str(out), "--mount", str(tmp_path), "--set", "data_root=/d",
-            "--set", "ref_vae_path=/v", "--image", "img:1", "--pvc", "c"]
+    args = [
+        "k8s",
+        "16",
+        "h100",
+        "--output-dir",
+        str(out),
+        "--mount",
+        str(tmp_path),
+        "--set",
+        "data_root=/d",
+        "--set",
+        "ref_vae_path=/v",
+        "--image",
+        "img:1",
+        "--pvc",
+        "c",
+    ]
     _, job = yaml.safe_load_all(_render(*args))
     (container,) = job["spec"]["template"]["spec"]["containers"]
     first, again = _pod_plan(container, "uid-a"), _pod_plan(container, "uid-b")
     assert first["run_dir"] == str(out / "job-taehv-16-h100-uid-a") and first["run_id_source"] == "scheduler job id"
     assert again["run_dir"] == str(out / "job-taehv-16-h100-uid-b")
     ck = fake_checkpoint(out / "job-taehv-16-h100-uid-a", 40)
-    (ck / "trainer_state.json").write_text(json.dumps({"step": 40, "world_size": 16, "config": first["config"],
-                                                       "zero_stage": first["config"]["zero_stage"]}))
-    assert _pod_plan(container, "uid-a", 1)["resume"] == str(ck)       # a replaced pod: same Job, same run
-    assert _pod_plan(container, "uid-b")["resume"] is None              # a new Job: never the old run's checkpoint
+    (ck / "trainer_state.json").write_text(
+        json.dumps(
+            {"step": 40, "world_size": 16, "config": first["config"], "zero_stage": first["config"]["zero_stage"]}
+        )
+    )
+    assert _pod_plan(container, "uid-a", 1)["resume"] == str(ck)  # a replaced pod: same Job, same run
+    assert _pod_plan(container, "uid-b")["resume"] is None  # a new Job: never the old run's checkpoint
     _, named = yaml.safe_load_all(_render(*args, "--run-name", "long-run"))
     (container,) = named["spec"]["template"]["spec"]["containers"]
-    for uid in ("uid-a", "uid-b"):                                      # --run-name: one run across Jobs
+    for uid in ("uid-a", "uid-b"):  # --run-name: one run across Jobs
         plan = _pod_plan(container, uid)
         assert plan["run_dir"] == str(out / "long-run") and plan["run_id_source"] == "--run-name"
 
@@ -203,9 +268,29 @@ def test_a_k8s_job_applied_again_is_a_new_run(tmp_path):
 def test_render_passes_the_users_request_through(tmp_path):
     cfg = tmp_path / "mine.py"
     cfg.write_text("args = {'learning_rate': 3e-4}\n")
-    text = _render("slurm", "16", "h100", "--config", str(cfg), "--output-dir", "/nfs/runs", "--set",
-                   "data_root=/nfs/data with space", "--set", "ref_vae_path=/nfs/vae", "--set", "max_train_steps=5000",
-                   "--gpus-per-node", "4", "--job-name", "mine", "--account", "proj", "--time", "2:00:00")
+    text = _render(
+        "slurm",
+        "16",
+        "h100",
+        "--config",
+        str(cfg),
+        "--output-dir",
+        "/nfs/runs",
+        "--set",
+        "data_root=/nfs/data with space",
+        "--set",
+        "ref_vae_path=/nfs/vae",
+        "--set",
+        "max_train_steps=5000",
+        "--gpus-per-node",
+        "4",
+        "--job-name",
+        "mine",
+        "--account",
+        "proj",
+        "--time",
+        "2:00:00",
+    )
     assert "#SBATCH --nodes=4\n" in text and "#SBATCH --gpus-per-node=4\n" in text
     assert "#SBATCH --job-name=mine\n" in text and "#SBATCH --account=proj\n" in text
     line = text.split("\nsrun ", 1)[1].split("\ncode=")[0].replace("\\\n", " ")
@@ -214,9 +299,29 @@ def test_render_passes_the_users_request_through(tmp_path):
     for item in ("data_root=/nfs/data with space", "max_train_steps=5000", "output_dir=/nfs/runs"):
         assert item in argv
     assert argv[argv.index("--gpus-per-node") + 1] == "4"
-    k8s = _render("k8s", "16", "h100", "--output-dir", "/mnt/s/runs", "--set", "data_root=/d", "--set", "ref_vae_path=/v",
-                  "--image", "img:1", "--pvc", "c", "--mount", "/mnt/s", "--namespace", "ml", "--grace-period", "600",
-                  "--restarts", "5")
+    k8s = _render(
+        "k8s",
+        "16",
+        "h100",
+        "--output-dir",
+        "/mnt/s/runs",
+        "--set",
+        "data_root=/d",
+        "--set",
+        "ref_vae_path=/v",
+        "--image",
+        "img:1",
+        "--pvc",
+        "c",
+        "--mount",
+        "/mnt/s",
+        "--namespace",
+        "ml",
+        "--grace-period",
+        "600",
+        "--restarts",
+        "5",
+    )
     service, job = yaml.safe_load_all(k8s)
     assert service["metadata"]["namespace"] == job["metadata"]["namespace"] == "ml"
     assert job["spec"]["backoffLimit"] == 10 and job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600
@@ -227,26 +332,110 @@ def test_a_cache_run_needs_no_reference_vae_path():
     assert "latent_cache=/s/lc" in text
 
 
-@pytest.mark.parametrize("args,match", [
-    (["slurm", "1", "cpu", "--output-dir", "/s"], "cpu profile runs here"),
-    (["slurm", "16", "h100", "--set", "data_root=/d", "--set", "ref_vae_path=/v"], "output_dir 'output' is not absolute"),
-    (["slurm", "16", "h100", "--output-dir", "runs", "--set", "data_root=/d", "--set", "ref_vae_path=/v"], "not absolute"),
-    (["slurm", "16", "h100", "--output-dir", "/s"], "data_root and ref_vae_path must be set"),
-    (["k8s", "16", "h100", "--output-dir", "/shared/r", "--set", "data_root=/d", "--set", "ref_vae_path=/v",
-      "--pvc", "c"], "needs --image"),
-    (["k8s", "16", "h100", "--output-dir", "/shared/r", "--set", "data_root=/d", "--set", "ref_vae_path=/v",
-      "--image", "i"], "needs --pvc"),
-    (["k8s", "16", "h100", "--output-dir", "/elsewhere", "--set", "data_root=/d", "--set", "ref_vae_path=/v",
-      "--image", "i", "--pvc", "c"], "not on the shared volume mounted at /shared"),
-    (["slurm", "16", "h100", "--output-dir", "/s", "--set", "data_root=/d", "--set", "ref_vae_path=/v", "--image", "i"],
-     "--image goes with `render k8s`"),
-    (["k8s", "16", "h100", "--time", "1:00:00"], "--time goes with `render slurm`"),
-    (["slurm", "16", "h100", "--output-dir", "/s", "--set", "data_root=/d", "--set", "ref_vae_path=/v",
-      "--job-name", "Bad_Name"], "job name 'Bad_Name'"),
-    (["pbs", "16", "h100"], "unknown cluster kind 'pbs'"),
-    (["slurm", "12", "h100", "--output-dir", "/s", "--set", "data_root=/d", "--set", "ref_vae_path=/v"], "not a whole number of nodes"),
-    (["slurm", "16", "h100", "--output-dir", "/s", "--set", "nope=1"], "nope"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["slurm", "1", "cpu", "--output-dir", "/s"], "cpu profile runs here"),
+        (
+            ["slurm", "16", "h100", "--set", "data_root=/d", "--set", "ref_vae_path=/v"],
+            "output_dir 'output' is not absolute",
+        ),
+        (
+            ["slurm", "16", "h100", "--output-dir", "runs", "--set", "data_root=/d", "--set", "ref_vae_path=/v"],
+            "not absolute",
+        ),
+        (["slurm", "16", "h100", "--output-dir", "/s"], "data_root and ref_vae_path must be set"),
+        (
+            [
+                "k8s",
+                "16",
+                "h100",
+                "--output-dir",
+                "/shared/r",
+                "--set",
+                "data_root=/d",
+                "--set",
+                "ref_vae_path=/v",
+                "--pvc",
+                "c",
+            ],
+            "needs --image",
+        ),
+        (
+            [
+                "k8s",
+                "16",
+                "h100",
+                "--output-dir",
+                "/shared/r",
+                "--set",
+                "data_root=/d",
+                "--set",
+                "ref_vae_path=/v",
+                "--image",
+                "i",
+            ],
+            "needs --pvc",
+        ),
+        (
+            [
+                "k8s",
+                "16",
+                "h100",
+                "--output-dir",
+                "/elsewhere",
+                "--set",
+                "data_root=/d",
+                "--set",
+                "ref_vae_path=/v",
+                "--image",
+                "i",
+                "--pvc",
+                "c",
+            ],
+            "not on the shared volume mounted at /shared",
+        ),
+        (
+            [
+                "slurm",
+                "16",
+                "h100",
+                "--output-dir",
+                "/s",
+                "--set",
+                "data_root=/d",
+                "--set",
+                "ref_vae_path=/v",
+                "--image",
+                "i",
+            ],
+            "--image goes with `render k8s`",
+        ),
+        (["k8s", "16", "h100", "--time", "1:00:00"], "--time goes with `render slurm`"),
+        (
+            [
+                "slurm",
+                "16",
+                "h100",
+                "--output-dir",
+                "/s",
+                "--set",
+                "data_root=/d",
+                "--set",
+                "ref_vae_path=/v",
+                "--job-name",
+                "Bad_Name",
+            ],
+            "job name 'Bad_Name'",
+        ),
+        (["pbs", "16", "h100"], "unknown cluster kind 'pbs'"),
+        (
+            ["slurm", "12", "h100", "--output-dir", "/s", "--set", "data_root=/d", "--set", "ref_vae_path=/v"],
+            "not a whole number of nodes",
+        ),
+        (["slurm", "16", "h100", "--output-dir", "/s", "--set", "nope=1"], "nope"),
+    ],
+)
 def test_bad_render_inputs_are_one_line(args, match):
     assert_one_line_error(run_cli_here("render", *args), match)
 
@@ -254,23 +443,36 @@ def test_bad_render_inputs_are_one_line(args, match):
 def test_resume_this_run_stays_in_its_own_run(tmp_path):
     out = tmp_path / "output"
     fake_checkpoint(out / "other-run", 50)
-    assert resolve_resume("this-run", out, out / "job-7")[0] is None         # never another run's checkpoint
-    assert resolve_resume("auto", out, out / "job-7")[0] is None             # a named run: its own only (#29)
-    assert resolve_resume("auto", out, None)[0] == out / "other-run" / "checkpoint-50"   # unnamed: the newest run
+    assert resolve_resume("this-run", out, out / "job-7")[0] is None  # never another run's checkpoint
+    assert resolve_resume("auto", out, out / "job-7")[0] is None  # a named run: its own only (#29)
+    assert resolve_resume("auto", out, None)[0] == out / "other-run" / "checkpoint-50"  # unnamed: the newest run
     ck = fake_checkpoint(out / "job-7", 20)
     assert resolve_resume("this-run", out, out / "job-7")[0] == ck
     proc = run_cli_here("1", "cpu", "--dry-run", "--resume", "this-run", "--set", f"output_dir={out}")
     assert_one_line_error(proc, "--resume this-run needs a named run")
-    proc = run_cli_here("1", "cpu", "--dry-run", "--json", "--resume", "this-run", "--run-name", "job-8",
-                        "--set", f"output_dir={out}")
+    proc = run_cli_here(
+        "1", "cpu", "--dry-run", "--json", "--resume", "this-run", "--run-name", "job-8", "--set", f"output_dir={out}"
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["resume"] is None and any("job-8 yet; starting from scratch" in n for n in plan["notes"])
 
 
 def test_dry_run_json_shows_a_nodes_place_in_the_job():
-    proc = run_cli_here("16", "h100", "--dry-run", "--json", "--node-rank", "1", "--num-nodes", "2",
-                        "--master-addr", "node0.cluster", "--run-name", "r")
+    proc = run_cli_here(
+        "16",
+        "h100",
+        "--dry-run",
+        "--json",
+        "--node-rank",
+        "1",
+        "--num-nodes",
+        "2",
+        "--master-addr",
+        "node0.cluster",
+        "--run-name",
+        "r",
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["topology"]["ranks"] == list(range(8, 16)) and plan["topology"]["world_size"] == 16

@@ -50,8 +50,20 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 # Few steps, a checkpoint and a validation every 2: the stop signal lands after checkpoint-2 and the
 # ranks' stop vote is read one step later, so the saved step is 3 or 4 and the resume runs the rest.
-SETTINGS = ["--set", "log_every=1", "--set", "checkpointing_steps=2", "--set", "validation_steps=2",
-            "--set", "max_validation_batches=1", "--set", "dataloader_num_workers=0", "--set", f"max_train_steps={STEPS}"]
+SETTINGS = [
+    "--set",
+    "log_every=1",
+    "--set",
+    "checkpointing_steps=2",
+    "--set",
+    "validation_steps=2",
+    "--set",
+    "max_validation_batches=1",
+    "--set",
+    "dataloader_num_workers=0",
+    "--set",
+    f"max_train_steps={STEPS}",
+]
 STAND_IN_SRUN = r"""#!/bin/bash
 # Stand-in srun: one task per node, all at once, with the variables SLURM sets for a task; the
 # profile word h100 becomes cpu (no GPUs here); exits with the worst task exit code, as srun does.
@@ -159,14 +171,28 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
     bin_dir = _bin(tmp_path)
 
     def attempt(restart: int) -> subprocess.Popen:
-        env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}",
-                        FAKE_OUT=str(out), TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1",
-                        SLURM_JOB_ID=str(job_id), SLURM_JOB_NUM_NODES="2", SLURM_NNODES="2",
-                        SLURM_JOB_NODELIST=f"localhost,{socket.gethostname()}", SLURM_CPUS_ON_NODE="2",
-                        SLURM_RESTART_COUNT=str(restart))
-        with open(tmp_path / f"slurm-{job_id}.{restart}.out", "w") as log:     # sbatch's --output
-            return subprocess.Popen(["bash", str(script)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+        env = clean_env(
+            PATH=f"{bin_dir}:{os.environ['PATH']}",
+            FAKE_OUT=str(out),
+            TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"),
+            OMP_NUM_THREADS="1",
+            SLURM_JOB_ID=str(job_id),
+            SLURM_JOB_NUM_NODES="2",
+            SLURM_NNODES="2",
+            SLURM_JOB_NODELIST=f"localhost,{socket.gethostname()}",
+            SLURM_CPUS_ON_NODE="2",
+            SLURM_RESTART_COUNT=str(restart),
+        )
+        with open(tmp_path / f"slurm-{job_id}.{restart}.out", "w") as log:  # sbatch's --output
+            return subprocess.Popen(
+                ["bash", str(script)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=tmp_path,
+                start_new_session=True,
+            )
 
     first = attempt(0)
     _wait_log(run / "launch.log", "checkpoint: checkpoint-2", [first])
@@ -174,9 +200,9 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
 
     srun = [p for p in psutil.Process(first.pid).children() if p.cmdline()[1:2] == [str(tmp_path / "bin" / "srun")]]
     assert len(srun) == 1, [p.cmdline() for p in psutil.Process(first.pid).children()]
-    step = _tree(srun[0].pid)                       # the step's processes: both launchers and all below them
+    step = _tree(srun[0].pid)  # the step's processes: both launchers and all below them
     assert len(step) >= 2 * 3, step
-    for pid in step:                            # --signal=USR1@120: SIGUSR1 to every process of the step
+    for pid in step:  # --signal=USR1@120: SIGUSR1 to every process of the step
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -185,20 +211,20 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
     text = (tmp_path / f"slurm-{job_id}.0.out").read_text()
     assert "Traceback" not in text, text[-3000:]
     assert f"requeueing job {job_id}" in text
-    for node in (0, 1):        # each task found its place from SLURM's variables; node 0 = the list's first host
+    for node in (0, 1):  # each task found its place from SLURM's variables; node 0 = the list's first host
         assert f"this is node {node} (GPU ids 0), master localhost:{20000 + job_id}  [slurm]" in text, text[-3000:]
     assert (out / "scontrol").read_text().split() == ["requeue", str(job_id)]
     saved = _saved(run)
-    assert 2 < saved < STEPS, saved          # a new checkpoint
+    assert 2 < saved < STEPS, saved  # a new checkpoint
     assert json.loads((run / "REQUEUE").read_text())["step"] == saved
     assert "--cpus-per-task=2" in (out / "srun_options").read_text()
 
-    second = attempt(1)                          # the requeued job: same id, SLURM_RESTART_COUNT=1
+    second = attempt(1)  # the requeued job: same id, SLURM_RESTART_COUNT=1
     assert second.wait(timeout=300) == 0, (tmp_path / f"slurm-{job_id}.1.out").read_text()[-3000:]
     text = (tmp_path / f"slurm-{job_id}.1.out").read_text()
     assert f"job {job_id}, attempt 2" in text and f"checkpoint-{saved} at step {saved}" in text, text[-3000:]
     assert "Traceback" not in text
-    assert (out / "scontrol").read_text().split() == ["requeue", str(job_id)]      # not requeued again
+    assert (out / "scontrol").read_text().split() == ["requeue", str(job_id)]  # not requeued again
     assert not (run / "REQUEUE").exists() and (run / "launch.node1.log").exists()
     assert json.loads((run / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())["world_size"] == 2
     _every_step_once(run)
@@ -206,8 +232,20 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
 
 def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
     shared = tmp_path / "shared"
-    _, job = yaml.safe_load_all(_render(tmp_path, "k8s", "--output-dir", str(shared / "runs"), "--mount", str(shared),
-                                        "--image", "img:1", "--pvc", "c"))
+    _, job = yaml.safe_load_all(
+        _render(
+            tmp_path,
+            "k8s",
+            "--output-dir",
+            str(shared / "runs"),
+            "--mount",
+            str(shared),
+            "--image",
+            "img:1",
+            "--pvc",
+            "c",
+        )
+    )
     assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (2, 2)
     (container,) = job["spec"]["template"]["spec"]["containers"]
     argv = container["command"]
@@ -219,19 +257,31 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
     def pods(attempt: int) -> list[subprocess.Popen]:
         procs = []
         for index in (0, 1):
-            env = clean_env(**_pod_env(container, uid, index), HOSTNAME=f"taehv-2-h100-{index}-p{attempt}",
-                            TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
+            env = clean_env(
+                **_pod_env(container, uid, index),
+                HOSTNAME=f"taehv-2-h100-{index}-p{attempt}",
+                TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"),
+                OMP_NUM_THREADS="1",
+            )
             assert env["MASTER_ADDR"] == "taehv-2-h100-0.taehv-2-h100" and env["NNODES"] == "2"
-            env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}       # the Service's name, a free port
+            env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # the Service's name, a free port
             with open(tmp_path / f"pod{index}.{attempt}.out", "w") as log:
-                procs.append(subprocess.Popen([str(bin_dir / "taehv-launch"), argv[1], "cpu", *argv[3:]], env=env,
-                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              cwd=tmp_path, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [str(bin_dir / "taehv-launch"), argv[1], "cpu", *argv[3:]],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        cwd=tmp_path,
+                        start_new_session=True,
+                    )
+                )
         return procs
 
     first = pods(0)
     _wait_log(run / "launch.log", "checkpoint: checkpoint-2", first)
-    for p in first:                              # pod deletion: SIGTERM to the container's main process
+    for p in first:  # pod deletion: SIGTERM to the container's main process
         p.send_signal(signal.SIGTERM)
     for index, p in enumerate(first):
         code = p.wait(timeout=300)
@@ -240,14 +290,14 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
         assert "Traceback" not in text, text[-3000:]
         assert f"this is node {index} (GPU ids 0), master 127.0.0.1:{port}  [kubernetes" in text, text[-3000:]
     saved = _saved(run)
-    assert 2 < saved < STEPS, saved          # a new checkpoint
-    second = pods(1)                             # the replacement pods of the same Job (same uid)
+    assert 2 < saved < STEPS, saved  # a new checkpoint
+    second = pods(1)  # the replacement pods of the same Job (same uid)
     for index, p in enumerate(second):
         code = p.wait(timeout=300)
         text = (tmp_path / f"pod{index}.1.out").read_text()
         assert code == 0, text[-3000:]
         assert "Traceback" not in text, text[-3000:]
         resumed = f"checkpoint-{saved} at step {saved}" if index == 0 else f"--resume {run / f'checkpoint-{saved}'}"
-        assert resumed in text, text[-3000:]      # node 0: the trainer's line; node 1: its plan's command
+        assert resumed in text, text[-3000:]  # node 0: the trainer's line; node 1: its plan's command
     assert not (run / "REQUEUE").exists()
     _every_step_once(run)

@@ -23,17 +23,31 @@ from torch.utils.data import DataLoader
 
 from taehv_launch.errors import DataError
 from taehv_launch.train.data.clips import (
-    VideoClipDataset, collate, plan_crop, plan_frames, probe_first_usable, worker_init_fn,
+    VideoClipDataset,
+    collate,
+    plan_crop,
+    plan_frames,
+    worker_init_fn,
 )
+from taehv_launch.train.data.probe import probe_first_usable
 from taehv_launch.dataindex.index import VideoEntry, build_index, split_train_val
 from taehv_launch.train.data.synthetic import ensure_demo_assets
 
 TESTDATA = Path(os.environ.get("TAEHV_TESTDATA") or Path(__file__).resolve().parents[2] / "shared/testdata/videos")
 # What each file is expected to do (README.md beside them says what they are).
-USABLE = {"big_buck_bunny_432_433.webm", "chaplin.mp4", "example2.mp4", "fire2.mp4", "no_duration.webm",
-          "smpte-2997.mp4", "transparent.webm"}
-BROKEN = {"empty.webm": "0 bytes: cannot be opened",
-          "test_video.mp4": "1x1 pixels: opens and decodes 5 frames, but < 8 px is treated as broken"}
+USABLE = {
+    "big_buck_bunny_432_433.webm",
+    "chaplin.mp4",
+    "example2.mp4",
+    "fire2.mp4",
+    "no_duration.webm",
+    "smpte-2997.mp4",
+    "transparent.webm",
+}
+BROKEN = {
+    "empty.webm": "0 bytes: cannot be opened",
+    "test_video.mp4": "1x1 pixels: opens and decodes 5 frames, but < 8 px is treated as broken",
+}
 H, W, T = 48, 80, 12  # non-square crop
 
 
@@ -42,11 +56,14 @@ def _videos() -> list[Path]:
 
 
 def test_testdata_present():
-    assert TESTDATA.is_dir(), f"test videos not found at {TESTDATA}: clone shared/ beside the repo or set TAEHV_TESTDATA"
+    assert TESTDATA.is_dir(), (
+        f"test videos not found at {TESTDATA}: clone shared/ beside the repo or set TAEHV_TESTDATA"
+    )
     assert {p.name for p in _videos()} >= USABLE | set(BROKEN)
 
 
 # --- every real file ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
 @pytest.mark.parametrize("name", sorted(USABLE))
@@ -121,6 +138,7 @@ def test_probe_first_usable():
 
 # --- clip content: frame indices, colour, flips ---------------------------------------
 
+
 def _coded_video(path: Path, n_frames: int, h: int = 24, w: int = 32, split: bool = False) -> str:
     """FFV1 video whose frame k is RGB (10 + 5k, 0, 255 - 5k); split=True: right half black."""
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"FFV1"), 10, (w, h))
@@ -129,7 +147,7 @@ def _coded_video(path: Path, n_frames: int, h: int = 24, w: int = 32, split: boo
         frame = np.zeros((h, w, 3), np.uint8)
         frame[..., 2], frame[..., 0] = 10 + 5 * k, 255 - 5 * k  # BGR order on disk
         if split:
-            frame[:, w // 2:] = 0
+            frame[:, w // 2 :] = 0
         writer.write(frame)
     writer.release()
     return str(path)
@@ -166,18 +184,27 @@ def test_video_shorter_than_clip_is_skipped(tmp_path):
     for train in (True, False):
         ds = VideoClipDataset([short, exact], 16, 24, T, 1, 2, False, seed=0, train=train)
         item = ds[0]
-        assert item["skipped"] == [short] and _indices(item["frames"]) == list(range(T))   # exactly T frames: used
+        assert item["skipped"] == [short] and _indices(item["frames"]) == list(range(T))  # exactly T frames: used
     with pytest.raises(DataError, match=r"no usable video among 1 files: .*shorter than n_frames=12 frames"):
         VideoClipDataset([short], 16, 24, T, 1, 2, False, seed=0)[0]
 
 
 def test_short_video_reason_is_logged(tmp_path, caplog):
-    ds = VideoClipDataset([_coded_video(tmp_path / "11.avi", T - 1), _coded_video(tmp_path / "40.avi", 40)],
-                          16, 24, T, 1, 2, False, seed=0)
+    ds = VideoClipDataset(
+        [_coded_video(tmp_path / "11.avi", T - 1), _coded_video(tmp_path / "40.avi", 40)],
+        16,
+        24,
+        T,
+        1,
+        2,
+        False,
+        seed=0,
+    )
     with caplog.at_level("WARNING", logger="taehv_launch.train.data.clips"):
         ds[0]
-    assert [r.getMessage() for r in caplog.records] == [f"skipping video {tmp_path / '11.avi'}: 11 frames, "
-                                                        f"fewer than n_frames=12"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipping video {tmp_path / '11.avi'}: 11 frames, fewer than n_frames=12"
+    ]
 
 
 def test_a_short_header_count_is_checked_before_skipping(tmp_path):
@@ -190,13 +217,16 @@ def test_a_short_header_count_is_checked_before_skipping(tmp_path):
 
 
 def test_probe_and_validation_leave_out_short_videos(tmp_path):
-    from taehv_launch.train.data.clips import usable_entries
+    from taehv_launch.train.data.probe import usable_entries
 
     short, good = VideoEntry(_coded_video(tmp_path / "5.avi", 5)), VideoEntry(_coded_video(tmp_path / "24.avi", 24))
     assert probe_first_usable([short, good], T) == (1, [short.path])
     assert usable_entries([short, good], T) == [good]
-    with pytest.raises(DataError, match=r"none of the first 1 videos gives a usable clip of n_frames=12 frames .*"
-                                        r"at least 12 frames long"):
+    with pytest.raises(
+        DataError,
+        match=r"none of the first 1 videos gives a usable clip of n_frames=12 frames .*"
+        r"at least 12 frames long",
+    ):
         probe_first_usable([short], T)
 
 
@@ -236,6 +266,7 @@ def test_plan_frames_rules():
 
 # --- determinism --------------------------------------------------------------------
 
+
 def test_same_seed_same_clips():
     entries = [VideoEntry(str(TESTDATA / n)) for n in ("chaplin.mp4", "empty.webm", "transparent.webm")]
     a = VideoClipDataset(entries, H, W, T, 1, 3, True, seed=11)
@@ -254,6 +285,7 @@ def test_same_seed_same_clips():
 
 
 # --- the index ------------------------------------------------------------------------
+
 
 @pytest.fixture
 def video_tree(tmp_path) -> Path:
@@ -289,7 +321,10 @@ def test_index_cache_is_reused(video_tree, tmp_path):
 def test_probe_frame_counts(video_tree):
     from taehv_launch.train.data.decode import header_frame_count
 
-    counts = {Path(e.path).name: e.frame_count for e in build_index(str(video_tree), "", "", probe_frame_counts=header_frame_count)}
+    counts = {
+        Path(e.path).name: e.frame_count
+        for e in build_index(str(video_tree), "", "", probe_frame_counts=header_frame_count)
+    }
     assert counts == {"a.webm": 150, "b.MP4": 5}
 
 
@@ -301,8 +336,9 @@ def _annotation(tmp_path: Path, doc) -> str:
 
 def test_annotation_file(video_tree, tmp_path):
     absolute = str(TESTDATA / "chaplin.mp4")
-    ann = _annotation(tmp_path, {"list": [{"path": "a.webm"}, {"path": "gone.mp4"}, {"path": "x.mp4"},
-                                          {"path": absolute}]})
+    ann = _annotation(
+        tmp_path, {"list": [{"path": "a.webm"}, {"path": "gone.mp4"}, {"path": "x.mp4"}, {"path": absolute}]}
+    )
     index = build_index(str(video_tree), ann, str(tmp_path / "cache"))
     assert [e.path for e in index] == [str(video_tree / "a.webm"), absolute]
     assert index.missing == 2  # gone.mp4 and the directory x.mp4
@@ -310,13 +346,16 @@ def test_annotation_file(video_tree, tmp_path):
     assert again.from_cache and again.missing == 2 and list(again) == list(index)
 
 
-@pytest.mark.parametrize("doc,message", [
-    ("{not json", "is not valid JSON"),
-    ([{"path": "a.webm"}], 'no "list" array'),
-    ({"list": [{"file": "a.webm"}]}, "entry 0 is"),
-    ({"list": []}, "lists no videos"),
-    ({"list": [{"path": "gone.mp4"}, {"path": "x.mp4"}]}, "none of the 2 videos listed"),
-])
+@pytest.mark.parametrize(
+    "doc,message",
+    [
+        ("{not json", "is not valid JSON"),
+        ([{"path": "a.webm"}], 'no "list" array'),
+        ({"list": [{"file": "a.webm"}]}, "entry 0 is"),
+        ({"list": []}, "lists no videos"),
+        ({"list": [{"path": "gone.mp4"}, {"path": "x.mp4"}]}, "none of the 2 videos listed"),
+    ],
+)
 def test_annotation_errors(video_tree, tmp_path, doc, message):
     with pytest.raises(DataError, match=message):
         build_index(str(video_tree), _annotation(tmp_path, doc), str(tmp_path / "cache"))
@@ -337,6 +376,7 @@ def test_data_root_errors(tmp_path):
 
 # --- the split ------------------------------------------------------------------------
 
+
 def test_split_train_val():
     entries = [VideoEntry(f"/v/{i}.mp4") for i in range(100)]
     train, val = split_train_val(entries, 0.05, 64, seed=1)
@@ -350,11 +390,16 @@ def test_split_train_val():
 
 # --- the CPU demo assets --------------------------------------------------------------
 
+
 def test_demo_assets_made_once(tmp_path):
     cache = str(tmp_path / "demo")
     with ThreadPoolExecutor(3) as pool:  # concurrent callers: one build, same answer
-        results = list(pool.map(lambda _: ensure_demo_assets(cache, n_videos=3, size=(32, 48), n_frames=12,
-                                                             ref_vae_type="wan"), range(3)))
+        results = list(
+            pool.map(
+                lambda _: ensure_demo_assets(cache, n_videos=3, size=(32, 48), n_frames=12, ref_vae_type="wan"),
+                range(3),
+            )
+        )
     assert len(set(results)) == 1
     data_root, ref_path = results[0]
     marker = Path(data_root) / ".complete"

@@ -16,9 +16,16 @@ from taehv_launch.train.data import nvdec
 from taehv_launch.train.data.clips import Crop, VideoClipDataset, collate
 from trainrun import launch, ok
 
-GOOD = ["chaplin.mp4", "smpte-2997.mp4", "example2.mp4", "fire2.mp4", "big_buck_bunny_432_433.webm",
-        "no_duration.webm", "transparent.webm"]
-BROKEN = ["empty.webm", "test_video.mp4"]       # no frames; 1x1 pixels
+GOOD = [
+    "chaplin.mp4",
+    "smpte-2997.mp4",
+    "example2.mp4",
+    "fire2.mp4",
+    "big_buck_bunny_432_433.webm",
+    "no_duration.webm",
+    "transparent.webm",
+]
+BROKEN = ["empty.webm", "test_video.mp4"]  # no frames; 1x1 pixels
 REFUSED = ("example2.mp4", "smpte-2997.mp4")
 
 
@@ -41,8 +48,9 @@ class Refusing(nvdec.OpenCVFrames):
 def _stage(ds, make=nvdec.OpenCVFrames, workers=2, batch=4, log=None):
     ds.defer = True
     loader = DataLoader(ds, batch_size=batch, sampler=range(10_000), num_workers=workers, collate_fn=collate)
-    return nvdec.DecodeStage(loader, ds, torch.device("cpu"), ds.height, ds.width, make, threads=3, depth=2,
-                             log=log or (lambda m: None))
+    return nvdec.DecodeStage(
+        loader, ds, torch.device("cpu"), ds.height, ds.width, make, threads=3, depth=2, log=log or (lambda m: None)
+    )
 
 
 def test_a_ticket_plans_the_same_clip_as_the_cpu_path(videos):
@@ -71,7 +79,7 @@ def test_stage_batches_match_the_cpu_clips(videos):
     assert got["frames"].shape == (4, 12, 3, 64, 96) and got["frames"].dtype == torch.uint8
     cpu = _ds([videos / n for n in GOOD[:4]])
     for k in range(4):
-        want = cpu[k]["frames"]            # OpenCV INTER_AREA vs torch's antialiased bilinear: close, not equal
+        want = cpu[k]["frames"]  # OpenCV INTER_AREA vs torch's antialiased bilinear: close, not equal
         diff = (got["frames"][k].float() - want.float()).abs().mean().item()
         assert diff < 6.0, (k, diff)
 
@@ -93,7 +101,7 @@ def test_refused_files_fall_back_to_the_cpu_once_per_file_and_log_once_per_reaso
     assert stage.counts["cpu"] > 0 and stage.counts["gpu"] > 0 and stage.counts["lost"] == 0
     cpu = _ds([videos / n for n in GOOD])
     item = next(i for i in range(24) if ds.entries[i % len(GOOD)].path.endswith(REFUSED))
-    assert torch.equal(batches[item // 4]["frames"][item % 4], cpu[item]["frames"])   # exactly the CPU path's clip
+    assert torch.equal(batches[item // 4]["frames"][item % 4], cpu[item]["frames"])  # exactly the CPU path's clip
 
 
 class Flaky(nvdec.OpenCVFrames):
@@ -114,18 +122,18 @@ def test_a_failed_frame_fetch_sends_the_clip_to_the_cpu_and_the_file_after_repea
     ds = _ds([videos / "chaplin.mp4", videos / "fire2.mp4"])
     stage = _stage(ds, Flaky, log=lines.append)
     try:
-        got = [next(stage) for _ in range(5)]         # 10 clips of chaplin.mp4
+        got = [next(stage) for _ in range(5)]  # 10 clips of chaplin.mp4
     finally:
         stage.close()
     assert all(b["frames"].shape == (4, 12, 3, 64, 96) and not b["skipped"] for b in got)
-    tries = Flaky.calls.count(str(videos / "chaplin.mp4"))    # clips already in flight on other threads may add
+    tries = Flaky.calls.count(str(videos / "chaplin.mp4"))  # clips already in flight on other threads may add
     assert nvdec.FETCH_FAILURES <= tries <= nvdec.FETCH_FAILURES + 2, tries
     assert len(lines) == 1 and "a file's every clip after" in lines[0], lines
 
 
 def test_broken_files_are_skipped_and_the_batch_stays_full(videos, tmp_path):
     src = videos / "smpte-2997.mp4"
-    cut = tmp_path / "truncated.mp4"          # header says 251 frames; the data stops after 118
+    cut = tmp_path / "truncated.mp4"  # header says 251 frames; the data stops after 118
     cut.write_bytes(src.read_bytes()[: int(src.stat().st_size * 0.5)])
     notvideo = tmp_path / "notes.mp4"
     notvideo.write_text("not a video")
@@ -140,7 +148,7 @@ def test_broken_files_are_skipped_and_the_batch_stays_full(videos, tmp_path):
     skipped = {p for b in batches for p in b["skipped"]}
     assert {str(videos / "empty.webm"), str(videos / "test_video.mp4"), str(notvideo)} <= skipped
     assert all(b["frames"].shape == (4, 12, 3, 64, 96) for b in batches)
-    assert str(cut) not in skipped            # re-planned on the CPU within its real length, as before
+    assert str(cut) not in skipped  # re-planned on the CPU within its real length, as before
 
 
 def test_finish_crops_resizes_flips_in_bounded_chunks():
@@ -148,7 +156,7 @@ def test_finish_crops_resizes_flips_in_bounded_chunks():
     crop = Crop(4, 6, 20, 30, True)
     whole = nvdec.finish(x, crop, (40, 60), 10, 15)
     old = nvdec.CHUNK_BYTES
-    nvdec.CHUNK_BYTES = 1                      # one frame at a time
+    nvdec.CHUNK_BYTES = 1  # one frame at a time
     try:
         chunked = nvdec.finish(x, crop, (40, 60), 10, 15)
     finally:
@@ -156,7 +164,7 @@ def test_finish_crops_resizes_flips_in_bounded_chunks():
     assert whole.shape == (5, 3, 10, 15) and torch.equal(whole, chunked)
     plain = nvdec.finish(x, Crop(4, 6, 20, 30, False), (40, 60), 10, 15)
     assert torch.equal(whole, plain.flip(-1))
-    same = nvdec.finish(x, Crop(0, 0, 40, 60, False), None, 40, 60)     # no resize: the frames themselves
+    same = nvdec.finish(x, Crop(0, 0, 40, 60, False), None, 40, 60)  # no resize: the frames themselves
     assert torch.equal(same, x)
     # decoded at half the header's size: the crop scales with it
     half = nvdec.finish(x, Crop(0, 0, 80, 120, False), (80, 120), 40, 60)
@@ -188,9 +196,21 @@ def test_trainer_through_the_decode_stage_with_refusals_and_broken_files(tmp_pat
     ones included) through the GPU path's stage with a decoder that refuses example2.mp4: it trains, logs the
     refusal once, the VP8/VP9 files' CPU route once, and the broken files once each."""
     env = build_env(tmp_path)
-    proc, run = launch(tmp_path, 1, "--set", f"data_root='{videos}'", "--set", "max_train_steps=6",
-                       "--set", "dataloader_num_workers=2", "--set", "video_decode_threads=4",
-                       "--set", "micro_batch_size=2", env=env)
+    proc, run = launch(
+        tmp_path,
+        1,
+        "--set",
+        f"data_root='{videos}'",
+        "--set",
+        "max_train_steps=6",
+        "--set",
+        "dataloader_num_workers=2",
+        "--set",
+        "video_decode_threads=4",
+        "--set",
+        "micro_batch_size=2",
+        env=env,
+    )
     ok(proc)
     out = proc.stdout
     assert "decoding training clips on the GPU (a test stand-in" in out
@@ -203,8 +223,11 @@ def test_trainer_through_the_decode_stage_with_refusals_and_broken_files(tmp_pat
 def build_env(tmp_path):
     from conftest import clean_env
 
-    return clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1",
-                     **{build.TEST_STAGE_ENV: "opencv", build.TEST_REFUSE_ENV: "example2.mp4"})
+    return clean_env(
+        TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"),
+        OMP_NUM_THREADS="1",
+        **{build.TEST_STAGE_ENV: "opencv", build.TEST_REFUSE_ENV: "example2.mp4"},
+    )
 
 
 def test_nv12_conversion_matches_opencv(videos):
@@ -217,8 +240,8 @@ def test_nv12_conversion_matches_opencv(videos):
     bgr = read_prefix(str(videos / "chaplin.mp4"), 1)[0]
     h, w = bgr.shape[:2]
     i420 = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420)
-    u = i420[h: h + h // 4].reshape(h // 2, w // 2)
-    v = i420[h + h // 4:].reshape(h // 2, w // 2)
+    u = i420[h : h + h // 4].reshape(h // 2, w // 2)
+    v = i420[h + h // 4 :].reshape(h // 2, w // 2)
     nv12 = np.concatenate([i420[:h], np.stack([u, v], -1).reshape(h // 2, w)], 0)
     want = cv2.cvtColor(nv12, cv2.COLOR_YUV2RGB_NV12).astype(np.int16)
     got = nvdec.yuv420_to_rgb(torch.from_numpy(nv12), h, w).permute(1, 2, 0).numpy().astype(np.int16)
@@ -229,7 +252,7 @@ def test_codecs_nvdec_is_not_checked_on_go_to_the_cpu(videos):
     """The stage sends a ticket whose codec NVDEC is not used for straight to the CPU, logged once."""
     Refusing.calls = []
     lines: list[str] = []
-    ds = _ds([videos / "no_duration.webm", videos / "fire2.mp4"])     # VP9 and H.264
+    ds = _ds([videos / "no_duration.webm", videos / "fire2.mp4"])  # VP9 and H.264
     stage = _stage(ds, Refusing, log=lines.append)
     try:
         got = [next(stage) for _ in range(3)]

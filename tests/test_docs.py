@@ -40,7 +40,7 @@ EXIT_MARK = re.compile(r"#\s*exit\s+(\d+)\s*$")
 @dataclass(frozen=True)
 class DocCommand:
     where: str
-    args: tuple[str, ...]       # after `taehv-launch`
+    args: tuple[str, ...]  # after `taehv-launch`
     code: int
 
     @property
@@ -80,8 +80,9 @@ def doc_commands() -> list[DocCommand]:
             mark = EXIT_MARK.search(text)
             words = shlex.split(text, comments=True)
             cut = next((i for i, w in enumerate(words) if w in SHELL_STOP or w.startswith((">", "2>"))), len(words))
-            found.append(DocCommand(f"{md.relative_to(REPO)}:{start}", tuple(words[1:cut]),
-                                    int(mark.group(1)) if mark else 0))
+            found.append(
+                DocCommand(f"{md.relative_to(REPO)}:{start}", tuple(words[1:cut]), int(mark.group(1)) if mark else 0)
+            )
     return found
 
 
@@ -115,12 +116,12 @@ def test_docs_render_command(cmd, tmp_path):
 @pytest.mark.parametrize("cmd", _ids("gpu"))
 def test_docs_gpu_command_resolves(cmd, tmp_path):
     args = list(cmd.args)
-    if args[0] == "validate-env":                 # the plan it checks, without a GPU
+    if args[0] == "validate-env":  # the plan it checks, without a GPU
         args = [a for a in args[1:] if a != "--quick"]
     args += [a for a in ("--dry-run", "--json") if a not in args]
     if args[0] != "cache" and any(a.startswith("latent_cache=") for a in args):
         args = with_stand_in_cache(args, tmp_path)
-    proc = run_cli_here(*args, env=clean_env(), cwd=REPO)     # paths in the docs are relative to the checkout
+    proc = run_cli_here(*args, env=clean_env(), cwd=REPO)  # paths in the docs are relative to the checkout
     assert proc.returncode == cmd.code, (cmd.where, proc.stderr)
 
 
@@ -132,7 +133,7 @@ def with_stand_in_cache(args: list[str], tmp: Path) -> list[str]:
     from taehv_launch.dataindex.latentcache import MANIFEST, fingerprint
 
     drop = {i + d for i, a in enumerate(args) if a.startswith("latent_cache=") for d in (-1, 0)}
-    plain = [a for i, a in enumerate(args) if i not in drop]      # the `--set latent_cache=...` pair
+    plain = [a for i, a in enumerate(args) if i not in drop]  # the `--set latent_cache=...` pair
     proc = run_cli_here(*plain, env=clean_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     config = json.loads(proc.stdout)["config"]
@@ -150,8 +151,9 @@ def test_docs_quick_command(cmd, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cmd", [pytest.param(c, id=c.where) for c in
-                                 {c.args + (c.code,): c for c in COMMANDS if c.kind == "cpu"}.values()])
+@pytest.mark.parametrize(
+    "cmd", [pytest.param(c, id=c.where) for c in {c.args + (c.code,): c for c in COMMANDS if c.kind == "cpu"}.values()]
+)
 def test_docs_cpu_command_runs(cmd, tmp_path):
     proc = run_cli(*cmd.args, env=clean_env(), cwd=tmp_path, timeout=900)
     assert proc.returncode == cmd.code, (cmd.where, proc.stdout[-3000:], proc.stderr[-3000:])
@@ -164,8 +166,10 @@ def test_docs_cpu_command_runs(cmd, tmp_path):
 # here (a dry run in this process, or a real launch that is refused), or, for the few cases that only
 # a GPU or the trainer reaches, against a string literal / f-string of the source file named.
 
-TABLES = {"en": (REPO / "docs" / "troubleshooting.md", "## Common errors"),
-          "zh": (REPO / "docs" / "zh" / "troubleshooting.md", "## 常见错误")}
+TABLES = {
+    "en": (REPO / "docs" / "troubleshooting.md", "## Common errors"),
+    "zh": (REPO / "docs" / "zh" / "troubleshooting.md", "## 常见错误"),
+}
 SRC = REPO / "src" / "taehv_launch"
 PLACEHOLDER = re.compile(r"<[A-Za-z_ ]+>|\.\.\.")
 CLOUD_2_NODES = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "10.0.0.1"}
@@ -173,37 +177,47 @@ CLOUD_2_NODES = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "10.0.0.1"}
 
 @dataclass(frozen=True)
 class ErrorCase:
-    key: str                            # the table's quote starts with this
-    args: tuple[str, ...] = ()          # `taehv-launch ARGS`; {tmp} is the test's folder
+    key: str  # the table's quote starts with this
+    args: tuple[str, ...] = ()  # `taehv-launch ARGS`; {tmp} is the test's folder
     env: tuple[tuple[str, str], ...] = ()
-    launch: bool = False                # a real launch in a subprocess (refused before training), not a dry run
-    hold_port: int | None = None        # listen on this port while it runs
-    lock_run: str | None = None         # hold this run directory's lock (output/<name>/.lock) while it runs
-    files: tuple[tuple[str, str], ...] = ()     # (path under {tmp}, text) written first
+    launch: bool = False  # a real launch in a subprocess (refused before training), not a dry run
+    hold_port: int | None = None  # listen on this port while it runs
+    lock_run: str | None = None  # hold this run directory's lock (output/<name>/.lock) while it runs
+    files: tuple[tuple[str, str], ...] = ()  # (path under {tmp}, text) written first
     slow: bool = False
-    source: str | None = None           # not triggered here: the src file (under src/taehv_launch) that raises it
+    source: str | None = None  # not triggered here: the src file (under src/taehv_launch) that raises it
 
 
 ERROR_CASES = [
     ErrorCase("12 GPUs are more than one node", ("12", "h100", "--dry-run")),
     ErrorCase("8 GPUs cannot be split over 2 nodes", ("8", "h100", "--dry-run"), tuple(CLOUD_2_NODES.items())),
-    ErrorCase("srun started", ("16", "h100", "--dry-run"),
-              (("SLURM_STEP_NUM_TASKS", "16"), ("SLURM_STEP_NUM_NODES", "2"))),
+    ErrorCase(
+        "srun started", ("16", "h100", "--dry-run"), (("SLURM_STEP_NUM_TASKS", "16"), ("SLURM_STEP_NUM_NODES", "2"))
+    ),
     ErrorCase("taehv-launch is running under torchrun", ("8", "h100", "--dry-run"), (("LOCAL_RANK", "0"),)),
     ErrorCase("a multi-node run needs one run name", ("16", "h100"), tuple(CLOUD_2_NODES.items()), launch=True),
     ErrorCase("unknown config key", ("8", "h100", "--set", "micro_batch=4", "--dry-run")),
     ErrorCase("n_frames=", ("8", "h100", "--set", "n_frames=10", "--dry-run")),
     ErrorCase("this plan will not fit in GPU memory", ("8", "h100", "--set", "micro_batch_size=64", "--dry-run")),
-    ErrorCase("port 29500 is in use", ("2", "cpu", "--run-name", "t", "--master-port", "29500"), launch=True,
-              hold_port=29500),
+    ErrorCase(
+        "port 29500 is in use", ("2", "cpu", "--run-name", "t", "--master-port", "29500"), launch=True, hold_port=29500
+    ),
     ErrorCase("no video files", ("1", "cpu", "--set", "data_root={tmp}/empty"), launch=True),
-    ErrorCase("the reference VAE at", ("1", "cpu", "--run-name", "v", "--set", "ref_vae_path={tmp}/vae"), launch=True,
-              files=(("vae/config.json", '{"_class_name": "AutoencoderKLCogVideoX", "latent_channels": 16}'),)),
+    ErrorCase(
+        "the reference VAE at",
+        ("1", "cpu", "--run-name", "v", "--set", "ref_vae_path={tmp}/vae"),
+        launch=True,
+        files=(("vae/config.json", '{"_class_name": "AutoencoderKLCogVideoX", "latent_channels": 16}'),),
+    ),
     ErrorCase("<run dir> is in use by another launch", ("1", "cpu", "--run-name", "t"), launch=True, lock_run="t"),
     # the trainer's start-up probe, after `accelerate launch` started: slow here, and checked in the source too
-    ErrorCase("none of the first", ("1", "cpu", "--run-name", "b", "--set", "data_root={tmp}/broken",
-                                    "--set", "dataloader_num_workers=0"), launch=True, slow=True,
-              files=(("broken/a.mp4", "not a video"),)),
+    ErrorCase(
+        "none of the first",
+        ("1", "cpu", "--run-name", "b", "--set", "data_root={tmp}/broken", "--set", "dataloader_num_workers=0"),
+        launch=True,
+        slow=True,
+        files=(("broken/a.mp4", "not a video"),),
+    ),
     ErrorCase("none of the first", source="train/data/clips.py"),
     # the trainer on a GPU only: on the cpu profile an empty data_root means the demo videos
     ErrorCase("data_root is empty", source="train/loop/build.py"),
@@ -251,7 +265,7 @@ def starts_template(parts: list[str | None], quote: str) -> bool:
     if not parts:
         return False
     head, rest = parts[0], parts[1:]
-    if head is None:          # a hole takes some of the quote; text must follow it if more parts follow
+    if head is None:  # a hole takes some of the quote; text must follow it if more parts follow
         stop = len(quote) + 1 if not rest else len(quote)
         return any(starts_template(rest, quote[k:]) for k in range(1, stop))
     n = min(len(head), len(quote))
@@ -272,7 +286,7 @@ def trigger(case: ErrorCase, tmp: Path) -> str:
     args = [a.replace("{tmp}", str(tmp)) for a in case.args]
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1", **dict(case.env))
     with socket.socket() as holder, contextlib.ExitStack() as stack:
-        if case.lock_run is not None:       # what a live launch of that run holds (run/lock.py)
+        if case.lock_run is not None:  # what a live launch of that run holds (run/lock.py)
             (tmp / "output" / case.lock_run).mkdir(parents=True)
             lock = stack.enter_context(open(tmp / "output" / case.lock_run / ".lock", "w"))
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -281,7 +295,7 @@ def trigger(case: ErrorCase, tmp: Path) -> str:
                 holder.bind(("", case.hold_port))
                 holder.listen()
             except OSError:
-                pass          # someone else holds it: in use all the same
+                pass  # someone else holds it: in use all the same
         if case.launch:
             proc = run_cli(*args, "--set", f"output_dir={tmp / 'output'}", env=env, cwd=tmp, timeout=600)
         else:
@@ -298,7 +312,7 @@ def error_rows() -> list:
         try:
             quotes = error_table(lang)
         except AssertionError:
-            continue          # test_error_tables_exist_and_agree says so
+            continue  # test_error_tables_exist_and_agree says so
         for quote in quotes:
             for case in [c for c in ERROR_CASES if quote.startswith(c.key)] or [None]:
                 how = "source" if case and case.source else "triggered"
@@ -315,11 +329,11 @@ def test_error_tables_exist_and_agree():
 @pytest.mark.parametrize("lang,quote,case", error_rows())
 def test_error_table_quotes_what_the_product_prints(lang, quote, case, tmp_path_factory):
     assert case is not None, f"{lang} common-error table: no ErrorCase in tests/test_docs.py for {quote!r}"
-    if case.source:           # that file raises it; any file of src/ may (code moves), none may not
+    if case.source:  # that file raises it; any file of src/ may (code moves), none may not
         quote_holes = PLACEHOLDER.sub("\0", quote).rstrip("\0").rstrip()
-        assert any(starts_template(t, quote_holes) for path in sorted(SRC.rglob("*.py"))
-                   for t in literal_templates(path)), \
-            f"{lang} table quotes {quote!r}, which no string in src/ (expected: {case.source}) starts with"
+        assert any(
+            starts_template(t, quote_holes) for path in sorted(SRC.rglob("*.py")) for t in literal_templates(path)
+        ), f"{lang} table quotes {quote!r}, which no string in src/ (expected: {case.source}) starts with"
         return
     line = trigger(case, tmp_path_factory.mktemp("err"))
     assert quote_regex(quote).match(line), f"{lang} table quotes {quote!r}; the product prints {line!r}"
@@ -340,8 +354,11 @@ def test_exit_codes_in_the_docs():
     from taehv_launch import errors
 
     codes = {str(v) for k, v in vars(errors).items() if k.startswith("EXIT_")}
-    for page in (REPO / "docs" / "troubleshooting.md", REPO / "docs" / "zh" / "troubleshooting.md",
-                 REPO / "docs" / "resume.md"):
+    for page in (
+        REPO / "docs" / "troubleshooting.md",
+        REPO / "docs" / "zh" / "troubleshooting.md",
+        REPO / "docs" / "resume.md",
+    ):
         rows = set(re.findall(r"^\| (\d+) \|", page.read_text(), re.M))
         assert rows == codes, (page.name, rows, codes)
 
@@ -382,8 +399,8 @@ def test_docs_set_values_parse():
         for item in sorted(set(SET_IN_PROSE.findall(md.read_text()))):
             item = shlex.split(item)[0] if item.count('"') % 2 == 0 and item.count("'") % 2 == 0 else item
             value = item.split("=", 1)[1]
-            if "..." in value or "<" in value or not value or re.fullmatch(r"[A-Z]+", value):   # N, PATH
-                item = item.split("=", 1)[0] + "=0"       # the key only: any value, the name must exist
+            if "..." in value or "<" in value or not value or re.fullmatch(r"[A-Z]+", value):  # N, PATH
+                item = item.split("=", 1)[0] + "=0"  # the key only: any value, the name must exist
             try:
                 parse_set(item)
             except ConfigError as err:

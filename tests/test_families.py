@@ -24,11 +24,27 @@ from taehv_launch.plan.profiles import GPU_SHARED, H100_ROWS, PROFILES, Profile
 from taehv_launch.plan.resolve import resolve
 from taehv_launch.plan.topology import detect_topology
 
-FAKE = Family(name="fakevae", class_name="AutoencoderKLWan", channels_key="z_dim", latent_channels=16,
-              time_stride=4, space_stride=8, even_latents_decode_all=True, encode_gib=9.0,
-              demo_config=families.FAMILIES["wan"].demo_config)
-B200 = Profile(name="b200", description="a fake 192 GB GPU", rows=H100_ROWS, config=GPU_SHARED,
-               alloc_conf="expandable_segments:False", device="cuda", gpu_gib=178.4, table="the seeds' H100 table")
+FAKE = Family(
+    name="fakevae",
+    class_name="AutoencoderKLWan",
+    channels_key="z_dim",
+    latent_channels=16,
+    time_stride=4,
+    space_stride=8,
+    even_latents_decode_all=True,
+    encode_gib=9.0,
+    demo_config=families.FAMILIES["wan"].demo_config,
+)
+B200 = Profile(
+    name="b200",
+    description="a fake 192 GB GPU",
+    rows=H100_ROWS,
+    config=GPU_SHARED,
+    alloc_conf="expandable_segments:False",
+    device="cuda",
+    gpu_gib=178.4,
+    table="the seeds' H100 table",
+)
 
 
 @pytest.fixture
@@ -51,8 +67,17 @@ def plan_for(gpus: int, profile: str, **sets):
 # The facts a contributor must give for a new record, written here rather than read from the dataclass,
 # so a default slipped onto one of them (a family without its encode memory) fails this test.
 REQUIRED = {
-    Family: ["name", "class_name", "channels_key", "latent_channels", "time_stride", "space_stride",
-             "even_latents_decode_all", "encode_gib", "demo_config"],
+    Family: [
+        "name",
+        "class_name",
+        "channels_key",
+        "latent_channels",
+        "time_stride",
+        "space_stride",
+        "even_latents_decode_all",
+        "encode_gib",
+        "demo_config",
+    ],
     Profile: ["name", "description", "table", "rows", "config", "alloc_conf", "device", "gpu_gib"],
 }
 
@@ -61,7 +86,7 @@ REQUIRED = {
 def test_an_incomplete_record_cannot_be_built(record):
     required = REQUIRED[record]
     full = {f: getattr(FAKE if record is Family else B200, f) for f in required}
-    record(**full)                                                # these fields alone build one
+    record(**full)  # these fields alone build one
     for name in required:
         with pytest.raises(TypeError, match=name):
             record(**{k: v for k, v in full.items() if k != name})
@@ -92,15 +117,17 @@ def test_a_new_family_is_one_record(fake_family, tmp_path):
     from taehv_launch.train.reference.refvae import load_reference_vae
     from taehv_launch.train.data.synthetic import make_tiny_ref_vae
 
-    plan = plan_for(1, "cpu", ref_vae_type="fakevae")                      # the config key accepts it
+    plan = plan_for(1, "cpu", ref_vae_type="fakevae")  # the config key accepts it
     assert plan.config["ref_vae_type"] == "fakevae"
-    assert plan_for(8, "h100", ref_vae_type="fakevae").memory.fits         # its encode memory is predicted
-    assert predict_gib(1, 12, 480, 720, True, "fakevae", 1) == pytest.approx(TRAINER_OVERHEAD_GIB + 9.0 + CUDA_CONTEXT_GIB)
-    path = make_tiny_ref_vae("fakevae", str(tmp_path / "vae"))              # the demo builds a tiny one
-    vae = load_reference_vae("fakevae", path)                               # it loads and encodes
+    assert plan_for(8, "h100", ref_vae_type="fakevae").memory.fits  # its encode memory is predicted
+    assert predict_gib(1, 12, 480, 720, True, "fakevae", 1) == pytest.approx(
+        TRAINER_OVERHEAD_GIB + 9.0 + CUDA_CONTEXT_GIB
+    )
+    path = make_tiny_ref_vae("fakevae", str(tmp_path / "vae"))  # the demo builds a tiny one
+    vae = load_reference_vae("fakevae", path)  # it loads and encodes
     z = vae.encode(torch.rand(1, 12, 3, 32, 32))
     assert z.shape == (1, 3, 4, 4, 4) and vae.family is fake_family
-    net = DistillNet(TAEHV(latent_channels=4), get_family("fakevae"))       # its trim rule reaches TAEHV
+    net = DistillNet(TAEHV(latent_channels=4), get_family("fakevae"))  # its trim rule reaches TAEHV
     assert not net.trims(6) and net.trims(3)
 
 
@@ -110,31 +137,43 @@ def test_a_family_with_other_strides_is_refused_until_taehv_matches(monkeypatch)
     with pytest.raises(ConfigError, match="compresses 4x in time and 8x in space.*ltxish.*8x and 32x"):
         plan_for(1, "cpu", ref_vae_type="ltxish")
     # matching strides: TAEHV downscales 8x in time and patch 4 x 8 = 32x in space
-    plan = plan_for(1, "cpu", ref_vae_type="ltxish", encoder_time_downscale=(True, True, True),
-                    decoder_time_upscale=(True, True, True), patch_size=4, n_frames=24, height=64, width=64)
+    plan = plan_for(
+        1,
+        "cpu",
+        ref_vae_type="ltxish",
+        encoder_time_downscale=(True, True, True),
+        decoder_time_upscale=(True, True, True),
+        patch_size=4,
+        n_frames=24,
+        height=64,
+        width=64,
+    )
     assert plan.config["patch_size"] == 4
 
 
 def test_unknown_family_is_one_line():
     with pytest.raises(ConfigError, match="ref_vae_type='ltx' .*not one of cogvideox, hunyuan, wan"):
         from taehv_launch.plan.configfile import parse_sets
+
         parse_sets(["ref_vae_type='ltx'"])
 
 
 def test_a_new_profile_is_one_record(fake_profile):
     plan = plan_for(8, "b200", n_frames=24)
-    assert plan.memory.gpu_gib == 178.4 and plan.memory.fits           # its memory is checked
-    assert plan_for(8, "h100", n_frames=24).memory.fits is False       # where the H100 would not fit
+    assert plan.memory.gpu_gib == 178.4 and plan.memory.fits  # its memory is checked
+    assert plan_for(8, "h100", n_frames=24).memory.fits is False  # where the H100 would not fit
     assert plan.profile.alloc_conf == "expandable_segments:False"
 
 
 def test_a_new_profile_reaches_the_cli(tmp_path):
     """A profile registered before the CLI runs gets a dry-run like the shipped ones."""
-    code = ("import sys; from taehv_launch.plan import profiles; "
-            "from dataclasses import replace; "
-            "profiles.PROFILES['b200'] = replace(profiles.PROFILES['h100'], name='b200', gpu_gib=178.4); "
-            "from taehv_launch.cli import main; sys.argv = ['taehv-launch', '8', 'b200', '--dry-run', '--json', "
-            "'--set', 'n_frames=24', '--set', f'output_dir={sys.argv[1]}']; main()")
+    code = (
+        "import sys; from taehv_launch.plan import profiles; "
+        "from dataclasses import replace; "
+        "profiles.PROFILES['b200'] = replace(profiles.PROFILES['h100'], name='b200', gpu_gib=178.4); "
+        "from taehv_launch.cli import main; sys.argv = ['taehv-launch', '8', 'b200', '--dry-run', '--json', "
+        "'--set', 'n_frames=24', '--set', f'output_dir={sys.argv[1]}']; main()"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)

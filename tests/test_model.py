@@ -12,9 +12,12 @@ from taehv_launch.train.model.taehv import MemBlock, TAEHV, build_taehv, count_p
 def memblock(prefix: str, c: int) -> list[tuple[str, tuple]]:
     """Keys of a public MemBlock(c, c): conv = Sequential(conv(2c,c), ReLU, conv, ReLU, conv), no skip."""
     return [
-        (f"{prefix}.conv.0.weight", (c, 2 * c, 3, 3)), (f"{prefix}.conv.0.bias", (c,)),
-        (f"{prefix}.conv.2.weight", (c, c, 3, 3)), (f"{prefix}.conv.2.bias", (c,)),
-        (f"{prefix}.conv.4.weight", (c, c, 3, 3)), (f"{prefix}.conv.4.bias", (c,)),
+        (f"{prefix}.conv.0.weight", (c, 2 * c, 3, 3)),
+        (f"{prefix}.conv.0.bias", (c,)),
+        (f"{prefix}.conv.2.weight", (c, c, 3, 3)),
+        (f"{prefix}.conv.2.bias", (c,)),
+        (f"{prefix}.conv.4.weight", (c, c, 3, 3)),
+        (f"{prefix}.conv.4.bias", (c,)),
     ]
 
 
@@ -22,29 +25,45 @@ def memblock(prefix: str, c: int) -> list[tuple[str, tuple]]:
 # latent_channels=16, patch_size=1, encoder_time_downscale=(T, T, F), decoder_time_upscale=(F, T, T).
 PUBLIC_LAYOUT = [
     # encoder: conv(3, 64), ReLU, then 3 x [TPool(64, s), conv(64, 64, stride 2, no bias), 3 x MemBlock(64)], conv(64, 16)
-    ("encoder.0.weight", (64, 3, 3, 3)), ("encoder.0.bias", (64,)),
+    ("encoder.0.weight", (64, 3, 3, 3)),
+    ("encoder.0.bias", (64,)),
     ("encoder.2.conv.weight", (64, 128, 1, 1)),
     ("encoder.3.weight", (64, 64, 3, 3)),
-    *memblock("encoder.4", 64), *memblock("encoder.5", 64), *memblock("encoder.6", 64),
+    *memblock("encoder.4", 64),
+    *memblock("encoder.5", 64),
+    *memblock("encoder.6", 64),
     ("encoder.7.conv.weight", (64, 128, 1, 1)),
     ("encoder.8.weight", (64, 64, 3, 3)),
-    *memblock("encoder.9", 64), *memblock("encoder.10", 64), *memblock("encoder.11", 64),
+    *memblock("encoder.9", 64),
+    *memblock("encoder.10", 64),
+    *memblock("encoder.11", 64),
     ("encoder.12.conv.weight", (64, 64, 1, 1)),
     ("encoder.13.weight", (64, 64, 3, 3)),
-    *memblock("encoder.14", 64), *memblock("encoder.15", 64), *memblock("encoder.16", 64),
-    ("encoder.17.weight", (16, 64, 3, 3)), ("encoder.17.bias", (16,)),
+    *memblock("encoder.14", 64),
+    *memblock("encoder.15", 64),
+    *memblock("encoder.16", 64),
+    ("encoder.17.weight", (16, 64, 3, 3)),
+    ("encoder.17.bias", (16,)),
     # decoder: Clamp, conv(16, 256), ReLU, then per stage 3 x MemBlock, Upsample, TGrow, conv(no bias); ReLU, conv(64, 3)
-    ("decoder.1.weight", (256, 16, 3, 3)), ("decoder.1.bias", (256,)),
-    *memblock("decoder.3", 256), *memblock("decoder.4", 256), *memblock("decoder.5", 256),
+    ("decoder.1.weight", (256, 16, 3, 3)),
+    ("decoder.1.bias", (256,)),
+    *memblock("decoder.3", 256),
+    *memblock("decoder.4", 256),
+    *memblock("decoder.5", 256),
     ("decoder.7.conv.weight", (256, 256, 1, 1)),
     ("decoder.8.weight", (128, 256, 3, 3)),
-    *memblock("decoder.9", 128), *memblock("decoder.10", 128), *memblock("decoder.11", 128),
+    *memblock("decoder.9", 128),
+    *memblock("decoder.10", 128),
+    *memblock("decoder.11", 128),
     ("decoder.13.conv.weight", (256, 128, 1, 1)),
     ("decoder.14.weight", (64, 128, 3, 3)),
-    *memblock("decoder.15", 64), *memblock("decoder.16", 64), *memblock("decoder.17", 64),
+    *memblock("decoder.15", 64),
+    *memblock("decoder.16", 64),
+    *memblock("decoder.17", 64),
     ("decoder.19.conv.weight", (128, 64, 1, 1)),
     ("decoder.20.weight", (64, 64, 3, 3)),
-    ("decoder.22.weight", (3, 64, 3, 3)), ("decoder.22.bias", (3,)),
+    ("decoder.22.weight", (3, 64, 3, 3)),
+    ("decoder.22.bias", (3,)),
 ]
 
 
@@ -101,10 +120,17 @@ def test_save_and_load_round_trip(tmp_path, suffix):
         torch.save(src.state_dict(), path)
     else:
         from safetensors.torch import save_file
+
         save_file(src.state_dict(), str(path))
-    cfg = {"latent_channels": 16, "patch_size": 1, "encoder_time_downscale": (True, True, False),
-           "decoder_time_upscale": (False, True, True), "decoder_space_upscale": (True, True, True),
-           "gradient_checkpointing": True, "pretrained_model_path": str(path)}
+    cfg = {
+        "latent_channels": 16,
+        "patch_size": 1,
+        "encoder_time_downscale": (True, True, False),
+        "decoder_time_upscale": (False, True, True),
+        "decoder_space_upscale": (True, True, True),
+        "gradient_checkpointing": True,
+        "pretrained_model_path": str(path),
+    }
     dst = build_taehv(cfg)
     assert dst.gradient_checkpointing
     for (k, a), b in zip(src.state_dict().items(), dst.state_dict().values()):
@@ -131,7 +157,9 @@ def test_wide_tgrow_weights_are_patched(tmp_path):
 def test_wrong_latent_channels_is_a_clear_error(tmp_path):
     path = tmp_path / "w16.pth"
     torch.save(TAEHV(latent_channels=16).state_dict(), path)
-    with pytest.raises(ModelError, match=r"encoder\.17\.weight.*\(16, 64, 3, 3\).*\(32, 64, 3, 3\).*latent_channels=16") as e:
+    with pytest.raises(
+        ModelError, match=r"encoder\.17\.weight.*\(16, 64, 3, 3\).*\(32, 64, 3, 3\).*latent_channels=16"
+    ) as e:
         load_taehv_state_dict(TAEHV(latent_channels=32), str(path))
     assert "\n" not in str(e.value)
     with pytest.raises(ModelError, match=r"patch_size=1"):

@@ -23,11 +23,31 @@ def start_nodes(tmp: Path, steps: int, port: int) -> list[subprocess.Popen]:
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
     procs = []
     for rank in (0, 1):
-        argv = [*CLI, "2", "cpu", "--num-nodes", "2", "--node-rank", str(rank), "--gpus-per-node", "1",
-                "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-name", "mn",
-                "--set", f"output_dir='{tmp / 'output'}'", *FAST, "--set", f"max_train_steps={steps}"]
-        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                      cwd=tmp))
+        argv = [
+            *CLI,
+            "2",
+            "cpu",
+            "--num-nodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--gpus-per-node",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--run-name",
+            "mn",
+            "--set",
+            f"output_dir='{tmp / 'output'}'",
+            *FAST,
+            "--set",
+            f"max_train_steps={steps}",
+        ]
+        procs.append(
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+        )
         time.sleep(1.0)
     return procs
 
@@ -38,15 +58,16 @@ def test_a_dead_rank_on_another_node_stops_the_job_within_60s(tmp_path):
     procs = start_nodes(tmp_path, 500, free_port())
     run = tmp_path / "output" / "mn"
     deadline = time.time() + 300
-    while time.time() < deadline and "step 2/" not in ((run / "launch.log").read_text(errors="replace")
-                                                       if (run / "launch.log").exists() else ""):
+    while time.time() < deadline and "step 2/" not in (
+        (run / "launch.log").read_text(errors="replace") if (run / "launch.log").exists() else ""
+    ):
         time.sleep(0.5)
     victim = None
     for p in psutil.Process(procs[1].pid).children(recursive=True):
         if any(c.endswith("train/main.py") for c in p.cmdline()) and "launch" not in p.cmdline():
             victim = p
     assert victim is not None, "node 1's trainer not found"
-    victim.send_signal(signal.SIGKILL)               # OOM-killer style: no cleanup, no marker
+    victim.send_signal(signal.SIGKILL)  # OOM-killer style: no cleanup, no marker
     t0 = time.time()
     out0, err0 = procs[0].communicate(timeout=120)
     elapsed = time.time() - t0
@@ -60,7 +81,7 @@ def test_a_dead_rank_on_another_node_stops_the_job_within_60s(tmp_path):
 # --- preempted and resumed (#28) ------------------------------------------------------------
 
 BIG = 100000
-REF_STEPS = 6     # the stop vote of several ranks is read one step after the signal (train/loop/speed.py)
+REF_STEPS = 6  # the stop vote of several ranks is read one step after the signal (train/loop/speed.py)
 
 
 class TwoNodes:
@@ -72,15 +93,45 @@ class TwoNodes:
         env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
         port, attempt = free_port(), len(list(tmp.glob(f"{name}.*.node0.out")))
         for rank in (0, 1):
-            argv = [*CLI, "2", "cpu", "--num-nodes", "2", "--node-rank", str(rank), "--gpus-per-node", "1",
-                    "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-name", name,
-                    "--set", f"output_dir='{tmp / 'output'}'", "--set", "log_every=1", "--set", "checkpointing_steps=2",
-                    "--set", "validation_steps=1000", "--set", "max_validation_batches=1",
-                    "--set", "lr_scheduler='constant'", "--set", "dataloader_num_workers=2", *args]
+            argv = [
+                *CLI,
+                "2",
+                "cpu",
+                "--num-nodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--gpus-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--run-name",
+                name,
+                "--set",
+                f"output_dir='{tmp / 'output'}'",
+                "--set",
+                "log_every=1",
+                "--set",
+                "checkpointing_steps=2",
+                "--set",
+                "validation_steps=1000",
+                "--set",
+                "max_validation_batches=1",
+                "--set",
+                "lr_scheduler='constant'",
+                "--set",
+                "dataloader_num_workers=2",
+                *args,
+            ]
             out, err = tmp / f"{name}.{attempt}.node{rank}.out", tmp / f"{name}.{attempt}.node{rank}.err"
             with open(out, "w") as o, open(err, "w") as e:
-                self.procs.append(subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env,
-                                                   cwd=tmp, start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, cwd=tmp, start_new_session=True
+                    )
+                )
             self.files.append((out, err))
 
     def text(self, rank: int) -> str:
@@ -97,7 +148,9 @@ class TwoNodes:
             for rank, p in enumerate(self.procs):
                 if p.poll() is not None:
                     self.kill()
-                    raise AssertionError(f"node {rank} exited {p.returncode} before {what!r}: {self.text(rank)[-3000:]}")
+                    raise AssertionError(
+                        f"node {rank} exited {p.returncode} before {what!r}: {self.text(rank)[-3000:]}"
+                    )
             time.sleep(0.1)
         self.kill()
         raise AssertionError(f"{what!r} not in node 0's launch.log in {timeout} s")
@@ -154,12 +207,12 @@ def test_two_nodes_train_together(together):
 
 
 def test_two_nodes_preempted_by_sigusr1_resume_with_the_same_losses(tmp_path, together):
-    ref, ref_codes = together                    # the uninterrupted run of the same settings
+    ref, ref_codes = together  # the uninterrupted run of the same settings
     job = TwoNodes(tmp_path, "pre", "--set", f"max_train_steps={BIG}")
     job.wait_log("checkpoint: checkpoint-2")
     pids = job.processes()
-    assert len(pids) >= 2 * 4, pids             # per node: launcher, torchrun, rank, 2 workers
-    for pid in pids:                             # SLURM's --signal=USR1@120: every process of the step at once
+    assert len(pids) >= 2 * 4, pids  # per node: launcher, torchrun, rank, 2 workers
+    for pid in pids:  # SLURM's --signal=USR1@120: every process of the step at once
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -176,13 +229,13 @@ def test_two_nodes_preempted_by_sigusr1_resume_with_the_same_losses(tmp_path, to
     resumed = TwoNodes(tmp_path, "pre", "--resume", "auto", "--set", f"max_train_steps={REF_STEPS}")
     codes = resumed.finish()
     assert codes == [0, 0], (codes, resumed.text(0)[-3000:], resumed.text(1)[-3000:])
-    assert f"checkpoint-{saved} at step {saved}" in resumed.text(0), resumed.text(0)[-3000:]   # the trainer's line
+    assert f"checkpoint-{saved} at step {saved}" in resumed.text(0), resumed.text(0)[-3000:]  # the trainer's line
     assert f"--resume {job.run / f'checkpoint-{saved}'}" in resumed.text(1), resumed.text(1)[-3000:]  # node 1's plan
     assert not (job.run / "REQUEUE").exists()
     assert ref_codes == [0, 0], ref.text(0)[-3000:]
     reference = scalars(ref.run)["train/loss"]
     assert [s for s, _ in reference] == list(range(1, REF_STEPS + 1))
     got = scalars(job.run)["train/loss"]
-    assert [s for s, _ in got] == list(range(1, REF_STEPS + 1)), got       # every step once, none lost
+    assert [s for s, _ in got] == list(range(1, REF_STEPS + 1)), got  # every step once, none lost
     for (step, a), (_, b) in zip(got, reference):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (step, a, b)

@@ -13,7 +13,7 @@ from conftest import clean_env, run_cli
 
 def checks(*args: str, env=None, cwd=None) -> tuple[int, dict[str, dict]]:
     proc = run_cli("validate-env", *args, "--json", env=env, cwd=cwd)
-    data = json.loads(proc.stdout)            # stdout is one JSON object and nothing else
+    data = json.loads(proc.stdout)  # stdout is one JSON object and nothing else
     assert "Traceback" not in proc.stderr
     return proc.returncode, {c["name"]: c for c in data["checks"]}
 
@@ -70,7 +70,7 @@ def _tiny_wan(tmp_path: Path) -> list[str]:
     return ["--set", "ref_vae_type='wan'", "--set", f"ref_vae_path='{vae}'", "--set", f"output_dir='{tmp_path}'"]
 
 
-@pytest.mark.slow   # each validate-env that loads the models takes ~6 s; the fast suite has the fail paths below
+@pytest.mark.slow  # each validate-env that loads the models takes ~6 s; the fast suite has the fail paths below
 def test_model_checks_pass_on_a_real_folder(tmp_path):
     code, c = checks("1", "cpu", *_tiny_wan(tmp_path))
     assert c["reference VAE"]["status"] == "PASS" and "(1, 3, 4, 8, 8)" in c["reference VAE"]["detail"]
@@ -78,9 +78,18 @@ def test_model_checks_pass_on_a_real_folder(tmp_path):
 
 def test_model_checks_load_real_folders_and_name_the_fix(tmp_path):
     # both fail paths in one call: the reference VAE loads and has 4 channels, not 16; no TAEHV weights file
-    code, c = checks("1", "cpu", *_tiny_wan(tmp_path), "--set", "latent_channels=16",
-                     "--set", f"pretrained_model_path='{tmp_path / 'nope.pth'}'")
-    assert code == 1 and c["reference VAE"]["status"] == "FAIL" and c["reference VAE"]["fix"] == "--set latent_channels=4"
+    code, c = checks(
+        "1",
+        "cpu",
+        *_tiny_wan(tmp_path),
+        "--set",
+        "latent_channels=16",
+        "--set",
+        f"pretrained_model_path='{tmp_path / 'nope.pth'}'",
+    )
+    assert (
+        code == 1 and c["reference VAE"]["status"] == "FAIL" and c["reference VAE"]["fix"] == "--set latent_channels=4"
+    )
     assert c["pretrained TAEHV"]["status"] == "FAIL"
 
 
@@ -101,8 +110,19 @@ def test_multi_node_master_checks(tmp_path):
     from conftest import free_port
 
     closed = free_port()
-    base = ["2", "cpu", "--quick", "--num-nodes", "2", "--gpus-per-node", "1", "--master-addr", "127.0.0.1",
-            "--set", f"output_dir='{tmp_path}'"]
+    base = [
+        "2",
+        "cpu",
+        "--quick",
+        "--num-nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--set",
+        f"output_dir='{tmp_path}'",
+    ]
     code, c = checks(*base, "--node-rank", "1", "--master-port", str(closed))
     assert c["master reachable"]["status"] == "WARN" and f"127.0.0.1:{closed}" in c["master reachable"]["detail"]
     with socket.socket() as s:

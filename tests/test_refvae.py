@@ -21,7 +21,7 @@ from taehv_launch.plan import families
 from taehv_launch.train.reference.refvae import load_reference_vae
 from taehv_launch.train.data.synthetic import make_tiny_ref_vae
 
-FAMILIES = tuple(families.FAMILIES)   # every family record is tested
+FAMILIES = tuple(families.FAMILIES)  # every family record is tested
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -123,7 +123,7 @@ def _encoder_dependence(encode, x):
     return out
 
 
-CAUSAL_ENC = [[0, 1, 2]] + [[1, 2]] * 4 + [[2]] * 4 + [[]] * 3    # 1 + 4k: latent k sees frames <= 4k
+CAUSAL_ENC = [[0, 1, 2]] + [[1, 2]] * 4 + [[2]] * 4 + [[]] * 3  # 1 + 4k: latent k sees frames <= 4k
 CAUSAL_DEC = [list(range(0, 9)), list(range(1, 9)), list(range(5, 9))]  # latent k first shows at frame 4k-3
 
 
@@ -159,6 +159,7 @@ def test_cogvideox_regroups_even_frame_counts(vae_dirs, monkeypatch):
 
 
 # --- batching, normalisation, dtypes --------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_chunked_encode_equals_unchunked(vae_dirs, kind):
@@ -204,6 +205,7 @@ def test_causal_frames():
 
 
 # --- errors ---------------------------------------------------------------------------
+
 
 def test_missing_folder(tmp_path):
     with pytest.raises(ModelError, match="reference VAE folder not found: .*nowhere"):
@@ -272,8 +274,10 @@ def test_unknown_family(vae_dirs):
 
 # ----------------------------------------------------------------------------- channels-last encoder (speed)
 
-@pytest.mark.parametrize("shape,groups,affine", [((2, 16, 5, 12, 10), 4, True), ((1, 8, 3, 8, 8), 8, False),
-                                                 ((2, 6, 1, 4, 4), 1, True)])
+
+@pytest.mark.parametrize(
+    "shape,groups,affine", [((2, 16, 5, 12, 10), 4, True), ((1, 8, 3, 8, 8), 8, False), ((2, 6, 1, 4, 4), 1, True)]
+)
 def test_channels_last_group_norm_is_torchs_group_norm(shape, groups, affine):
     from taehv_launch.train.reference.refopt import ChannelsLastGroupNorm
 
@@ -283,12 +287,12 @@ def test_channels_last_group_norm_is_torchs_group_norm(shape, groups, affine):
         nn.init.normal_(ref.weight), nn.init.normal_(ref.bias)
     ours = ChannelsLastGroupNorm(groups, shape[1], affine=affine)
     ours.load_state_dict(ref.state_dict())
-    x = torch.randn(shape) * 3 + 5                        # an offset mean: the variance must not cancel
+    x = torch.randn(shape) * 3 + 5  # an offset mean: the variance must not cancel
     want = ref(x)
     got = ours(x.contiguous(memory_format=torch.channels_last_3d))
     assert got.is_contiguous(memory_format=torch.channels_last_3d) and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours(x), want)            # NCDHW input: torch's own path
+    torch.testing.assert_close(ours(x), want)  # NCDHW input: torch's own path
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
@@ -312,9 +316,9 @@ def test_compile_reference_goes_channels_last_when_asked(vae_dirs, kind):
     from taehv_launch.train.loop.speed import compile_reference
 
     vae = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu")
-    compile_reference(vae, channels_last=True)            # wraps lazily: nothing compiles until a call
+    compile_reference(vae, channels_last=True)  # wraps lazily: nothing compiles until a call
     assert vae.channels_last
-    compile_reference(vae, channels_last=False)           # compiled again from the original module
+    compile_reference(vae, channels_last=False)  # compiled again from the original module
     assert not hasattr(vae.model.encoder._orig_mod, "_orig_mod")
     off = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu")
     compile_reference(off, channels_last=False)
@@ -333,7 +337,7 @@ def test_replicate_time_padding_gives_the_same_latents(vae_dirs, kind):
     changed = replicate_time_padding(vae.model.encoder)
     assert (changed > 0) == (kind == "cogvideox")
     assert torch.equal(vae.encode(frames), want)
-    assert replicate_time_padding(vae.model.encoder) == 0            # once only
+    assert replicate_time_padding(vae.model.encoder) == 0  # once only
     channels_last_encoder(vae.model.encoder)
     vae.channels_last = True
     torch.testing.assert_close(vae.encode(frames), want, rtol=1e-4, atol=1e-4)

@@ -31,7 +31,7 @@ def test_rendered_files_pass_the_tools_validators(tmp_path, profile, gpus):
         check_deepspeed_config(rendered.deepspeed, plan.world_size)
         assert rendered.deepspeed["zero_optimization"]["stage"] == plan.config["zero_stage"]
         assert rendered.deepspeed["train_batch_size"] == plan.global_batch_size
-        assert "mixed_precision" not in rendered.accelerate   # accelerate refuses it beside a DS config file
+        assert "mixed_precision" not in rendered.accelerate  # accelerate refuses it beside a DS config file
         assert rendered.deepspeed["gradient_clipping"] == plan.config["max_grad_norm"]
 
 
@@ -39,7 +39,7 @@ def test_deepspeed_validator_catches_bad_batch_arithmetic():
     plan = plan_for(16)
     ds = render(plan, Path("/x"), env={}, cpu_count=1).deepspeed
     with pytest.raises(ConfigError, match="DeepSpeed rejects"):
-        check_deepspeed_config(ds, world_size=8)          # 128 != 8 x 1 x 8
+        check_deepspeed_config(ds, world_size=8)  # 128 != 8 x 1 x 8
 
 
 def test_accelerate_validator_catches_unknown_keys(tmp_path):

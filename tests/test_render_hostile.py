@@ -41,8 +41,8 @@ HOSTILE = {
     "controls": "\x7f\x1b[31m\t\x9b",
     "backslash": "\\\n\\",
     "spaces": "  padded  ",
-    "long": "x" * 3000,                # one name over 255 bytes: no file system takes it as a folder
-    "long path": "/folder" * 400,       # 2800 characters in names of 6: a path Linux can open
+    "long": "x" * 3000,  # one name over 255 bytes: no file system takes it as a folder
+    "long path": "/folder" * 400,  # 2800 characters in names of 6: a path Linux can open
     "not utf-8": "\udcff",
 }
 # fields whose value is quoted into the file: only a NUL byte, bytes that are not UTF-8 or (all of
@@ -51,8 +51,7 @@ QUOTED = {"data_root": ("long",), "ref_vae_path": ("long",), "annotation_file": 
 REFUSED_ANYWHERE = ("nul", "not utf-8")
 IN_ARGV = ("data_root", "ref_vae_path", "annotation_file", "output_dir", "config", "run_name", "mount")
 COMMON = ("data_root", "ref_vae_path", "annotation_file", "output_dir", "config", "job_name", "run_name")
-FIELDS = {"slurm": (*COMMON, "partition", "account", "time"),
-          "k8s": (*COMMON, "image", "pvc", "namespace", "mount")}
+FIELDS = {"slurm": (*COMMON, "partition", "account", "time"), "k8s": (*COMMON, "image", "pvc", "namespace", "mount")}
 SRUN = """#!/bin/bash
 # stand-in srun: its options, then the command's argv NUL-separated (no argv can hold a NUL)
 while [[ "$1" == --* ]]; do shift; done
@@ -63,8 +62,13 @@ SCONTROL = '#!/bin/bash\necho "$@" >> "$FAKE_OUT/scontrol"\n'
 
 def _request(kind: str, field: str, value: str, tmp: Path) -> tuple[list[str], dict]:
     """The render arguments with `value` in `field`, and what the job must then carry."""
-    want = {"sets": {"data_root": "/d", "ref_vae_path": "/v"}, "output_dir": "/shared/runs", "config": None,
-            "mount": "/shared", "run_name": None}
+    want = {
+        "sets": {"data_root": "/d", "ref_vae_path": "/v"},
+        "output_dir": "/shared/runs",
+        "config": None,
+        "mount": "/shared",
+        "run_name": None,
+    }
     opts: dict[str, str] = {}
     if field in ("data_root", "ref_vae_path", "annotation_file"):
         want["sets"][field] = "/x" + value
@@ -78,7 +82,7 @@ def _request(kind: str, field: str, value: str, tmp: Path) -> tuple[list[str], d
         try:
             path.write_text("args = {'max_train_steps': 7}\n")
         except (OSError, ValueError, UnicodeError):
-            pass                                 # a name no file can have: render must still refuse it in one line
+            pass  # a name no file can have: render must still refuse it in one line
         want["config"] = str(path)
     elif field == "run_name":
         want["run_name"] = "r" + value
@@ -119,7 +123,7 @@ def _node_plan(argv: list[str], env: dict[str, str]) -> dict:
 def _plan_ok(plan: dict, want: dict) -> None:
     assert plan["config"]["output_dir"] == want["output_dir"]
     for key, val in want["sets"].items():
-        assert plan["config"][key] == parse_set(f"{key}={val}")[1]      # --set strips the value, as render did
+        assert plan["config"][key] == parse_set(f"{key}={val}")[1]  # --set strips the value, as render did
     if want["run_name"]:
         assert Path(plan["run_dir"]) == Path(want["output_dir"]) / want["run_name"]
 
@@ -129,9 +133,9 @@ def _check_slurm(text: str, want: dict, tmp: Path) -> None:
     lines = text.split("\n")
     directives = [i for i, line in enumerate(lines) if line.startswith("#SBATCH ")]
     first_code = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
-    assert lines[0] == "#!/bin/bash" and all(line.startswith("# ") for line in lines[1:directives[0]])
+    assert lines[0] == "#!/bin/bash" and all(line.startswith("# ") for line in lines[1 : directives[0]])
     assert directives == list(range(directives[0], directives[-1] + 1)) and directives[-1] < first_code
-    assert not any(line.lstrip().startswith("#SBATCH") for line in lines[first_code:])   # no value makes a line
+    assert not any(line.lstrip().startswith("#SBATCH") for line in lines[first_code:])  # no value makes a line
     for key, val in want["opts"].items():
         assert f"#SBATCH --{key}={val}" in lines
     work, out, bin_dir = tmp / "cwd", tmp / "out", tmp / "bin"
@@ -142,17 +146,32 @@ def _check_slurm(text: str, want: dict, tmp: Path) -> None:
         (bin_dir / name).chmod(0o755)
     script = tmp / "job.sbatch"
     script.write_text(text)
-    env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_OUT=str(out), SLURM_JOB_ID="4242",
-                    SLURM_JOB_NUM_NODES="2", SLURM_NNODES="2", SLURM_JOB_NODELIST="gpu[1-2]", SLURM_CPUS_ON_NODE="8", LC_ALL="C")    # $'...' must mean the same bytes in any locale
+    env = clean_env(
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        FAKE_OUT=str(out),
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="gpu[1-2]",
+        SLURM_CPUS_ON_NODE="8",
+        LC_ALL="C",
+    )  # $'...' must mean the same bytes in any locale
     proc = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert proc.stdout.startswith("taehv-launch: job 4242,") and proc.stdout.count("\n") == 1, proc.stdout
-    assert list(work.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == ["argv"]   # nothing else ran
+    assert list(work.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == ["argv"]  # nothing else ran
     argv = (out / "argv").read_bytes().split(b"\0")[:-1]
     argv = [os.fsdecode(a) for a in argv]
     _argv_ok(argv, want)
-    slurm_node = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "0",
-                  "SLURM_STEP_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]", "MASTER_PORT": "24242"}
+    slurm_node = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": "gpu[1-2]",
+        "MASTER_PORT": "24242",
+    }
     if want["field"] in IN_ARGV:
         _plan_ok(_node_plan(argv, slurm_node), want)
 
@@ -179,7 +198,7 @@ def _check_k8s(text: str, want: dict) -> None:
             kubernetes_validate.validate(doc, "1.37", strict=True)
     env = {e["name"]: e.get("value", "") for e in container["env"]}
     env["JOB_NAME"] = env["JOB_NAME"].replace("$(JOB_UID)", "0f1e2d3c-uid")
-    if want["field"] in ("mount", "run_name"):     # the other argv fields: the SLURM case runs the same argv
+    if want["field"] in ("mount", "run_name"):  # the other argv fields: the SLURM case runs the same argv
         _plan_ok(_node_plan(container["command"], env | {"JOB_COMPLETION_INDEX": "0"}), want)
 
 
@@ -194,10 +213,10 @@ def test_a_hostile_value_is_refused_in_one_line_or_carried_exactly(tmp_path, kin
     if proc.returncode != 0:
         assert_one_line_error(proc, ".")
         if field in QUOTED:
-            assert name in REFUSED_ANYWHERE + QUOTED[field], proc.stderr      # quoting works for everything else
+            assert name in REFUSED_ANYWHERE + QUOTED[field], proc.stderr  # quoting works for everything else
         return
     assert proc.stderr == "" and "\0" not in proc.stdout
-    proc.stdout.encode("utf-8")               # the file is text
+    proc.stdout.encode("utf-8")  # the file is text
     if kind == "slurm":
         _check_slurm(proc.stdout, want, tmp_path)
     else:
@@ -217,23 +236,43 @@ def test_the_reported_injection_is_inert(tmp_path):
     _check_k8s(proc.stdout, want)
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--partition", "gpu\n#SBATCH --x"], r"--partition 'gpu\\n#SBATCH --x' cannot go on an #SBATCH line"),
-    (["--account", "a b"], "--account 'a b' cannot go on an #SBATCH line"),
-    (["--time", "1:00 #"], "--time '1:00 #' cannot go on an #SBATCH line"),
-    (["--set", "data_root=/d\0x"], "contains a NUL byte, which no command line can carry"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--partition", "gpu\n#SBATCH --x"], r"--partition 'gpu\\n#SBATCH --x' cannot go on an #SBATCH line"),
+        (["--account", "a b"], "--account 'a b' cannot go on an #SBATCH line"),
+        (["--time", "1:00 #"], "--time '1:00 #' cannot go on an #SBATCH line"),
+        (["--set", "data_root=/d\0x"], "contains a NUL byte, which no command line can carry"),
+    ],
+)
 def test_refusals_name_the_option(args, match):
     base = ["render", "slurm", "16", "h100", "--output-dir", "/s", "--set", "data_root=/d", "--set", "ref_vae_path=/v"]
     assert_one_line_error(run_cli_here(*base, *args), match)
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--pvc", "My_Claim"], "--pvc 'My_Claim' is not a DNS subdomain"),
-    (["--namespace", "ml\nx"], "--namespace 'ml\\\\nx' is not a DNS label"),
-    (["--image", "img:1 --privileged"], "--image 'img:1 --privileged' is not an image reference"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--pvc", "My_Claim"], "--pvc 'My_Claim' is not a DNS subdomain"),
+        (["--namespace", "ml\nx"], "--namespace 'ml\\\\nx' is not a DNS label"),
+        (["--image", "img:1 --privileged"], "--image 'img:1 --privileged' is not an image reference"),
+    ],
+)
 def test_k8s_names_are_checked(args, match):
-    base = ["render", "k8s", "16", "h100", "--output-dir", "/shared/r", "--set", "data_root=/d", "--set",
-            "ref_vae_path=/v", "--image", "i", "--pvc", "c"]
+    base = [
+        "render",
+        "k8s",
+        "16",
+        "h100",
+        "--output-dir",
+        "/shared/r",
+        "--set",
+        "data_root=/d",
+        "--set",
+        "ref_vae_path=/v",
+        "--image",
+        "i",
+        "--pvc",
+        "c",
+    ]
     assert_one_line_error(run_cli_here(*base, *args), match)

@@ -42,9 +42,16 @@ def test_h100_rows_match_the_seed_table(gpus):
     assert plan.topology.num_machines == nodes
     assert (c["micro_batch_size"], c["gradient_accumulation_steps"], plan.global_batch_size) == (micro, accum, glob)
     assert c["learning_rate"] == pytest.approx(lr)
-    assert (c["lr_warmup_steps"], c["zero_stage"], c["checkpointing_steps"], c["validation_steps"],
-            c["log_every"], c["dataloader_num_workers"], c["prefetch_factor"], c["nccl_timeout"]) == \
-        (warm, zero, ckpt, val, log, workers, prefetch, timeout)
+    assert (
+        c["lr_warmup_steps"],
+        c["zero_stage"],
+        c["checkpointing_steps"],
+        c["validation_steps"],
+        c["log_every"],
+        c["dataloader_num_workers"],
+        c["prefetch_factor"],
+        c["nccl_timeout"],
+    ) == (warm, zero, ckpt, val, log, workers, prefetch, timeout)
     assert (c["height"], c["width"], c["n_frames"], c["max_train_steps"]) == (480, 720, 12, 100_000)
     assert (c["adam_beta1"], c["adam_beta2"], c["adam_weight_decay"], c["max_grad_norm"]) == (0.9, 0.95, 1e-2, 1.0)
     assert plan.row_source == f"table row: the seeds' H100 table, {gpus} GPU{'s' if gpus > 1 else ''}"
@@ -54,8 +61,10 @@ def test_table_has_exactly_the_seed_rows():
     assert [r.gpus for r in H100_ROWS] == sorted(SEED_H100)
 
 
-@pytest.mark.parametrize("gpus,accum,glob,lr", [(1, 64, 128, 1e-4), (8, 8, 128, 1e-4), (16, 4, 128, 1e-4),
-                                                (48, 3, 288, 2.16e-4), (64, 2, 256, 2e-4)])
+@pytest.mark.parametrize(
+    "gpus,accum,glob,lr",
+    [(1, 64, 128, 1e-4), (8, 8, 128, 1e-4), (16, 4, 128, 1e-4), (48, 3, 288, 2.16e-4), (64, 2, 256, 2e-4)],
+)
 def test_a800_keeps_the_global_batch_with_micro_2(gpus, accum, glob, lr):
     plan = plan_for(gpus, "a800")
     assert plan.config["micro_batch_size"] == 2
@@ -67,8 +76,10 @@ def test_a800_keeps_the_global_batch_with_micro_2(gpus, accum, glob, lr):
 
 
 # 2-7 GPUs take the 1-GPU row's DDP (zero_stage=0): on 2 x H200 DDP ran as fast as ZeRO-2 (docs/benchmarks.md)
-@pytest.mark.parametrize("gpus,micro,accum,glob,zero", [(2, 8, 8, 128, 0), (4, 8, 4, 128, 0), (3, 8, 5, 120, 0),
-                                                        (32, 8, 1, 256, 0), (24, 8, 1, 192, 0)])
+@pytest.mark.parametrize(
+    "gpus,micro,accum,glob,zero",
+    [(2, 8, 8, 128, 0), (4, 8, 4, 128, 0), (3, 8, 5, 120, 0), (32, 8, 1, 256, 0), (24, 8, 1, 192, 0)],
+)
 def test_other_counts_follow_the_documented_rule(gpus, micro, accum, glob, zero):
     plan = plan_for(gpus)
     assert (plan.config["micro_batch_size"], plan.config["gradient_accumulation_steps"]) == (micro, accum)
@@ -78,13 +89,19 @@ def test_other_counts_follow_the_documented_rule(gpus, micro, accum, glob, zero)
     assert plan.row_source.startswith("derived from the")
 
 
-@pytest.mark.parametrize("args,rows", [
-    (("16", "h100"), "table row: the seeds' H100 table, 16 GPUs"),
-    (("2", "cpu"), "table row: the cpu demo's table, 2 processes"),
-    (("48", "a800"), "table row: the seeds' H100 table, 48 GPUs; a800: micro 2, accumulation 3 gives 288"),
-    (("24", "h100"), "derived from the 16-GPU row of the seeds' H100 table by the rule in docs/profiles.md: micro 8, "
-                     "accumulation 1 for a global batch near 128 (192), LR 0.00015 scaled linearly from 0.0001 at 128"),
-])
+@pytest.mark.parametrize(
+    "args,rows",
+    [
+        (("16", "h100"), "table row: the seeds' H100 table, 16 GPUs"),
+        (("2", "cpu"), "table row: the cpu demo's table, 2 processes"),
+        (("48", "a800"), "table row: the seeds' H100 table, 48 GPUs; a800: micro 2, accumulation 3 gives 288"),
+        (
+            ("24", "h100"),
+            "derived from the 16-GPU row of the seeds' H100 table by the rule in docs/profiles.md: micro 8, "
+            "accumulation 1 for a global batch near 128 (192), LR 0.00015 scaled linearly from 0.0001 at 128",
+        ),
+    ],
+)
 def test_the_plan_says_which_row_and_where_it_comes_from(args, rows):
     """The dry run's rows line used to say only "table row" (#29 item 9)."""
     from conftest import run_cli_here
@@ -96,8 +113,8 @@ def test_the_plan_says_which_row_and_where_it_comes_from(args, rows):
 
 
 def test_timeouts_by_node_count():
-    assert plan_for(32).config["nccl_timeout"] == 7200      # 4 nodes
-    assert plan_for(56).config["nccl_timeout"] == 10800     # 7 nodes
+    assert plan_for(32).config["nccl_timeout"] == 7200  # 4 nodes
+    assert plan_for(56).config["nccl_timeout"] == 10800  # 7 nodes
     assert plan_for(2).config["nccl_timeout"] == 3600
 
 
@@ -111,15 +128,17 @@ def test_cpu_profile_is_small_and_ddp():
 
 def test_precedence_set_over_file_over_profile(tmp_path):
     cfg = tmp_path / "my.py"
-    cfg.write_text("from easydict import EasyDict\nargs = EasyDict()\nargs.learning_rate = 3e-4\n"
-                   "args.n_frames = 24\nargs.use_flash_attention = True\n")
+    cfg.write_text(
+        "from easydict import EasyDict\nargs = EasyDict()\nargs.learning_rate = 3e-4\n"
+        "args.n_frames = 24\nargs.use_flash_attention = True\n"
+    )
     loaded = load_config_file(cfg)
     file_values, notes = loaded.values, loaded.notes
     assert any("use_flash_attention" in n for n in notes)
     plan = plan_for(8, file_values=file_values, set_values=dict([parse_set("learning_rate=2e-4")]))
-    assert plan.config["learning_rate"] == 2e-4            # --set wins
-    assert plan.config["n_frames"] == 24                   # file beats profile
-    assert plan.config["micro_batch_size"] == 8            # profile row kept
+    assert plan.config["learning_rate"] == 2e-4  # --set wins
+    assert plan.config["n_frames"] == 24  # file beats profile
+    assert plan.config["micro_batch_size"] == 8  # profile row kept
 
 
 def test_plain_assignment_config_file(tmp_path):
@@ -129,14 +148,17 @@ def test_plain_assignment_config_file(tmp_path):
     assert values == {"learning_rate": 5e-5, "height": 256}
 
 
-@pytest.mark.parametrize("item,match", [
-    ("learning_rat=1e-4", "did you mean learning_rate"),
-    ("n_frames=12.5", "n_frames must be int"),
-    ("use_seraena=1", "use_seraena must be bool"),
-    ("zero_stage=5", "not one of"),
-    ("learning_rate", "not KEY=VALUE"),
-    ("=3", "has no key"),
-])
+@pytest.mark.parametrize(
+    "item,match",
+    [
+        ("learning_rat=1e-4", "did you mean learning_rate"),
+        ("n_frames=12.5", "n_frames must be int"),
+        ("use_seraena=1", "use_seraena must be bool"),
+        ("zero_stage=5", "not one of"),
+        ("learning_rate", "not KEY=VALUE"),
+        ("=3", "has no key"),
+    ],
+)
 def test_bad_set_values(item, match):
     with pytest.raises(ConfigError, match=match):
         parse_set(item)
@@ -144,16 +166,19 @@ def test_bad_set_values(item, match):
 
 def test_set_never_evaluates_code():
     name, value = parse_set("data_root=__import__('os').getcwd()")
-    assert value == "__import__('os').getcwd()"    # a plain string, not executed
+    assert value == "__import__('os').getcwd()"  # a plain string, not executed
 
 
-@pytest.mark.parametrize("sets,match", [
-    ({"n_frames": 20}, "multiple of 12"),
-    ({"height": 100}, "multiple of 8"),
-    ({"min_frame_delta": 3, "max_frame_delta": 2}, "min_frame_delta"),
-    ({"micro_batch_size": 0}, "at least 1"),
-    ({"decoder_time_upscale": (True,)}, "three booleans"),
-])
+@pytest.mark.parametrize(
+    "sets,match",
+    [
+        ({"n_frames": 20}, "multiple of 12"),
+        ({"height": 100}, "multiple of 8"),
+        ({"min_frame_delta": 3, "max_frame_delta": 2}, "min_frame_delta"),
+        ({"micro_batch_size": 0}, "at least 1"),
+        ({"decoder_time_upscale": (True,)}, "three booleans"),
+    ],
+)
 def test_cross_field_checks(sets, match):
     with pytest.raises(ConfigError, match=match):
         plan_for(8, set_values=sets)
@@ -205,9 +230,11 @@ def test_the_seeds_train_batch_size_is_micro_batch_size(tmp_path):
 
 
 def test_the_plan_says_which_strategy_and_why():
-    assert plan_for(16).strategy.startswith("plain DDP (zero_stage=0): the fastest per GPU measured for this model "
-                                            "(ZeRO-1/2/3 ran at 96.5/96.7/90.0% of its speed;")
+    assert plan_for(16).strategy.startswith(
+        "plain DDP (zero_stage=0): the fastest per GPU measured for this model "
+        "(ZeRO-1/2/3 ran at 96.5/96.7/90.0% of its speed;"
+    )
     asked = plan_for(64, set_values={"zero_stage": 3})
-    assert asked.config["zero_stage"] == 3 and asked.uses_deepspeed          # exactly what was asked
+    assert asked.config["zero_stage"] == 3 and asked.uses_deepspeed  # exactly what was asked
     assert asked.strategy.startswith("ZeRO-3, as asked: measured at 90.0% of the row's plain DDP speed per GPU")
     assert plan_for(1, "cpu").strategy == ""

@@ -29,7 +29,7 @@ def test_resume_auto_takes_the_newest_complete_and_says_what_it_skipped(tmp_path
     fake_checkpoint(run, 10)
     fake_checkpoint(run, 20, complete=False)
     ck30 = fake_checkpoint(run, 30)
-    (ck30 / "trainer_state.json").unlink()            # listed in COMPLETE but gone
+    (ck30 / "trainer_state.json").unlink()  # listed in COMPLETE but gone
     found, notes = resolve_resume("auto", tmp_path / "output", run)
     assert found == run / "checkpoint-10"
     assert any("checkpoint-30" in n and "missing" in n for n in notes)
@@ -49,7 +49,7 @@ def test_rotation_keeps_the_newest_and_the_best(tmp_path):
 
     for step in (10, 20, 30, 40, 50):
         fake_checkpoint(tmp_path, step)
-    fake_checkpoint(tmp_path, 60, complete=False)     # newest, but incomplete: not counted, not deleted
+    fake_checkpoint(tmp_path, 60, complete=False)  # newest, but incomplete: not counted, not deleted
     removed = rotate(tmp_path, keep=2, best_step=10)
     assert sorted(removed) == ["checkpoint-20", "checkpoint-30", "checkpoint-40"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-50", "checkpoint-60"]
@@ -79,8 +79,19 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
 def test_same_seed_same_curve_other_seed_differs(tmp_path):
     runs = {}
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):
-        proc, run = launch(tmp_path, 1, "--set", "max_train_steps=3", "--set", f"seed={seed}",
-                           "--set", "validation_steps=100", "--set", "checkpointing_steps=100", run_name=name)
+        proc, run = launch(
+            tmp_path,
+            1,
+            "--set",
+            "max_train_steps=3",
+            "--set",
+            f"seed={seed}",
+            "--set",
+            "validation_steps=100",
+            "--set",
+            "checkpointing_steps=100",
+            run_name=name,
+        )
         ok(proc)
         runs[name] = [v for _, v in scalars(run)["train/loss"]]
     assert runs["a"] == pytest.approx(runs["b"], rel=1e-5)
@@ -112,10 +123,13 @@ def test_checkpoint_without_portable_state_on_another_layout_is_refused_before_a
     (ck / COMPLETE).write_text(json.dumps({"step": 4, "files": ["trainer_state.json"]}))
     before = sorted(p.name for p in run.iterdir())
     proc, _ = launch(tmp_path, 1, "--resume", "auto", run_name="ds")
-    assert_one_line_error(proc, r"2 process\(es\) with ZeRO-2 and has no world-size-free state "
-                                r"\(model\.safetensors, optimizer\.safetensors missing\).*zero_stage=2.*"
-                                r"pretrained_model_path")
-    assert sorted(p.name for p in run.iterdir()) == before      # nothing written into the run
+    assert_one_line_error(
+        proc,
+        r"2 process\(es\) with ZeRO-2 and has no world-size-free state "
+        r"\(model\.safetensors, optimizer\.safetensors missing\).*zero_stage=2.*"
+        r"pretrained_model_path",
+    )
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing written into the run
 
 
 def test_layout_change_note_says_what_carries_over(tmp_path):
@@ -144,9 +158,9 @@ def _assert_state_carried(run: Path, before: int, after: int) -> None:
 
     cfg = trainer_state(run / f"checkpoint-{after}")["config"]
     got = carried_over(run / f"checkpoint-{before}", run / f"checkpoint-{after}", cfg["adam_beta1"], cfg["adam_beta2"])
-    assert (got["step_before"], got["step_after"]) == (before, after)     # AdamW's step (bias correction) went on
-    assert got["max_weight_change"] < 1e-6, got                           # the weights are the resumed ones
-    assert got["moment_mismatch"] < 1e-4, got                             # one AdamW update from the saved moments
+    assert (got["step_before"], got["step_after"]) == (before, after)  # AdamW's step (bias correction) went on
+    assert got["max_weight_change"] < 1e-6, got  # the weights are the resumed ones
+    assert got["moment_mismatch"] < 1e-4, got  # one AdamW update from the saved moments
     # EMA: one update from the saved EMA towards the (unchanged) weights
     e0, e1 = (load_file(str(run / f"checkpoint-{s}" / "ema.safetensors")) for s in (before, after))
     w = load_file(str(run / f"checkpoint-{after}" / "model.safetensors"))
@@ -160,20 +174,35 @@ LAYOUTS = [((2, 2), (1, 3)), ((1, 3), (2, 2)), ((1, 0), (2, 0)), ((2, 3), (2, 0)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("first,second", LAYOUTS,
-                         ids=[f"{a}x{'z' + str(b) if b else 'ddp'}-{c}x{'z' + str(d) if d else 'ddp'}"
-                              for (a, b), (c, d) in LAYOUTS])
+@pytest.mark.parametrize(
+    "first,second",
+    LAYOUTS,
+    ids=[f"{a}x{'z' + str(b) if b else 'ddp'}-{c}x{'z' + str(d) if d else 'ddp'}" for (a, b), (c, d) in LAYOUTS],
+)
 def test_resume_on_another_world_size_and_zero_stage(tmp_path, first, second):
     """A checkpoint written by N ranks with one ZeRO stage resumes on M ranks with another:
     weights, AdamW moments and step, EMA, schedule and data position carry over."""
     (w1, z1), (w2, z2) = first, second
-    proc, run = launch(tmp_path, w1, "--set", "max_train_steps=2", "--set", f"zero_stage={z1}",
-                       "--set", "validation_steps=100")
+    proc, run = launch(
+        tmp_path, w1, "--set", "max_train_steps=2", "--set", f"zero_stage={z1}", "--set", "validation_steps=100"
+    )
     ok(proc)
-    proc, _ = launch(tmp_path, w2, "--resume", "auto", "--set", "max_train_steps=3", "--set", f"zero_stage={z2}",
-                     "--set", "validation_steps=100", "--set", "learning_rate=1e-12")
+    proc, _ = launch(
+        tmp_path,
+        w2,
+        "--resume",
+        "auto",
+        "--set",
+        "max_train_steps=3",
+        "--set",
+        f"zero_stage={z2}",
+        "--set",
+        "validation_steps=100",
+        "--set",
+        "learning_rate=1e-12",
+    )
     ok(proc)
-    layout = (lambda w, z: f"{w} process(es) with {'ZeRO-' + str(z) if z else 'DDP'}")
+    layout = lambda w, z: f"{w} process(es) with {'ZeRO-' + str(z) if z else 'DDP'}"
     assert f"was written by {layout(w1, z1)}, this run has {layout(w2, z2)}" in proc.stdout
     assert "at step 2" in proc.stdout and f"processes {w2}" in proc.stdout
     assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3]
@@ -192,8 +221,9 @@ def test_zero_stage_change_continues_the_same_curve(tmp_path):
     ok(proc)
     proc, part = launch(tmp_path, 2, *common, "--set", "max_train_steps=2", "--set", "zero_stage=2", run_name="part")
     ok(proc)
-    proc, _ = launch(tmp_path, 2, *common, "--set", "max_train_steps=4", "--set", "zero_stage=3", "--resume", "auto",
-                     run_name="part")
+    proc, _ = launch(
+        tmp_path, 2, *common, "--set", "max_train_steps=4", "--set", "zero_stage=3", "--resume", "auto", run_name="part"
+    )
     ok(proc)
     assert "ZeRO-2, this run has 2 process(es) with ZeRO-3" in proc.stdout
     a, b = scalars(full)["train/loss"], scalars(part)["train/loss"]
@@ -213,8 +243,11 @@ def test_portable_state_files_and_the_carried_over_measure(tmp_path):
     b1, b2 = 0.9, 0.95
     w = {"taehv.w": torch.randn(5, 3)}
     m, v, g = torch.randn(5, 3), torch.rand(5, 3), torch.randn(5, 3)
-    states = {"a": (m, v, 4), "b": (b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g, 5),
-              "fresh": ((1 - b1) * g, (1 - b2) * g * g, 5)}
+    states = {
+        "a": (m, v, 4),
+        "b": (b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g, 5),
+        "fresh": ((1 - b1) * g, (1 - b2) * g * g, 5),
+    }
     for name, (mm, vv, step) in states.items():
         (tmp_path / name).mkdir()
         portable.save(tmp_path / name, (w, {"exp_avg/taehv.w": mm, "exp_avg_sq/taehv.w": vv}, step))
@@ -273,15 +306,19 @@ def test_a_flipped_byte_is_refused_and_auto_resume_falls_back(tmp_path):
     older = real_checkpoint(run, 2)
     newer = real_checkpoint(run, 4)
     flip_a_byte(newer / "model.safetensors")
-    assert newest_complete(run)[0] == newer                  # same size: the cheap listing cannot tell
-    with pytest.raises(CheckpointError, match=r"checkpoint-4 is damaged: model\.safetensors does not match "
-                                              r"the checksum.*--resume auto"):
+    assert newest_complete(run)[0] == newer  # same size: the cheap listing cannot tell
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint-4 is damaged: model\.safetensors does not match "
+        r"the checksum.*--resume auto",
+    ):
         resolve_resume(str(newer), tmp_path / "output", None)
     found, notes = resolve_resume("auto", tmp_path / "output", run)
     assert found == older
-    assert notes == ["skipping checkpoint-4: model.safetensors does not match the checksum saved with it "
-                     "(damaged on disk)"]
-    found, notes = resolve_resume(str(run), tmp_path / "output", None)       # a run folder: the same choice
+    assert notes == [
+        "skipping checkpoint-4: model.safetensors does not match the checksum saved with it (damaged on disk)"
+    ]
+    found, notes = resolve_resume(str(run), tmp_path / "output", None)  # a run folder: the same choice
     assert found == older
     # a truncated file is seen without reading anything
     data = (older / "ema.safetensors").read_bytes()
@@ -295,7 +332,7 @@ def test_a_flipped_byte_is_refused_and_auto_resume_falls_back(tmp_path):
 def test_a_marker_without_checksums_still_resumes_with_a_note(tmp_path):
     ck = real_checkpoint(tmp_path / "r", 5)
     meta = json.loads((ck / COMPLETE).read_text())
-    (ck / COMPLETE).write_text(json.dumps({"step": 5, "files": meta["files"]}))     # as written before checksums
+    (ck / COMPLETE).write_text(json.dumps({"step": 5, "files": meta["files"]}))  # as written before checksums
     found, notes = resolve_resume(str(ck), tmp_path, None)
     assert found == ck
     assert notes == ["checkpoint-5 has no checksums (saved by an earlier taehv-launch): resuming it unverified"]
@@ -326,7 +363,7 @@ def test_disk_full_while_saving_stops_in_one_line_and_keeps_the_previous_checkpo
     proc, run = launch(tmp_path, 1, *common, "--set", "max_train_steps=2", run_name="full")
     ok(proc)
     sizes = sorted((p.stat().st_size, p.name) for p in (run / "checkpoint-2").iterdir())
-    limit = (sizes[-1][0] + sizes[-2][0]) // 2           # the largest file cannot be written, the rest can
+    limit = (sizes[-1][0] + sizes[-2][0]) // 2  # the largest file cannot be written, the rest can
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -336,16 +373,43 @@ def test_disk_full_while_saving_stops_in_one_line_and_keeps_the_previous_checkpo
     from conftest import CLI, clean_env, free_port
 
     env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([*CLI, "1", "cpu", "--run-name", "full", "--master-port", str(free_port()),
-                           "--set", f"output_dir='{tmp_path / 'output'}'", "--set", "log_every=1",
-                           "--set", "dataloader_num_workers=0", *common, "--set", "max_train_steps=4",
-                           "--resume", "auto"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=600, preexec_fn=small_files)
-    assert_one_line_error(proc, r"could not write checkpoint-4 .*(File too large|a write failed).*at most \d+ MiB \(ulimit -f\).*--resume auto from "
-                                r"checkpoint-2, which is complete", code=1)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "1",
+            "cpu",
+            "--run-name",
+            "full",
+            "--master-port",
+            str(free_port()),
+            "--set",
+            f"output_dir='{tmp_path / 'output'}'",
+            "--set",
+            "log_every=1",
+            "--set",
+            "dataloader_num_workers=0",
+            *common,
+            "--set",
+            "max_train_steps=4",
+            "--resume",
+            "auto",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+        preexec_fn=small_files,
+    )
+    assert_one_line_error(
+        proc,
+        r"could not write checkpoint-4 .*(File too large|a write failed).*at most \d+ MiB \(ulimit -f\).*--resume auto from "
+        r"checkpoint-2, which is complete",
+        code=1,
+    )
     assert "Traceback" not in proc.stdout
     names = sorted(p.name for p in run.iterdir() if "checkpoint" in p.name)
-    assert names == ["checkpoint-2"], names                           # no half folder under any name
+    assert names == ["checkpoint-2"], names  # no half folder under any name
     assert resolve_resume("auto", tmp_path / "output", run) == (run / "checkpoint-2", [])
     proc, _ = launch(tmp_path, 1, *common, "--set", "max_train_steps=3", "--resume", "auto", run_name="full")
     ok(proc)

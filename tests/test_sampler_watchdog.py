@@ -43,36 +43,36 @@ def per_epoch(n: int, rank: int, world: int) -> int:
 
 # (n, world, rank, start); per_epoch is noted where the start's place in the epoch matters.
 RESUME_CASES = [
-    (12, 4, 1, 0),      # no resume
-    (12, 4, 3, 2),      # inside the first epoch (3 per epoch)
-    (12, 4, 0, 3),      # exactly at an epoch boundary
-    (12, 4, 2, 7),      # two epochs and one draw in
-    (12, 1, 0, 36),     # one rank, exactly three epochs
-    (10, 3, 0, 4),      # n not divisible by world: rank 0 has 4 per epoch, boundary
-    (10, 3, 2, 5),      # rank 2 has 3 per epoch: inside the second epoch
-    (10, 4, 3, 11),     # 2 per epoch: five epochs and one draw
-    (3, 5, 1, 2),       # world > n, a rank that owns a video
-    (3, 5, 4, 2),       # world > n, a rank that owns none (1 per epoch)
-    (1, 1, 0, 5),       # a single video
-    (7, 2, 1, 100),     # many epochs
+    (12, 4, 1, 0),  # no resume
+    (12, 4, 3, 2),  # inside the first epoch (3 per epoch)
+    (12, 4, 0, 3),  # exactly at an epoch boundary
+    (12, 4, 2, 7),  # two epochs and one draw in
+    (12, 1, 0, 36),  # one rank, exactly three epochs
+    (10, 3, 0, 4),  # n not divisible by world: rank 0 has 4 per epoch, boundary
+    (10, 3, 2, 5),  # rank 2 has 3 per epoch: inside the second epoch
+    (10, 4, 3, 11),  # 2 per epoch: five epochs and one draw
+    (3, 5, 1, 2),  # world > n, a rank that owns a video
+    (3, 5, 4, 2),  # world > n, a rank that owns none (1 per epoch)
+    (1, 1, 0, 5),  # a single video
+    (7, 2, 1, 100),  # many epochs
 ]
 
 
 @pytest.mark.parametrize("n,world,rank,start", RESUME_CASES)
 def test_resume_equals_uninterrupted_run_with_first_k_draws_dropped(n, world, rank, start):
-    count = 3 * n + 5                                   # well past several more epoch boundaries
+    count = 3 * n + 5  # well past several more epoch boundaries
     resumed = draws(n, rank, world, count, start=start)
     uninterrupted = list(islice(iter(ShardedInfiniteSampler(n, rank, world, SEED)), start, start + count))
     assert resumed == uninterrupted
     assert all(0 <= v % n < n for v in resumed)
-    assert resumed[0] // n == start // per_epoch(n, rank, world)     # resumes in the right epoch
+    assert resumed[0] // n == start // per_epoch(n, rank, world)  # resumes in the right epoch
 
 
 def test_resuming_again_and_again_reproduces_the_stream():
     n, world, rank = 11, 3, 2
     whole = draws(n, rank, world, 60)
     got, seen = [], 0
-    for chunk in (1, 4, 3, 7, 2, 9, 4, 30):             # preempted after each chunk, resumed from samples_seen
+    for chunk in (1, 4, 3, 7, 2, 9, 4, 30):  # preempted after each chunk, resumed from samples_seen
         got += draws(n, rank, world, chunk, start=seen)
         seen += chunk
     assert got == whole
@@ -80,7 +80,7 @@ def test_resuming_again_and_again_reproduces_the_stream():
 
 def test_resume_far_ahead_jumps_straight_to_its_epoch():
     n, world, rank = 10, 3, 1
-    start = 10**12                                      # iterating up to here would never finish
+    start = 10**12  # iterating up to here would never finish
     t0 = time.monotonic()
     got = draws(n, rank, world, 20, start=start)
     assert got == draws(n, rank, world, 27, start=start - 7)[7:]
@@ -92,9 +92,9 @@ def test_each_draw_is_epoch_times_n_plus_video():
     n = 9
     seq = draws(n, 0, 1, 5 * n)
     for e in range(5):
-        epoch = seq[e * n:(e + 1) * n]
+        epoch = seq[e * n : (e + 1) * n]
         assert {v // n for v in epoch} == {e}
-        assert sorted(v % n for v in epoch) == list(range(n))    # world 1: each epoch is a permutation
+        assert sorted(v % n for v in epoch) == list(range(n))  # world 1: each epoch is a permutation
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 6, 12])
@@ -103,7 +103,7 @@ def test_ranks_of_an_epoch_cover_each_video_exactly_once_when_world_divides_n(wo
     k = n // world
     per_rank = [draws(n, r, world, epochs * k) for r in range(world)]
     for e in range(epochs):
-        epoch = [v for seq in per_rank for v in seq[e * k:(e + 1) * k]]
+        epoch = [v for seq in per_rank for v in seq[e * k : (e + 1) * k]]
         assert sorted(epoch) == list(range(e * n, (e + 1) * n))
 
 
@@ -113,7 +113,7 @@ def test_uneven_shards_cover_each_epoch_once_but_short_ranks_run_ahead():
     so after 3 draws each the short ranks have already started the next epoch."""
     n, world, epochs = 10, 4, 6
     assert [per_epoch(n, r, world) for r in range(world)] == [3, 3, 2, 2]
-    per_rank = [draws(n, r, world, 3 * epochs) for r in range(world)]     # 6 epochs for ranks 0-1, 9 for 2-3
+    per_rank = [draws(n, r, world, 3 * epochs) for r in range(world)]  # 6 epochs for ranks 0-1, 9 for 2-3
     for e in range(epochs):
         epoch = sorted(v for seq in per_rank for v in seq if v // n == e)
         assert epoch == list(range(e * n, (e + 1) * n))
@@ -137,16 +137,16 @@ def test_world_larger_than_n_gives_idle_ranks_the_epochs_first_video():
 def test_epochs_are_different_permutations():
     n, epochs = 40, 6
     seq = draws(n, 0, 1, epochs * n)
-    perms = {tuple(v % n for v in seq[e * n:(e + 1) * n]) for e in range(epochs)}
+    perms = {tuple(v % n for v in seq[e * n : (e + 1) * n]) for e in range(epochs)}
     assert len(perms) == epochs
-    shards = {tuple(v % n for v in draws(n, 2, 4, epochs * 10)[e * 10:(e + 1) * 10]) for e in range(epochs)}
-    assert len(shards) == epochs                        # a rank's shard changes every epoch too
+    shards = {tuple(v % n for v in draws(n, 2, 4, epochs * 10)[e * 10 : (e + 1) * 10]) for e in range(epochs)}
+    assert len(shards) == epochs  # a rank's shard changes every epoch too
 
 
 def test_same_seed_same_sequence_other_seed_other_sequence():
     a = ShardedInfiniteSampler(25, 1, 3, SEED)
-    assert list(islice(iter(a), 100)) == list(islice(iter(a), 100))          # re-iterating restarts
-    assert draws(25, 1, 3, 100) == draws(25, 1, 3, 100)                        # a fresh sampler agrees
+    assert list(islice(iter(a), 100)) == list(islice(iter(a), 100))  # re-iterating restarts
+    assert draws(25, 1, 3, 100) == draws(25, 1, 3, 100)  # a fresh sampler agrees
     assert draws(25, 1, 3, 100, seed=SEED + 1) != draws(25, 1, 3, 100)
 
 
@@ -178,7 +178,7 @@ def test_resume_reads_the_same_videos_with_the_flat_index(videos, tmp_path, worl
     from taehv_launch.dataindex.index import VideoEntry, build_index, split_train_val
 
     train, _ = split_train_val(build_index(str(videos), "", str(tmp_path / "cache")), 0.2, 64, SEED)
-    assert isinstance(train, FlatIndex) and train.rows is not None       # a split: a subset of the arrays
+    assert isinstance(train, FlatIndex) and train.rows is not None  # a split: a subset of the arrays
     old = [VideoEntry(e.path, e.frame_count) for e in train]
 
     def read(entries, begin: int, count: int) -> list[str]:
@@ -188,7 +188,7 @@ def test_resume_reads_the_same_videos_with_the_flat_index(videos, tmp_path, worl
 
     whole = read(train, 0, 40)
     assert whole == read(old, 0, 40)
-    assert read(train, start, 40 - start - start % 2) == whole[start: 40 - start % 2]
+    assert read(train, start, 40 - start - start % 2) == whole[start : 40 - start % 2]
 
 
 # ----------------------------------------------------------------------------- watchdog
@@ -251,21 +251,21 @@ def test_heartbeat_stays_fresh_until_stopped(tmp_path):
     deadline = time.monotonic() + 2.0
     while beat.stat().st_mtime_ns == first and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert beat.stat().st_mtime_ns > first                               # the thread beat again
+    assert beat.stat().st_mtime_ns > first  # the thread beat again
     w.stop(clean=False)
     w._thread.join(timeout=1.0)
     assert not w._thread.is_alive()
     last = beat.stat().st_mtime_ns
     time.sleep(4 * PERIOD)
-    assert beat.stat().st_mtime_ns == last                               # and no more after stop
-    assert not (tmp_path / "heartbeat" / "rank0.done").exists()          # not clean: no .done
+    assert beat.stat().st_mtime_ns == last  # and no more after stop
+    assert not (tmp_path / "heartbeat" / "rank0.done").exists()  # not clean: no .done
 
 
 def test_live_peers_never_fire(tmp_path):
-    a, b = Calls(), Calls()             # stale_s 1 s: some slack for a busy machine, still 20 periods
+    a, b = Calls(), Calls()  # stale_s 1 s: some slack for a busy machine, still 20 periods
     w0, w1 = dog(tmp_path, 0, on_dead=a, stale_s=1.0).start(), dog(tmp_path, 1, on_dead=b, stale_s=1.0).start()
     try:
-        time.sleep(1.6)                                  # past the stale limit, ~30 checks each
+        time.sleep(1.6)  # past the stale limit, ~30 checks each
         assert a.reasons == [] and b.reasons == []
         assert w0._thread.is_alive() and w1._thread.is_alive()
         assert w0.find_dead_peer(timeout_s=0) is None
@@ -280,16 +280,16 @@ def test_fires_once_when_a_peer_stops_beating(tmp_path):
     w1 = dog(tmp_path, 1, node=5).start()
     try:
         time.sleep(2 * PERIOD)
-        w1.stop(clean=False)                             # killed or hung: no more beats, no .done
+        w1.stop(clean=False)  # killed or hung: no more beats, no .done
         t_stop = time.monotonic()
         assert calls.event.wait(timeout=STALE + 2.0), "the watchdog never noticed the silent peer"
         waited = calls.times[0] - t_stop
-        assert STALE - PERIOD - 0.05 <= waited < STALE + 1.5     # not before its heartbeat is stale
+        assert STALE - PERIOD - 0.05 <= waited < STALE + 1.5  # not before its heartbeat is stale
         why = calls.reasons[0]
         assert why.startswith(f"rank 1 (node 5, host {socket.gethostname()}, pid {os.getpid()}) stopped responding ")
         assert why.endswith(" s ago (killed, out of memory, or hung)")
         w0._thread.join(timeout=1.0)
-        assert not w0._thread.is_alive()                 # it reports once, then stops watching
+        assert not w0._thread.is_alive()  # it reports once, then stops watching
         time.sleep(2 * PERIOD)
         assert len(calls.reasons) == 1
     finally:
@@ -302,7 +302,7 @@ def test_a_peers_dead_marker_fires_at_once_with_its_reason(tmp_path):
     w1 = dog(tmp_path, 1, stale_s=30.0).start()
     try:
         w1.mark_dead("RuntimeError: CUDA out of memory\n")
-        assert calls.event.wait(timeout=2.0)             # long before the 30 s staleness limit
+        assert calls.event.wait(timeout=2.0)  # long before the 30 s staleness limit
         assert calls.reasons == ["rank 1 failed: RuntimeError: CUDA out of memory"]
     finally:
         w0.stop(clean=False)
@@ -316,7 +316,7 @@ def test_a_peer_that_finished_cleanly_is_not_reported(tmp_path):
     try:
         w1.stop(clean=True)
         assert (tmp_path / "heartbeat" / "rank1.done").read_text() == "ok"
-        time.sleep(STALE + 6 * PERIOD)                   # its heartbeat is stale by now
+        time.sleep(STALE + 6 * PERIOD)  # its heartbeat is stale by now
         assert calls.reasons == [] and w0._thread.is_alive()
         assert w0.find_dead_peer(timeout_s=0) is None
     finally:
@@ -335,7 +335,7 @@ def test_leftovers_from_an_earlier_launch_are_ignored(tmp_path):
     w0 = dog(tmp_path, 0, on_dead=calls).start()
     try:
         time.sleep(STALE + 6 * PERIOD)
-        assert calls.reasons == []                       # an hour-old heartbeat: not this launch's peer
+        assert calls.reasons == []  # an hour-old heartbeat: not this launch's peer
         assert w0.find_dead_peer(timeout_s=0) is None
     finally:
         w0.stop(clean=False)
@@ -352,24 +352,24 @@ def test_ages_are_measured_on_the_filesystems_clock_not_this_nodes(tmp_path):
     os.utime(w0._path(0), (fs_now, fs_now))
     os.utime(w1._path(1), (fs_now - 2, fs_now - 2))
     w0.started = fs_now - 5
-    assert w0._any_problem() is None               # 2 s old on the filesystem's clock (122 s on ours)
+    assert w0._any_problem() is None  # 2 s old on the filesystem's clock (122 s on ours)
     os.utime(w1._path(1), (fs_now - 60, fs_now - 60))
     w0.started = fs_now - 90
     assert "stopped responding 60 s ago" in (w0._any_problem() or "")
 
 
 def test_find_dead_peer_waits_for_a_peer_to_say_it_died(tmp_path):
-    w0 = dog(tmp_path, 0, stale_s=30.0)                  # not started: the loop's caller asks by itself
+    w0 = dog(tmp_path, 0, stale_s=30.0)  # not started: the loop's caller asks by itself
     w0.dir.mkdir(parents=True)
     w1 = dog(tmp_path, 1, stale_s=30.0).start()
     try:
         t0 = time.monotonic()
-        assert w0.find_dead_peer(timeout_s=0) is None    # no problem now, no wait
+        assert w0.find_dead_peer(timeout_s=0) is None  # no problem now, no wait
         assert time.monotonic() - t0 < 0.5
         threading.Timer(0.3, w1.mark_dead, ["ValueError: " + "x" * 1000]).start()
         why = w0.find_dead_peer(timeout_s=5.0)
-        assert why == "rank 1 failed: ValueError: " + "x" * (300 - len("ValueError: "))   # cut at 300
-        assert time.monotonic() - t0 < 3.0               # polls once a second
+        assert why == "rank 1 failed: ValueError: " + "x" * (300 - len("ValueError: "))  # cut at 300
+        assert time.monotonic() - t0 < 3.0  # polls once a second
     finally:
         w1.stop(clean=False)
 
@@ -381,13 +381,15 @@ def test_stop_is_clean_and_immediate_even_with_a_long_period(tmp_path):
     w._thread.join(timeout=2.0)
     assert not w._thread.is_alive() and time.monotonic() - t0 < 1.0
     assert (tmp_path / "heartbeat" / "rank0.done").read_text() == "ok"
-    w.stop(clean=True)                                   # stopping twice is harmless
+    w.stop(clean=True)  # stopping twice is harmless
     assert sorted(p.name for p in (tmp_path / "heartbeat").iterdir()) == ["rank0", "rank0.done"]
 
 
 def test_stop_message():
-    assert stop_message("rank 2 failed: boom") == \
-        "stopping the job: rank 2 failed: boom; resume with --resume auto once the cause is fixed"
+    assert (
+        stop_message("rank 2 failed: boom")
+        == "stopping the job: rank 2 failed: boom; resume with --resume auto once the cause is fixed"
+    )
 
 
 ABORT_SCRIPT = textwrap.dedent("""
@@ -408,12 +410,11 @@ ABORT_SCRIPT = textwrap.dedent("""
 
 def test_abort_job_records_why_and_exits_without_cleanup(tmp_path):
     status = tmp_path / "status"
-    proc = subprocess.run([sys.executable, "-c", ABORT_SCRIPT, str(status)], capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run([sys.executable, "-c", ABORT_SCRIPT, str(status)], capture_output=True, text=True, timeout=30)
     msg = stop_message("rank 1 failed: boom")
     assert proc.returncode == EXIT_FAILED, proc.stderr
     assert proc.stderr == f"[rank 3] error: {msg}\n"
-    assert proc.stdout == ""                             # os._exit: no finally, no atexit
+    assert proc.stdout == ""  # os._exit: no finally, no atexit
     assert status.read_text() == f"{EXIT_FAILED}\t{msg}"
 
 
@@ -435,14 +436,16 @@ HUNG_RANK_SCRIPT = textwrap.dedent("""
 
 def test_a_rank_waiting_on_a_dead_peer_exits_within_the_stale_limit(tmp_path):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", HUNG_RANK_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-c", HUNG_RANK_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=30
+    )
     elapsed = time.monotonic() - t0
     assert proc.returncode == EXIT_FAILED, proc.stderr
-    assert elapsed < 10.0                                # not the 60 s sleep
+    assert elapsed < 10.0  # not the 60 s sleep
     assert proc.stdout == "waiting\n"
-    assert proc.stderr.startswith("[rank 0] error: stopping the job: rank 1 (node 1, host peer, pid 4242) "
-                                  "stopped responding "), proc.stderr
+    assert proc.stderr.startswith(
+        "[rank 0] error: stopping the job: rank 1 (node 1, host peer, pid 4242) stopped responding "
+    ), proc.stderr
     code, msg = (tmp_path / "status").read_text().split("\t")
     assert int(code) == EXIT_FAILED and msg.startswith("stopping the job: rank 1 (node 1, host peer, pid 4242)")
     assert msg.endswith("; resume with --resume auto once the cause is fixed")

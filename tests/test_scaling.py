@@ -20,18 +20,23 @@ def test_allreduce_is_the_ring_formula():
 def test_efficiency_falls_with_slower_networks_and_zero3():
     fast = efficiency(64, 8, 4, 8.65)
     assert 0.98 < fast < 1.0
-    assert efficiency(64, 8, 4, 8.65, network_gbps=1.0) < fast            # the bandwidth is an input
+    assert efficiency(64, 8, 4, 8.65, network_gbps=1.0) < fast  # the bandwidth is an input
     assert efficiency(64, 8, 4, 8.65, zero=3) == pytest.approx(0.90, abs=0.02)
     assert efficiency(1, 1, 128, 8.65) == pytest.approx(1.0)
 
 
 def test_prediction_time_and_gpu_hours():
-    cfg = {**DEFAULTS, "micro_batch_size": 8, "gradient_accumulation_steps": 1, "zero_stage": 0,
-           "max_train_steps": 1000}
+    cfg = {
+        **DEFAULTS,
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "zero_stage": 0,
+        "max_train_steps": 1000,
+    }
     p = predict("h100", cfg, 16, 2)
     assert p.hours == pytest.approx(1000 * 8 / p.clips_per_s_per_gpu / 3600)
     assert p.gpu_hours == pytest.approx(16 * p.hours)
-    assert predict("a800", cfg, 16, 2) is None                                    # nothing measured: no guess
+    assert predict("a800", cfg, 16, 2) is None  # nothing measured: no guess
     own = predict("a800", cfg, 16, 2, from_step=500, run_clips_per_s_per_gpu=4.0)  # a resumed run's own speed
     assert own.hours == pytest.approx(500 * 8 / 4.0 / 3600) and own.basis == "this run's own speed.json"
 

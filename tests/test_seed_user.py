@@ -11,7 +11,7 @@ import pytest
 from conftest import clean_env, run_cli_here
 
 # The seed docs' taehv_config_16gpu_h100.py, as such a user has it (keys from ../shared/seeds/).
-SEED_16GPU = '''from easydict import EasyDict
+SEED_16GPU = """from easydict import EasyDict
 args = EasyDict()
 args.world_size = 16
 args.train_batch_size = 8
@@ -28,7 +28,7 @@ args.zero3_save_16bit_model = True
 args.communication_overlap = True
 args.bucket_size_mb = 1000
 args.use_flash_attention = True
-'''
+"""
 
 
 def dry(*args, env=None):
@@ -42,14 +42,19 @@ def test_the_seed_16gpu_config_loads_in_one_run(tmp_path):
     cfg.write_text(SEED_16GPU)
     plan = dry("16", "h100", "--config", str(cfg))
     assert plan["config"]["micro_batch_size"] == 8 and plan["topology"]["main_process_port"] == 29501
-    assert plan["deepspeed"] is None and plan["config"]["zero_stage"] == 0       # the row's plain DDP
-    assert any(n.startswith("bucket_size_mb sizes DeepSpeed's buckets: it has no effect on plain DDP") for n in
-               plan["notes"]), plan["notes"]
+    assert plan["deepspeed"] is None and plan["config"]["zero_stage"] == 0  # the row's plain DDP
+    assert any(
+        n.startswith("bucket_size_mb sizes DeepSpeed's buckets: it has no effect on plain DDP") for n in plan["notes"]
+    ), plan["notes"]
     with_zero = dry("16", "h100", "--config", str(cfg), "--set", "zero_stage=3")
-    assert with_zero["deepspeed"]["zero_optimization"]["reduce_bucket_size"] == 1_000_000_000   # bucket_size_mb
+    assert with_zero["deepspeed"]["zero_optimization"]["reduce_bucket_size"] == 1_000_000_000  # bucket_size_mb
     ignored = [n for n in plan["notes"] if "ignoring seed key" in n]
-    assert {"'deepspeed_config_file'", "'zero3_save_16bit_model'", "'communication_overlap'",
-            "'use_flash_attention'"} == {n.split()[4].rstrip(":") for n in ignored}, ignored
+    assert {
+        "'deepspeed_config_file'",
+        "'zero3_save_16bit_model'",
+        "'communication_overlap'",
+        "'use_flash_attention'",
+    } == {n.split()[4].rstrip(":") for n in ignored}, ignored
 
 
 def test_the_ignore_notes_are_printed_once_at_launch(tmp_path):
@@ -113,9 +118,11 @@ def test_a_plain_config_file_reports_every_unknown_key(tmp_path):
     """Plain assignments used to drop a misspelt key silently (#29): now every one is named at once,
     with the suggestion the args style has, and helpers (_name, UPPER, imports, functions) are no keys."""
     cfg = tmp_path / "c.py"
-    cfg.write_text("import os\nfrom math import sqrt\nfrom easydict import EasyDict\n_base = 8\nGPUS = 16\n"
-                   "def helper():\n    return 1\nclass Knob:\n    pass\nmicro_batch_size = _base\n"
-                   "learning_rat = 1e-4\nn_frame = 12\nheight = '480'\n")
+    cfg.write_text(
+        "import os\nfrom math import sqrt\nfrom easydict import EasyDict\n_base = 8\nGPUS = 16\n"
+        "def helper():\n    return 1\nclass Knob:\n    pass\nmicro_batch_size = _base\n"
+        "learning_rat = 1e-4\nn_frame = 12\nheight = '480'\n"
+    )
     proc = run_cli_here("1", "cpu", "--config", str(cfg), "--dry-run")
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "\n" not in err and "Traceback" not in err and "has 3 problems" in err, err
@@ -127,20 +134,30 @@ def test_a_plain_config_file_reports_every_unknown_key(tmp_path):
 
 def test_a_plain_config_file_with_helpers_loads(tmp_path):
     cfg = tmp_path / "c.py"
-    cfg.write_text("import os\n_base = 8\nSTEPS = 10\nmicro_batch_size = _base // 4\nmax_train_steps = STEPS\n"
-                   "data_root = os.path.join('/data', 'videos')\n")
+    cfg.write_text(
+        "import os\n_base = 8\nSTEPS = 10\nmicro_batch_size = _base // 4\nmax_train_steps = STEPS\n"
+        "data_root = os.path.join('/data', 'videos')\n"
+    )
     c = dry("8", "h100", "--config", str(cfg))["config"]
     assert (c["micro_batch_size"], c["max_train_steps"], c["data_root"]) == (2, 10, "/data/videos")
 
 
-@pytest.mark.parametrize("text,match", [
-    ("base = 8\nmicro_batch_size = base\n", r"c\.py: unknown config key 'base'; .* \(_base = \.\.\.\)"),
-    ("LEARNING_RATE = 1e-4\n", r"LEARNING_RATE is upper case, so it is read as a constant of your own: keys are "
-                               r"lower case \(learning_rate\)"),
-    ("from easydict import EasyDict\nargs = EasyDict()\nargs.n_frames = 24\nlearning_rate = 1e-4\n",
-     r"learning_rate = 0\.0001 is a plain name but this file sets its keys on args: write args\.learning_rate"),
-    ("import argparse\nargs = argparse.Namespace(learning_rate=1e-4)\n", r"args is a Namespace: make it"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("base = 8\nmicro_batch_size = base\n", r"c\.py: unknown config key 'base'; .* \(_base = \.\.\.\)"),
+        (
+            "LEARNING_RATE = 1e-4\n",
+            r"LEARNING_RATE is upper case, so it is read as a constant of your own: keys are "
+            r"lower case \(learning_rate\)",
+        ),
+        (
+            "from easydict import EasyDict\nargs = EasyDict()\nargs.n_frames = 24\nlearning_rate = 1e-4\n",
+            r"learning_rate = 0\.0001 is a plain name but this file sets its keys on args: write args\.learning_rate",
+        ),
+        ("import argparse\nargs = argparse.Namespace(learning_rate=1e-4)\n", r"args is a Namespace: make it"),
+    ],
+)
 def test_config_file_mistakes_that_used_to_be_ignored(tmp_path, text, match):
     cfg = tmp_path / "c.py"
     cfg.write_text(text)
@@ -159,13 +176,19 @@ def test_nccl_timeout_from_the_environment():
     env = clean_env(NCCL_TIMEOUT="10800")
     plan = dry("16", "h100", env=env)
     assert plan["config"]["nccl_timeout"] == 10800 and any("NCCL_TIMEOUT=10800" in n for n in plan["notes"])
-    assert dry("16", "h100", "--set", "nccl_timeout=600", env=env)["config"]["nccl_timeout"] == 600   # --set wins
+    assert dry("16", "h100", "--set", "nccl_timeout=600", env=env)["config"]["nccl_timeout"] == 600  # --set wins
     proc = run_cli_here("16", "h100", "--dry-run", env=clean_env(NCCL_TIMEOUT="3h"))
     assert proc.returncode == 2 and "NCCL_TIMEOUT='3h' is not a whole number of seconds" in proc.stderr
 
 
-@pytest.mark.parametrize("name,hint", [("1gpu_h100", "taehv-launch 1 h100"), ("16gpu_h100", "taehv-launch 16 h100"),
-                                       ("a800_8gpu", "taehv-launch 8 a800")])
+@pytest.mark.parametrize(
+    "name,hint",
+    [
+        ("1gpu_h100", "taehv-launch 1 h100"),
+        ("16gpu_h100", "taehv-launch 16 h100"),
+        ("a800_8gpu", "taehv-launch 8 a800"),
+    ],
+)
 def test_seed_profile_names_get_the_command(name, hint):
     proc = run_cli_here("8", name, "--dry-run")
     assert proc.returncode == 2 and proc.stderr.strip().endswith(hint), proc.stderr
@@ -196,4 +219,4 @@ def test_launch_log_keeps_the_progress_bars_last_state():
 
 def test_no_deepspeed_accelerator_warning_on_cpu():
     plan = dry("1", "cpu")
-    assert plan["env"]["DS_ACCELERATOR"] == "cpu"       # DeepSpeed then does not probe, and does not warn
+    assert plan["env"]["DS_ACCELERATOR"] == "cpu"  # DeepSpeed then does not probe, and does not warn

@@ -138,6 +138,6 @@ def _rank_main(rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow   # ~31 s: two real gloo ranks
+@pytest.mark.slow  # ~31 s: two real gloo ranks
 def test_two_ranks_keep_identical_discriminators():
     mp.spawn(_rank_main, args=(2, _free_port()), nprocs=2, join=True)

@@ -31,16 +31,33 @@ from trainrun import scalars
 pytestmark = pytest.mark.slow
 
 BIG = 100000
-REF_STEPS = 18    # with several ranks the stop vote is read one step later (no host sync per step)
-CELLS = ["SIGTERM to the launcher", "SIGTERM to every process", "SIGUSR1 to every process",
-         "SIGINT to the process group"]
-CONFIGS = [(0, 1), (2, 1), (0, 2), (2, 2)]     # (DataLoader workers, ranks)
+REF_STEPS = 18  # with several ranks the stop vote is read one step later (no host sync per step)
+CELLS = [
+    "SIGTERM to the launcher",
+    "SIGTERM to every process",
+    "SIGUSR1 to every process",
+    "SIGINT to the process group",
+]
+CONFIGS = [(0, 1), (2, 1), (0, 2), (2, 2)]  # (DataLoader workers, ranks)
 
 
 def settings(workers: int) -> list[str]:
-    return ["--set", "log_every=1", "--set", "checkpointing_steps=2", "--set", "validation_steps=1000",
-            "--set", "max_validation_batches=1", "--set", "lr_scheduler='constant'",
-            "--set", f"dataloader_num_workers={workers}", "--set", "checkpoints_total_limit=2"]
+    return [
+        "--set",
+        "log_every=1",
+        "--set",
+        "checkpointing_steps=2",
+        "--set",
+        "validation_steps=1000",
+        "--set",
+        "max_validation_batches=1",
+        "--set",
+        "lr_scheduler='constant'",
+        "--set",
+        f"dataloader_num_workers={workers}",
+        "--set",
+        "checkpoints_total_limit=2",
+    ]
 
 
 class Launch:
@@ -52,11 +69,29 @@ class Launch:
         n = len(list(tmp.glob(f"{name}.*.out")))
         self.out, self.err = tmp / f"{name}.{n}.out", tmp / f"{name}.{n}.err"
         env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-        argv = [*CLI, str(ranks), "cpu", "--run-name", name, "--master-port", str(free_port()),
-                "--set", f"output_dir='{tmp / 'output'}'", *settings(workers), *args]
+        argv = [
+            *CLI,
+            str(ranks),
+            "cpu",
+            "--run-name",
+            name,
+            "--master-port",
+            str(free_port()),
+            "--set",
+            f"output_dir='{tmp / 'output'}'",
+            *settings(workers),
+            *args,
+        ]
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen([*wrapper, *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=tmp,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [*wrapper, *argv],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=tmp,
+                start_new_session=True,
+            )
 
     def text(self) -> tuple[str, str]:
         return self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
@@ -100,7 +135,7 @@ class Launch:
             os.kill(self.proc.pid, signal.SIGTERM)
         elif cell == "SIGINT to the process group":
             os.killpg(self.proc.pid, signal.SIGINT)
-        else:     # as SLURM does: every process of the step at once, DataLoader workers included
+        else:  # as SLURM does: every process of the step at once, DataLoader workers included
             sig = signal.SIGTERM if cell.startswith("SIGTERM") else signal.SIGUSR1
             pids = self.processes()
             assert len(pids) >= 3, pids
@@ -121,7 +156,7 @@ def check_stopped(launch: Launch, cell: str, before: int) -> int:
     out, err = launch.text()
     assert code == 75, (cell, code, out[-3000:], err[-3000:])
     assert "Traceback" not in out + err, (cell, out[-3000:], err[-3000:])
-    assert "exitcode: 75" not in out + err, (cell, out[-3000:])      # torchrun's error lines: launch.log only
+    assert "exitcode: 75" not in out + err, (cell, out[-3000:])  # torchrun's error lines: launch.log only
     saved = complete_steps(launch.run)[-1]
     assert saved > before, (cell, saved, before)
     ckpt = launch.run / f"checkpoint-{saved}"
@@ -141,24 +176,32 @@ def test_signal_matrix(tmp_path, workers, ranks):
     launch.wait_for("checkpoint: checkpoint-2")
     saved = 2
     for i, cell in enumerate(CELLS):
-        if i:   # the resumed run must have trained past the saved step before it is interrupted
+        if i:  # the resumed run must have trained past the saved step before it is interrupted
             launch.wait_for(f"step {saved + 1}/")
         launch.send(cell)
         saved = check_stopped(launch, cell, saved)
         last = i == len(CELLS) - 1
-        launch = Launch(tmp_path, "pre", ranks, workers, "--resume", "auto",
-                        "--set", f"max_train_steps={saved + 1 if last else BIG}")
-        launch.wait_for(f"at step {saved}")            # "resumed from .../checkpoint-<saved> at step <saved>"
+        launch = Launch(
+            tmp_path,
+            "pre",
+            ranks,
+            workers,
+            "--resume",
+            "auto",
+            "--set",
+            f"max_train_steps={saved + 1 if last else BIG}",
+        )
+        launch.wait_for(f"at step {saved}")  # "resumed from .../checkpoint-<saved> at step <saved>"
         assert f"checkpoint-{saved} at step {saved}" in launch.text()[0], (cell, launch.text()[0][-2000:])
     assert launch.finish() == 0, launch.text()
-    assert not (launch.run / "REQUEUE").exists()        # the requeued run has finished
+    assert not (launch.run / "REQUEUE").exists()  # the requeued run has finished
     assert ref.finish() == 0, ref.text()
     reference = scalars(ref.run)["train/loss"]
     assert [s for s, _ in reference] == list(range(1, REF_STEPS + 1))
     final = saved + 1
     assert final <= REF_STEPS, f"the chain ran {final} steps, the reference {REF_STEPS}: raise REF_STEPS"
     got = scalars(launch.run)["train/loss"]
-    assert [s for s, _ in got] == list(range(1, final + 1)), got          # every step once, none lost
+    assert [s for s, _ in got] == list(range(1, final + 1)), got  # every step once, none lost
     for (step, a), (_, b) in zip(got, reference):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (step, a, b)
 
@@ -172,15 +215,16 @@ def test_second_signal_aborts_at_once(tmp_path, ranks):
     pids = launch.processes()
     launch.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
-    launch.proc.send_signal(signal.SIGINT)     # a person's Ctrl-C after the scheduler's SIGTERM
+    launch.proc.send_signal(signal.SIGINT)  # a person's Ctrl-C after the scheduler's SIGTERM
     t0 = time.time()
     assert launch.finish(timeout=60) == 130, launch.text()
     assert time.time() - t0 < 15
-    assert "error: stopped at once by a second signal, nothing more was saved; --resume auto continues" \
-        in launch.text()[1], launch.text()[1]
+    assert (
+        "error: stopped at once by a second signal, nothing more was saved; --resume auto continues" in launch.text()[1]
+    ), launch.text()[1]
     time.sleep(1)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"processes of the launch left running: {alive}"      # ranks and workers too
+    assert not alive, f"processes of the launch left running: {alive}"  # ranks and workers too
 
 
 def test_a_worker_killed_for_another_reason_is_one_error_line(tmp_path):
@@ -200,7 +244,7 @@ def test_a_worker_killed_for_another_reason_is_one_error_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: a DataLoader worker (pid"), err
     # torch notices the death on one of two paths (its SIGCHLD handler, or the worker-status
     # check after a queue timeout) and words it differently; both are the same one line
-    assert ("killed by signal" in lines[0] or "exited unexpectedly" in lines[0]), err
+    assert "killed by signal" in lines[0] or "exited unexpectedly" in lines[0], err
     assert "dataloader_num_workers" in lines[0], err
     assert "Traceback" not in out + err
 
@@ -216,10 +260,18 @@ def test_one_signal_delivered_twice_is_one_stop(tmp_path, how):
     wrapper = ("timeout", "900") if how.startswith("GNU") else ()
     saved = 0
     for i in range(TWICE):
-        launch = Launch(tmp_path, "twice", 1, 2, "--set", f"max_train_steps={BIG}", *(["--resume", "auto"] * bool(i)),
-                        wrapper=wrapper)
+        launch = Launch(
+            tmp_path,
+            "twice",
+            1,
+            2,
+            "--set",
+            f"max_train_steps={BIG}",
+            *(["--resume", "auto"] * bool(i)),
+            wrapper=wrapper,
+        )
         launch.wait_for(f"step {saved + 1}/")
-        if wrapper:     # as when timeout's own limit runs out: it signals its child, then its process group
+        if wrapper:  # as when timeout's own limit runs out: it signals its child, then its process group
             os.kill(launch.proc.pid, signal.SIGTERM)
         else:
             launcher = launch.proc.pid

@@ -19,7 +19,7 @@ from taehv_launch.train.loop.speed import Window
 def test_window_keeps_no_loss_buffers_and_averages():
     x = torch.rand(4, 9, 3, 32, 32, requires_grad=True)
     loss = F.mse_loss(x, torch.zeros_like(x))
-    assert loss.detach().untyped_storage().nbytes() > 1000     # the trap: a 0-d view of the whole buffer
+    assert loss.detach().untyped_storage().nbytes() > 1000  # the trap: a 0-d view of the whole buffer
     w = Window()
     w.add({"loss": loss, "disc": 2.0})
     w.add({"loss": torch.tensor(1.0), "disc": 4.0})
@@ -35,7 +35,7 @@ def test_profile_table_covers_the_steady_window_only(monkeypatch):
     clock = iter(range(0, 1000, 1))
     monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))
     timer = timing.PhaseTimer(True, torch.device("cpu"))
-    for step in range(1, 7):            # steps 1-6; the steady window starts after step 2
+    for step in range(1, 7):  # steps 1-6; the steady window starts after step 2
         with timer("reference VAE encode"):
             pass
         timer.at_step(step, steady_from=2, last=6)
@@ -43,8 +43,8 @@ def test_profile_table_covers_the_steady_window_only(monkeypatch):
     assert "steps 3-6, after the warm-up" in table, table
     # the fake clock ticks 1 s per read: each phase takes 1 s; at_step reads it at steps 2 and 6
     lines = {line.split()[0]: line for line in table.splitlines()[1:]}
-    assert float(lines["reference"].split()[3]) == pytest.approx(1000.0)        # 4 s over 4 steps
-    assert float(lines["outside"].split()[3]) == pytest.approx(1250.0)          # 9 s of wall - 4 s of phases
+    assert float(lines["reference"].split()[3]) == pytest.approx(1000.0)  # 4 s over 4 steps
+    assert float(lines["outside"].split()[3]) == pytest.approx(1250.0)  # 9 s of wall - 4 s of phases
 
 
 def _view(crop: int, h: int = 48, w: int = 64):
@@ -59,9 +59,9 @@ def test_seraena_crop_takes_one_window_on_the_latent_grid():
     # the same window in pixels and latents: find the crop's origin in the full frame
     y, x = divmod(int(real[0, 0, 0, 0, 0].item()) % (48 * 64), 64)
     assert y % 8 == 0 and x % 8 == 0
-    assert torch.equal(real, target[..., y:y + 16, x:x + 16]) and torch.equal(dec, real + 1)
-    assert torch.equal(lat, latents[..., y // 8:y // 8 + 2, x // 8:x // 8 + 2])
-    for crop in (0, 64, 100):                                   # off, or not smaller than the frame
+    assert torch.equal(real, target[..., y : y + 16, x : x + 16]) and torch.equal(dec, real + 1)
+    assert torch.equal(lat, latents[..., y // 8 : y // 8 + 2, x // 8 : x // 8 + 2])
+    for crop in (0, 64, 100):  # off, or not smaller than the frame
         t, l, (r, _, la) = _view(crop)
         assert r is t and la is l
 
@@ -75,7 +75,7 @@ class _Threads(Dataset):
 
 
 def test_decode_threads_share_the_cores_between_workers(monkeypatch):
-    assert decode.decode_threads() is None                       # main process: FFmpeg's own default
+    assert decode.decode_threads() is None  # main process: FFmpeg's own default
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     got = torch.cat(list(DataLoader(_Threads(), batch_size=2, num_workers=2)))
     cores = len(__import__("os").sched_getaffinity(0))
@@ -89,9 +89,29 @@ def test_bench_compare_needs_a_gpu_for_gpu_profiles_and_gpus_profile():
 
 
 def test_bench_loader_smoke(tmp_path, videos):
-    proc = run_cli("bench", "loader", "--data-root", str(videos), "--height", "64", "--width", "64",
-                   "--micro", "2", "--workers", "2", "--seconds", "1", "--clips", "4", "--decoder", "opencv", "--json",
-                   env=clean_env(), timeout=300)
+    proc = run_cli(
+        "bench",
+        "loader",
+        "--data-root",
+        str(videos),
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--micro",
+        "2",
+        "--workers",
+        "2",
+        "--seconds",
+        "1",
+        "--clips",
+        "4",
+        "--decoder",
+        "opencv",
+        "--json",
+        env=clean_env(),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     kinds = {(r["what"], r["decoder"], r["procs"]) for r in report["rows"]}
@@ -103,9 +123,27 @@ def test_bench_loader_smoke(tmp_path, videos):
 def test_bench_compare_cpu_smoke(tmp_path):
     """The whole comparison at the cpu profile's tiny shape: naive, every lever row, the real trainer,
     the cache job and the trainer from the cache."""
-    proc = run_cli("bench", "--compare", "1", "cpu", "--levers", "--crop", "32", "--steps", "1",
-                   "--trainer-steps", "6", "--cached", "1", "--workdir", str(tmp_path / "bc"), "--json",
-                   env=clean_env(TAEHV_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1"), cwd=tmp_path, timeout=900)
+    proc = run_cli(
+        "bench",
+        "--compare",
+        "1",
+        "cpu",
+        "--levers",
+        "--crop",
+        "32",
+        "--steps",
+        "1",
+        "--trainer-steps",
+        "6",
+        "--cached",
+        "1",
+        "--workdir",
+        str(tmp_path / "bc"),
+        "--json",
+        env=clean_env(TAEHV_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     rows = {r["what"]: r for r in report["rows"]}
@@ -154,7 +192,7 @@ def test_gpu_profiles_compile_taehv_channels_last_and_zero3_stays_eager(tmp_path
             assert prof.config["compile"] == "all", name
     assert make_config({}).channels_last is True
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"):
-        monkeypatch.setenv(var, str(tmp_path) if var.endswith("DIR") else "1")   # the step sets them if unset
+        monkeypatch.setenv(var, str(tmp_path) if var.endswith("DIR") else "1")  # the step sets them if unset
     cfg = make_config({"compile": "all", "output_dir": str(tmp_path)})
     compiled = {}
     for zero in (3, 2, 0):
@@ -162,19 +200,34 @@ def test_gpu_profiles_compile_taehv_channels_last_and_zero3_stays_eager(tmp_path
         taehv = TAEHV(latent_channels=4)
         trainer = SimpleNamespace(cfg=cfg, device=torch.device("cuda"), ref=None, zero=zero, log=logs.append)
         loop.Trainer._compile(trainer, taehv)
-        compiled[zero] = "encode_video" in vars(taehv) and "decode_video" in vars(taehv)   # compile_taehv wraps both
+        compiled[zero] = "encode_video" in vars(taehv) and "decode_video" in vars(taehv)  # compile_taehv wraps both
         assert compiled[zero] == (not any("stays eager" in line for line in logs)), (zero, logs)
     assert compiled == {3: False, 2: True, 0: True}
 
 
-@pytest.mark.slow   # a ~55 s trainer run
+@pytest.mark.slow  # a ~55 s trainer run
 def test_validation_at_start_gives_a_step_0_baseline_without_a_best_model(tmp_path):
-    proc = run_cli("1", "cpu", "--run-name", "v0", "--set", f"output_dir={str(tmp_path / 'out')!r}",
-                   "--set", "max_train_steps=2", "--set", "validation_steps=100", "--set", "validation_at_start=True",
-                   "--set", "max_validation_batches=1", env=clean_env(TAEHV_CACHE=str(tmp_path / "cache")),
-                   cwd=tmp_path, timeout=600)
+    proc = run_cli(
+        "1",
+        "cpu",
+        "--run-name",
+        "v0",
+        "--set",
+        f"output_dir={str(tmp_path / 'out')!r}",
+        "--set",
+        "max_train_steps=2",
+        "--set",
+        "validation_steps=100",
+        "--set",
+        "validation_at_start=True",
+        "--set",
+        "max_validation_batches=1",
+        env=clean_env(TAEHV_CACHE=str(tmp_path / "cache")),
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout + proc.stderr
     assert "validation at step 0:" in text and "validation at step 2:" in text
     assert text.index("validation at step 0:") < text.index("step 2/2")
-    assert (tmp_path / "out" / "v0" / "best_model").is_dir()      # exported at step 2, not 0
+    assert (tmp_path / "out" / "v0" / "best_model").is_dir()  # exported at step 2, not 0

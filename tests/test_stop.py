@@ -39,8 +39,13 @@ WORKERS_SCRIPT = textwrap.dedent("""
 
 
 def test_dataloader_workers_ignore_stop_signals_but_not_their_rank(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", WORKERS_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKERS_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2, proc.stderr.read()
@@ -73,24 +78,32 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sequence,gap,code", [
-    ((signal.SIGTERM, signal.SIGUSR2), 0.1, 0),        # direct and through the launcher: once
-    ((signal.SIGUSR2, signal.SIGUSR1), 0.1, 0),        # through the launcher, then SLURM's direct one: once
-    ((signal.SIGUSR2, signal.SIGUSR2), 0.1, 0),
-    ((signal.SIGTERM, signal.SIGTERM), 0.005, 0),      # one stop delivered twice (GNU timeout): once
-    ((signal.SIGTERM, signal.SIGTERM, signal.SIGTERM), 0.3, 0),   # repeats within the window: once
-    ((signal.SIGUSR1, signal.SIGTERM), 0.1, 130),      # two different direct signals: abort at once
-    ((signal.SIGTERM, signal.SIGINT), 0.005, 130),     # a person's Ctrl-C after a SIGTERM: abort
-    ((signal.SIGTERM, signal.SIGTERM), 2.3, 130),      # the same signal again, later: abort
-])
+@pytest.mark.parametrize(
+    "sequence,gap,code",
+    [
+        ((signal.SIGTERM, signal.SIGUSR2), 0.1, 0),  # direct and through the launcher: once
+        ((signal.SIGUSR2, signal.SIGUSR1), 0.1, 0),  # through the launcher, then SLURM's direct one: once
+        ((signal.SIGUSR2, signal.SIGUSR2), 0.1, 0),
+        ((signal.SIGTERM, signal.SIGTERM), 0.005, 0),  # one stop delivered twice (GNU timeout): once
+        ((signal.SIGTERM, signal.SIGTERM, signal.SIGTERM), 0.3, 0),  # repeats within the window: once
+        ((signal.SIGUSR1, signal.SIGTERM), 0.1, 130),  # two different direct signals: abort at once
+        ((signal.SIGTERM, signal.SIGINT), 0.005, 130),  # a person's Ctrl-C after a SIGTERM: abort
+        ((signal.SIGTERM, signal.SIGTERM), 2.3, 130),  # the same signal again, later: abort
+    ],
+)
 def test_relay_never_counts_as_a_second_signal(sequence, gap, code):
-    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RANK_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     for i, sig in enumerate(sequence):
         time.sleep(gap if i else 0)
         proc.send_signal(sig)
-    time.sleep(0.5)            # the last signal is handled before stdin closes (the rank's wait ends)
+    time.sleep(0.5)  # the last signal is handled before stdin closes (the rank's wait ends)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, (out, err)
     if code == 0:
@@ -118,7 +131,8 @@ def test_worker_death_message_is_one_line():
     assert msg.startswith("a DataLoader worker (pid 4242) is killed by signal: Killed: usually the out-of-memory")
     assert "\n" not in msg
     assert worker_death_message(RuntimeError("DataLoader worker (pid(s) 7, 8) exited unexpectedly")).startswith(
-        "a DataLoader worker (pid 7, 8) exited unexpectedly:")
+        "a DataLoader worker (pid 7, 8) exited unexpectedly:"
+    )
     assert worker_death_message(RuntimeError("Caught ValueError in DataLoader worker process 0.")) is None
 
 
@@ -136,16 +150,18 @@ def test_launcher_relays_to_rank_processes_only(tmp_path):
         time.sleep(60)
     """)
     script = tmp_path / "agent.py"
-    script.write_text(f"import subprocess, sys, time\n"
-                      f"ps = [subprocess.Popen([sys.executable, '-c', {fake_rank!r}, {str(TRAINER_SCRIPT)!r}])"
-                      f" for _ in range(2)]\ntime.sleep(60)\n")
-    agent = subprocess.Popen([sys.executable, str(script)], start_new_session=True)   # kill_launch kills its group
+    script.write_text(
+        f"import subprocess, sys, time\n"
+        f"ps = [subprocess.Popen([sys.executable, '-c', {fake_rank!r}, {str(TRAINER_SCRIPT)!r}])"
+        f" for _ in range(2)]\ntime.sleep(60)\n"
+    )
+    agent = subprocess.Popen([sys.executable, str(script)], start_new_session=True)  # kill_launch kills its group
     try:
         deadline = time.time() + 20
         while len(launch_pids(agent.pid)) < 5 and time.time() < deadline:
             time.sleep(0.1)
         everything = launch_pids(agent.pid)
-        assert len(everything) == 5, everything                  # agent, 2 ranks, 2 workers
+        assert len(everything) == 5, everything  # agent, 2 ranks, 2 workers
         ranks = trainer_pids(agent.pid)
         assert sorted(ranks) == sorted(p.pid for p in psutil.Process(agent.pid).children())
         assert len(ranks) == 2

@@ -22,12 +22,12 @@ HEAVY = ("torch", "accelerate", "deepspeed", "diffusers", "cv2")
 LAYERS = [
     ("errors", {"__init__", "errors"}),
     ("base", {"files", "compat", "yamltext"}),
-    ("formats", {"rundir", "dataindex"}),      # what the launcher and the trainer share on disk; the index
-    ("plan", {"plan"}),                        # pure resolution
-    ("edges", {"run", "train"}),               # the launcher edge; the trainer
-    ("cluster", {"cluster"}),                  # sbatch / k8s rendering (uses run)
+    ("formats", {"rundir", "dataindex"}),  # what the launcher and the trainer share on disk; the index
+    ("plan", {"plan"}),  # pure resolution
+    ("edges", {"run", "train"}),  # the launcher edge; the trainer
+    ("cluster", {"cluster"}),  # sbatch / k8s rendering (uses run)
     ("tools", {"preflight", "bench"}),
-    ("top", {"cli", "gen"}),                   # one module per command; docs/example generators
+    ("top", {"cli", "gen"}),  # one module per command; docs/example generators
 ]
 LAYER = {pkg: i for i, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
 
@@ -38,7 +38,7 @@ class Edge:
 
     path: Path
     line: int
-    target: str          # absolute module name (taehv_launch.run.launch) or a heavy library (torch.nn)
+    target: str  # absolute module name (taehv_launch.run.launch) or a heavy library (torch.nn)
     lazy: bool
 
     @property
@@ -83,10 +83,18 @@ def imports(path: Path, source: str | None = None) -> list[Edge]:
                 mod = node.module or ""
             # `from taehv_launch import cli` reaches taehv_launch.cli; `from .run import launch` reaches
             # taehv_launch.run.launch; `from .run.launch import main` reaches taehv_launch.run.launch
-            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known
-                       or (mod == "taehv_launch" and a.name in top_level) else mod for a in node.names]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+            targets = [
+                f"{mod}.{a.name}"
+                if f"{mod}.{a.name}" in known or (mod == "taehv_launch" and a.name in top_level)
+                else mod
+                for a in node.names
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             targets = [str(node.args[0].value)]
         else:
             continue
@@ -107,8 +115,10 @@ def layer_violations(files: dict[str, Path] | None = None, sources: dict[Path, s
     for mod, path in files.items():
         src = package_of(mod)
         if src not in LAYER:
-            bad.append(f"{path.relative_to(PKG.parent.parent)}:1: package {src!r} is in no layer "
-                       f"(move it into one of {sorted(LAYER)}, or add it to LAYERS in tests/test_structure.py)")
+            bad.append(
+                f"{path.relative_to(PKG.parent.parent)}:1: package {src!r} is in no layer "
+                f"(move it into one of {sorted(LAYER)}, or add it to LAYERS in tests/test_structure.py)"
+            )
             continue
         seen = set()
         for e in imports(path, sources.get(path)):
@@ -120,11 +130,15 @@ def layer_violations(files: dict[str, Path] | None = None, sources: dict[Path, s
             seen.add((e.line, dst))
             how = "lazy import" if e.lazy else "import"
             if LAYER[dst] > LAYER[src]:
-                bad.append(f"{e.where}: upward {how}: {src} imports {e.target} (layer {LAYERS[LAYER[src]][0]!r} "
-                           f"below {LAYERS[LAYER[dst]][0]!r}); a package may import only from lower layers")
+                bad.append(
+                    f"{e.where}: upward {how}: {src} imports {e.target} (layer {LAYERS[LAYER[src]][0]!r} "
+                    f"below {LAYERS[LAYER[dst]][0]!r}); a package may import only from lower layers"
+                )
             elif LAYER[dst] == LAYER[src]:
-                bad.append(f"{e.where}: same-layer {how}: {src} imports {e.target}; {src} and {dst} share layer "
-                           f"{LAYERS[LAYER[src]][0]!r} and must not import each other")
+                bad.append(
+                    f"{e.where}: same-layer {how}: {src} imports {e.target}; {src} and {dst} share layer "
+                    f"{LAYERS[LAYER[src]][0]!r} and must not import each other"
+                )
     return bad
 
 
@@ -149,7 +163,7 @@ def find_cycle(g: dict[str, set[str]] | dict[str, dict]) -> list[str] | None:
         stack.append(m)
         for t in sorted(g.get(m, ())):
             if state.get(t) == 1:
-                return stack[stack.index(t):] + [t]
+                return stack[stack.index(t) :] + [t]
             if t not in state and (c := visit(t)):
                 return c
         stack.pop()
@@ -170,23 +184,37 @@ def test_every_import_goes_down_the_layers():
 def test_the_package_graph_has_no_circle():
     g = package_graph()
     cycle = find_cycle(g)
-    assert cycle is None, "package circle: " + " -> ".join(cycle) + "\n" + "\n".join(
-        f"  {a} -> {b} at {g[a][b].where}" for a, b in zip(cycle, cycle[1:]))
+    assert cycle is None, (
+        "package circle: "
+        + " -> ".join(cycle)
+        + "\n"
+        + "\n".join(f"  {a} -> {b} at {g[a][b].where}" for a, b in zip(cycle, cycle[1:]))
+    )
 
 
 def test_the_module_graph_has_no_circle():
     files = modules()
     # an empty package __init__ is not an edge worth following
-    g = {m: {e.target for e in imports(p) if e.target in files and e.target != m
-             and (files[e.target].name != "__init__.py" or files[e.target].read_text().strip())}
-         for m, p in files.items()}
+    g = {
+        m: {
+            e.target
+            for e in imports(p)
+            if e.target in files
+            and e.target != m
+            and (files[e.target].name != "__init__.py" or files[e.target].read_text().strip())
+        }
+        for m, p in files.items()
+    }
     cycle = find_cycle(g)
     assert cycle is None, "module circle: " + " -> ".join(cycle)
 
 
 def test_no_module_is_too_long():
-    long = [f"{p.relative_to(PKG.parent.parent)}:{n}: {n} lines, over the limit of {MAX_LINES}; split it"
-            for p in sorted(PKG.rglob("*.py")) if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    long = [
+        f"{p.relative_to(PKG.parent.parent)}:{n}: {n} lines, over the limit of {MAX_LINES}; split it"
+        for p in sorted(PKG.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    ]
     assert not long, "\n".join(long)
 
 
@@ -206,7 +234,7 @@ def cli_import_path() -> dict[str, list[str]]:
         m = todo.pop()
         reached = [t for t in eager.get(m, []) if t in files]
         parts = m.split(".")
-        reached += [".".join(parts[:i]) for i in range(1, len(parts))]   # importing a.b.c runs a and a.b
+        reached += [".".join(parts[:i]) for i in range(1, len(parts))]  # importing a.b.c runs a and a.b
         for t in reached:
             if t not in chains:
                 chains[t] = chains[m] + [t]
@@ -220,17 +248,21 @@ def test_the_cli_import_path_imports_nothing_heavy():
     for m, chain in sorted(cli_import_path().items()):
         for e in imports(files[m]):
             if not e.lazy and e.target.split(".")[0] in HEAVY:
-                bad.append(f"{e.where}: heavy import on the CLI path: {e.target} at module level "
-                           f"(reached by {' -> '.join(chain)}); import it inside the function that needs it")
+                bad.append(
+                    f"{e.where}: heavy import on the CLI path: {e.target} at module level "
+                    f"(reached by {' -> '.join(chain)}); import it inside the function that needs it"
+                )
     assert not bad, "\n".join(bad)
 
 
 def test_a_dry_run_loads_nothing_heavy():
     """Dynamic: a real dry run (lazy imports included) leaves no heavy library in sys.modules."""
-    code = ("import sys; sys.argv = ['taehv-launch', '16', 'h100', '--dry-run', '--json']\n"
-            "from taehv_launch.cli import main\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-            f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules], code, file=sys.stderr)\n")
+    code = (
+        "import sys; sys.argv = ['taehv-launch', '16', 'h100', '--dry-run', '--json']\n"
+        "from taehv_launch.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules], code, file=sys.stderr)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
     line = [l for l in proc.stderr.splitlines() if l.startswith("HEAVY ")]
     assert line, proc.stderr
@@ -238,6 +270,7 @@ def test_a_dry_run_loads_nothing_heavy():
 
 
 # --- the checks can fail: each rule fires on a small made-up case -------------------------------------
+
 
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -247,8 +280,10 @@ def test_the_cycle_finder_finds_one():
 def test_an_upward_and_a_sideways_import_are_caught():
     plan = PKG / "plan" / "resolve.py"
     run = PKG / "run" / "render.py"
-    sources = {plan: "def f():\n    from ..run import launch\n",                     # upward, lazy, relative
-               run: "import os\nfrom taehv_launch.train import main\n"}               # same layer, absolute
+    sources = {
+        plan: "def f():\n    from ..run import launch\n",  # upward, lazy, relative
+        run: "import os\nfrom taehv_launch.train import main\n",
+    }  # same layer, absolute
     bad = layer_violations({module_name(plan): plan, module_name(run): run}, sources)
     assert len(bad) == 2, bad
     assert bad[0].startswith("src/taehv_launch/plan/resolve.py:2: upward lazy import: plan imports taehv_launch.run")
@@ -257,19 +292,31 @@ def test_an_upward_and_a_sideways_import_are_caught():
 
 # --- rules that are not about the graph -----------------------------------------------------------------
 
-PRIVATE = ("_terminate_process_handler", "__compatible_ops__", "_lazy_init_hp_params_optimizer_state",
-           "mock.patch", ".step -= 1", "from unittest import mock")
+PRIVATE = (
+    "_terminate_process_handler",
+    "__compatible_ops__",
+    "_lazy_init_hp_params_optimizer_state",
+    "mock.patch",
+    ".step -= 1",
+    "from unittest import mock",
+)
 
 
 def test_library_internals_are_touched_only_in_compat():
-    users = {str(p.relative_to(PKG)): [s for s in PRIVATE if s in p.read_text()]
-             for p in PKG.rglob("*.py") if p.name != "compat.py"}
+    users = {
+        str(p.relative_to(PKG)): [s for s in PRIVATE if s in p.read_text()]
+        for p in PKG.rglob("*.py")
+        if p.name != "compat.py"
+    }
     assert not {k: v for k, v in users.items() if v}, "move these uses of library internals into compat.py"
 
 
 def test_errors_are_in_the_family():
     """The package raises no bare ValueError/RuntimeError for users to read: UserError subclasses
     (errors.py) or assertions for our own bugs."""
-    bare = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py")
-            if (n := len([l for l in p.read_text().splitlines() if "raise RuntimeError(" in l or "raise ValueError(" in l]))}
+    bare = {
+        str(p.relative_to(PKG)): n
+        for p in PKG.rglob("*.py")
+        if (n := len([l for l in p.read_text().splitlines() if "raise RuntimeError(" in l or "raise ValueError(" in l]))
+    }
     assert not bare, bare

@@ -123,7 +123,9 @@ def test_single_node_job_id_from_a_one_node_slurm_allocation():
 
 def test_single_node_gpus_per_node_must_match():
     assert detect_topology(8, {}, gpus_per_node=8).gpus_per_machine == 8
-    with pytest.raises(TopologyError, match=r"4 GPUs on 1 node .* do not match --gpus-per-node 8: drop --gpus-per-node"):
+    with pytest.raises(
+        TopologyError, match=r"4 GPUs on 1 node .* do not match --gpus-per-node 8: drop --gpus-per-node"
+    ):
         detect_topology(4, {}, gpus_per_node=8)
 
 
@@ -141,7 +143,9 @@ def test_more_gpus_than_one_node_without_scheduler_is_shown_as_nodes(gpus, nodes
 
 
 def test_more_gpus_than_one_node_must_be_whole_nodes():
-    with pytest.raises(TopologyError, match=r"12 GPUs .* not a whole number of nodes: ask for 8 or 16 GPUs, or pass --gpus-per-node"):
+    with pytest.raises(
+        TopologyError, match=r"12 GPUs .* not a whole number of nodes: ask for 8 or 16 GPUs, or pass --gpus-per-node"
+    ):
         detect_topology(12, {})
     topo = detect_topology(12, {}, gpus_per_node=4)
     assert (topo.num_machines, topo.gpus_per_machine, topo.source) == (3, 4, SOURCE_ASSUMED)
@@ -262,7 +266,9 @@ def test_slurm_one_node_with_nodeid_is_slurm_single_node():
 
 
 def test_slurm_multi_node_without_nodeid_asks_for_srun():
-    with pytest.raises(TopologyError, match=r"SLURM reports 2 nodes but SLURM_NODEID is not set: .*srun --ntasks-per-node=1"):
+    with pytest.raises(
+        TopologyError, match=r"SLURM reports 2 nodes but SLURM_NODEID is not set: .*srun --ntasks-per-node=1"
+    ):
         detect_topology(16, {"SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"})
 
 
@@ -388,11 +394,12 @@ def test_skypilot_single_node():
 
 
 def test_options_win_over_environment():
-    topo = detect_topology(
-        32, CLOUD, num_nodes=4, node_rank=3, master_addr="10.0.0.1", master_port=30000
-    )
+    topo = detect_topology(32, CLOUD, num_nodes=4, node_rank=3, master_addr="10.0.0.1", master_port=30000)
     assert (topo.num_machines, topo.machine_rank, topo.main_process_ip, topo.main_process_port) == (
-        4, 3, "10.0.0.1", 30000,
+        4,
+        3,
+        "10.0.0.1",
+        30000,
     )
     assert topo.source == SOURCE_OPTIONS
 
@@ -459,7 +466,9 @@ def test_gpus_per_node_option_with_detected_nodes():
 @pytest.mark.parametrize("var", ["LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"])
 def test_inside_torchrun_is_refused(var):
     env = {"WORLD_SIZE": "16", "RANK": "3", "MASTER_ADDR": "m", var: "3"}
-    with pytest.raises(TopologyError, match=rf"running under torchrun or accelerate launch \({var}=3 is set\): start it directly"):
+    with pytest.raises(
+        TopologyError, match=rf"running under torchrun or accelerate launch \({var}=3 is set\): start it directly"
+    ):
         detect_topology(16, env)
     with pytest.raises(TopologyError, match="under torchrun"):
         detect_topology(16, env, num_nodes=2, node_rank=0, master_addr="m")
@@ -472,12 +481,18 @@ def test_inside_torchrun_is_refused(var):
         ({"WORLD_SIZE": "2", "RANK": "1.0"}, r"RANK='1.0' is not an integer"),
         ({"WORLD_SIZE": "0", "RANK": "0"}, r"WORLD_SIZE='0' must be at least 1"),
         ({"WORLD_SIZE": "2", "RANK": "-1"}, r"RANK='-1' must be at least 0"),
-        ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "m"}, r"node rank 2 \(RANK=2\) is outside 0..1 for 2 nodes \(WORLD_SIZE=2\)"),
+        (
+            {"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "m"},
+            r"node rank 2 \(RANK=2\) is outside 0..1 for 2 nodes \(WORLD_SIZE=2\)",
+        ),
         ({"MASTER_PORT": "http"}, r"MASTER_PORT='http' is not an integer"),
         ({"MASTER_PORT": "70000"}, r"MASTER_PORT=70000 is not a port: use 1-65535"),
         ({"SLURM_NNODES": "x", "SLURM_NODEID": "0"}, r"SLURM_NNODES='x' is not an integer"),
         ({"PET_NNODES": "2:x"}, r"PET_NNODES='2:x' is not an integer"),
-        ({"JOB_COMPLETION_INDEX": "a", "NNODES": "2", "MASTER_ADDR": "m"}, r"JOB_COMPLETION_INDEX='a' is not an integer"),
+        (
+            {"JOB_COMPLETION_INDEX": "a", "NNODES": "2", "MASTER_ADDR": "m"},
+            r"JOB_COMPLETION_INDEX='a' is not an integer",
+        ),
         ({"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": "?"}, r"SKYPILOT_NODE_RANK='\?' is not an integer"),
     ],
 )
@@ -528,13 +543,17 @@ def test_check_local_gpus_fewer_than_visible_is_fine():
 
 
 def test_check_local_gpus_no_gpu():
-    with pytest.raises(TopologyError, match=r"no GPU is visible on this node: .*CUDA_VISIBLE_DEVICES.*taehv-launch 1 cpu"):
+    with pytest.raises(
+        TopologyError, match=r"no GPU is visible on this node: .*CUDA_VISIBLE_DEVICES.*taehv-launch 1 cpu"
+    ):
         check_local_gpus(detect_topology(1, {}), 0)
 
 
 def test_check_local_gpus_single_node_too_few():
     topo = detect_topology(8, {"WORLD_SIZE": "1", "RANK": "0"})
-    expected = r"8 GPUs requested but this node sees 4 .*run `taehv-launch 4 h100`, run on 2 nodes, or check CUDA_VISIBLE"
+    expected = (
+        r"8 GPUs requested but this node sees 4 .*run `taehv-launch 4 h100`, run on 2 nodes, or check CUDA_VISIBLE"
+    )
     with pytest.raises(TopologyError, match=expected):
         check_local_gpus(topo, 4, profile="h100")
 
@@ -556,16 +575,34 @@ def test_check_local_gpus_multi_node_too_few():
 # --- CUDA_VISIBLE_DEVICES, read without torch (the dry run and the launch) -------------------
 
 
-@pytest.mark.parametrize("value,count", [(None, None), ("", 0), ("-1", 0), ("3", 1), (EIGHT, 8), ("0, 1", 2),
-                                         ("0,1,", 2), ("0,1,-1,2", 2), ("GPU-8a1b2c3d-aaaa,GPU-77", 2),
-                                         ("MIG-GPU-8a1b/1/0", 1)])
+@pytest.mark.parametrize(
+    "value,count",
+    [
+        (None, None),
+        ("", 0),
+        ("-1", 0),
+        ("3", 1),
+        (EIGHT, 8),
+        ("0, 1", 2),
+        ("0,1,", 2),
+        ("0,1,-1,2", 2),
+        ("GPU-8a1b2c3d-aaaa,GPU-77", 2),
+        ("MIG-GPU-8a1b/1/0", 1),
+    ],
+)
 def test_listed_gpus(value, count):
     assert listed_gpus({} if value is None else {"CUDA_VISIBLE_DEVICES": value}) == count
 
 
-@pytest.mark.parametrize("value,match", [("garbage", r"'garbage' is neither an index nor a GPU-/MIG- UUID"),
-                                         ("0,,1", r"'' is neither"), ("0,gpu1", r"'gpu1' is neither"),
-                                         ("1,01", r"lists GPU 01 twice")])
+@pytest.mark.parametrize(
+    "value,match",
+    [
+        ("garbage", r"'garbage' is neither an index nor a GPU-/MIG- UUID"),
+        ("0,,1", r"'' is neither"),
+        ("0,gpu1", r"'gpu1' is neither"),
+        ("1,01", r"lists GPU 01 twice"),
+    ],
+)
 def test_listed_gpus_refuses_a_malformed_value(value, match):
     with pytest.raises(TopologyError, match=match):
         listed_gpus({"CUDA_VISIBLE_DEVICES": value})
@@ -579,12 +616,14 @@ def test_the_dry_run_refuses_a_bad_cuda_visible_devices_as_the_launch_does(tmp_p
 
     line = "CUDA_VISIBLE_DEVICES='garbage' is not a list of GPUs: 'garbage' is neither an index nor a GPU-/MIG- UUID"
     env = clean_env(CUDA_VISIBLE_DEVICES="garbage")
-    procs = [run_cli("8", "h100", *extra, "--set", f"output_dir={tmp_path / 'out'}", env=env)
-             for extra in (("--dry-run",), ("--dry-run", "--json"), ())]
+    procs = [
+        run_cli("8", "h100", *extra, "--set", f"output_dir={tmp_path / 'out'}", env=env)
+        for extra in (("--dry-run",), ("--dry-run", "--json"), ())
+    ]
     for proc in procs:
         assert_one_line_error(proc, line)
         assert proc.stdout == ""
-    assert len({proc.stderr for proc in procs}) == 1       # the very same line
+    assert len({proc.stderr for proc in procs}) == 1  # the very same line
     assert not (tmp_path / "out").exists()
 
 
@@ -606,8 +645,19 @@ def test_the_dry_run_checks_what_cuda_visible_devices_lists_against_the_plan():
 def test_render_for_other_machines_ignores_this_machines_cuda_visible_devices(tmp_path):
     from conftest import clean_env, run_cli_here
 
-    proc = run_cli_here("render", "slurm", "16", "h100", "--output-dir", str(tmp_path), "--set", "data_root=/d",
-                        "--set", "ref_vae_path=/v", env=clean_env(CUDA_VISIBLE_DEVICES="garbage"))
+    proc = run_cli_here(
+        "render",
+        "slurm",
+        "16",
+        "h100",
+        "--output-dir",
+        str(tmp_path),
+        "--set",
+        "data_root=/d",
+        "--set",
+        "ref_vae_path=/v",
+        env=clean_env(CUDA_VISIBLE_DEVICES="garbage"),
+    )
     assert proc.returncode == 0 and "#SBATCH" in proc.stdout, proc.stderr
 
 
@@ -616,15 +666,26 @@ def test_render_for_other_machines_ignores_this_machines_cuda_visible_devices(tm
 
 def test_topology_properties_and_validation():
     topo = Topology(
-        num_machines=2, machine_rank=1, gpus_per_machine=8,
-        main_process_ip="10.0.0.1", main_process_port=29500, source=SOURCE_OPTIONS, job_id=None,
+        num_machines=2,
+        machine_rank=1,
+        gpus_per_machine=8,
+        main_process_ip="10.0.0.1",
+        main_process_port=29500,
+        source=SOURCE_OPTIONS,
+        job_id=None,
     )
     assert topo.gpu_ids == EIGHT
     assert topo.world_size == 16
     assert "2 nodes x 8 GPUs = 16 processes, this is node 1" in topo.describe()
     with pytest.raises(TopologyError):
-        Topology(num_machines=2, machine_rank=2, gpus_per_machine=8, main_process_ip="x",
-                 main_process_port=29500, source=SOURCE_OPTIONS)
+        Topology(
+            num_machines=2,
+            machine_rank=2,
+            gpus_per_machine=8,
+            main_process_ip="x",
+            main_process_port=29500,
+            source=SOURCE_OPTIONS,
+        )
     with pytest.raises(TypeError):
         Topology(2, 0, 8, "x", 29500, SOURCE_OPTIONS, None)  # keyword-only
 

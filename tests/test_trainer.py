@@ -12,9 +12,19 @@ from safetensors.torch import load_file
 from conftest import assert_one_line_error
 from trainrun import launch, ok, scalars, trainer_state
 
-TB_KEYS = ["train/loss", "train/reconstruction_loss", "train/encoder_loss", "train/seraena_loss", "train/disc_loss",
-           "train/psnr", "train/learning_rate", "train/samples_per_second", "train/gpu_memory_gb",
-           "val/psnr", "val/ssim"]
+TB_KEYS = [
+    "train/loss",
+    "train/reconstruction_loss",
+    "train/encoder_loss",
+    "train/seraena_loss",
+    "train/disc_loss",
+    "train/psnr",
+    "train/learning_rate",
+    "train/samples_per_second",
+    "train/gpu_memory_gb",
+    "val/psnr",
+    "val/ssim",
+]
 
 
 def tb_images(run_dir, tag):
@@ -29,19 +39,19 @@ def tb_images(run_dir, tag):
     return out
 
 
-@pytest.mark.slow   # ~57 s, two trainer runs; a real trainer run stays fast in the non-finite test below
+@pytest.mark.slow  # ~57 s, two trainer runs; a real trainer run stays fast in the non-finite test below
 def test_demo_trains_checkpoints_exports_and_resumes(tmp_path):
     proc, run = launch(tmp_path, 1, "--set", "max_train_steps=4")
     ok(proc)
     assert "processes 1" in proc.stdout and "demo: data_root is the built-in synthetic set" in proc.stdout
-    assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr          # DeepSpeed's probe warning
+    assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr  # DeepSpeed's probe warning
     tb = scalars(run)
     for key in TB_KEYS:
         assert key in tb, f"{key} missing from TensorBoard: {sorted(tb)}"
     assert [s for s, _ in tb["train/loss"]] == [1, 2, 3, 4]
     assert all(math.isfinite(v) for _, v in tb["train/loss"])
-    assert tb["train/gpu_memory_usage"] == tb["train/gpu_memory_gb"]       # the seeds' dashboards' name too
-    gif = tb_images(run, "val/video_0")[-1]      # input | reconstruction, animated, at each validation
+    assert tb["train/gpu_memory_usage"] == tb["train/gpu_memory_gb"]  # the seeds' dashboards' name too
+    gif = tb_images(run, "val/video_0")[-1]  # input | reconstruction, animated, at each validation
     assert gif.encoded_image_string.startswith(b"GIF8") and gif.width == 2 * gif.height
     for name in ("checkpoint-2", "checkpoint-4"):
         assert (run / name / "COMPLETE").is_file()
@@ -66,10 +76,10 @@ def test_demo_trains_checkpoints_exports_and_resumes(tmp_path):
 def test_resume_of_a_missing_checkpoint_is_one_line(tmp_path):
     proc, run = launch(tmp_path, 1, "--resume", str(tmp_path / "nope"))
     assert_one_line_error(proc, "does not exist")
-    assert not run.exists()      # nothing was created
+    assert not run.exists()  # nothing was created
 
 
-@pytest.mark.slow   # the fast suite has the data-root cases of test_bad_inputs
+@pytest.mark.slow  # the fast suite has the data-root cases of test_bad_inputs
 def test_empty_dataset_is_one_line(tmp_path):
     empty = tmp_path / "videos"
     empty.mkdir()
@@ -80,11 +90,26 @@ def test_empty_dataset_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_real_videos_reconstruction_loss_goes_down(tmp_path, videos):
-    proc, run = launch(tmp_path, 1, "--set", f"data_root='{videos}'", "--set", "max_train_steps=30",
-                       "--set", "use_seraena=False", "--set", "validation_steps=30", "--set", "checkpointing_steps=30",
-                       "--set", "learning_rate=1e-3", "--set", "lr_warmup_steps=3")
+    proc, run = launch(
+        tmp_path,
+        1,
+        "--set",
+        f"data_root='{videos}'",
+        "--set",
+        "max_train_steps=30",
+        "--set",
+        "use_seraena=False",
+        "--set",
+        "validation_steps=30",
+        "--set",
+        "checkpointing_steps=30",
+        "--set",
+        "learning_rate=1e-3",
+        "--set",
+        "lr_warmup_steps=3",
+    )
     ok(proc)
-    assert "skipping unreadable or unusable video" in proc.stdout   # empty.webm and friends, logged once
+    assert "skipping unreadable or unusable video" in proc.stdout  # empty.webm and friends, logged once
     rec = [v for _, v in scalars(run)["train/reconstruction_loss"]]
     first, last = sum(rec[:5]) / 5, sum(rec[-5:]) / 5
     assert last < 0.7 * first, (first, last)
@@ -92,13 +117,13 @@ def test_real_videos_reconstruction_loss_goes_down(tmp_path, videos):
 
 def _check_two_ranks(run, proc):
     ok(proc)
-    assert "processes 2" in proc.stdout                # accelerator.num_processes inside the run
+    assert "processes 2" in proc.stdout  # accelerator.num_processes inside the run
     state = trainer_state(run / "checkpoint-4")
     assert state["world_size"] == 2
     a = torch.load(run / "checkpoint-4" / "seraena_rank0.pt", weights_only=True)["disc"]
     b = torch.load(run / "checkpoint-4" / "seraena_rank1.pt", weights_only=True)["disc"]
     assert a.keys() == b.keys()
-    for k in a:                                         # parameters and BatchNorm buffers alike
+    for k in a:  # parameters and BatchNorm buffers alike
         assert torch.equal(a[k], b[k]), k
     assert all(math.isfinite(v) for _, v in scalars(run)["train/loss"])
 
@@ -114,28 +139,40 @@ def test_two_ranks_ddp_and_zero2_then_resume(tmp_path, zero):
     assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.slow   # ~1 min of trainer runs: the slow job
+@pytest.mark.slow  # ~1 min of trainer runs: the slow job
 def test_profile_and_debug_and_accumulation(tmp_path):
-    proc, run = launch(tmp_path, 1, "--profile", "--set", "max_train_steps=4", "--set", "profile_steps=2",
-                       "--set", "gradient_accumulation_steps=2", "--set", "seraena_crop=32", run_name="prof")
+    proc, run = launch(
+        tmp_path,
+        1,
+        "--profile",
+        "--set",
+        "max_train_steps=4",
+        "--set",
+        "profile_steps=2",
+        "--set",
+        "gradient_accumulation_steps=2",
+        "--set",
+        "seraena_crop=32",
+        run_name="prof",
+    )
     ok(proc)
-    speed = json.loads((run / "speed.json").read_text())        # steady-state throughput, for bench --compare
+    speed = json.loads((run / "speed.json").read_text())  # steady-state throughput, for bench --compare
     assert speed["steps"] == 2 and speed["from_step"] == 2 and speed["clips_per_s"] > 0, speed
     assert "reference VAE encode" in speed["phases"]
-    assert "where a step's time goes (steps 3-4, after the warm-up" in proc.stdout   # speed.json's window
+    assert "where a step's time goes (steps 3-4, after the warm-up" in proc.stdout  # speed.json's window
     assert "outside the phases" in proc.stdout
     for phase in ("reference VAE encode", "TAEHV forward", "Seraena", "backward + optimizer", "data"):
         assert phase in proc.stdout, phase
     assert list((run / "logs" / "profile").glob("*.pt.trace.json*")), "no torch.profiler trace written"
-    for noise in ("USDT:", "CPUAllocator"):                           # the profiler's own chatter (#15)
+    for noise in ("USDT:", "CPUAllocator"):  # the profiler's own chatter (#15)
         assert noise not in proc.stdout + proc.stderr + (run / "launch.log").read_text(), noise
-    assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4]     # optimizer steps, not micro-batches
+    assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4]  # optimizer steps, not micro-batches
     lrs = [v for _, v in scalars(run)["train/learning_rate"]]
     assert lrs[0] == pytest.approx(1e-4) and lrs[1] == pytest.approx(2e-4)  # warmup 5 at 5e-4, per optimizer step
 
     proc, run = launch(tmp_path, 1, "--debug", "--set", "max_train_steps=2", run_name="dbg")
     ok(proc)
-    assert "[rank 0] step 1/2" in proc.stdout                              # per-rank verbose logs
+    assert "[rank 0] step 1/2" in proc.stdout  # per-rank verbose logs
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in proc.stdout
 
 
@@ -149,8 +186,17 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path):
     sd["decoder.1.weight"] = torch.full_like(sd["decoder.1.weight"], float("nan"))
     bad = tmp_path / "nan.safetensors"
     save_file(sd, str(bad))
-    proc, run = launch(tmp_path, 1, "--set", f"pretrained_model_path='{bad}'", "--set", "max_consecutive_bad_steps=3",
-                       "--set", "max_train_steps=10", run_name="nan")
+    proc, run = launch(
+        tmp_path,
+        1,
+        "--set",
+        f"pretrained_model_path='{bad}'",
+        "--set",
+        "max_consecutive_bad_steps=3",
+        "--set",
+        "max_train_steps=10",
+        run_name="nan",
+    )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.count("non-finite loss on some rank; micro-batch skipped") == 3
     assert_one_line_error(proc, "3 non-finite losses in a row", code=1)

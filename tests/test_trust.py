@@ -58,8 +58,18 @@ def run_in(tmp: Path, *args: str, run_name: str):
 
 def cli(tmp: Path, *args: str, env=None) -> subprocess.CompletedProcess:
     env = env or env_for(tmp)
-    return run_cli("1", "cpu", "--master-port", str(free_port()), "--set", f"output_dir='{tmp / 'output'}'",
-                   *FAST, *args, env=env, cwd=tmp)
+    return run_cli(
+        "1",
+        "cpu",
+        "--master-port",
+        str(free_port()),
+        "--set",
+        f"output_dir='{tmp / 'output'}'",
+        *FAST,
+        *args,
+        env=env,
+        cwd=tmp,
+    )
 
 
 def plan(tmp: Path, *args: str) -> dict:
@@ -74,7 +84,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def test_a_named_run_never_resumes_another_runs_checkpoint(work):
     out = work / "output"
-    killed = out / "named" / ".tmp-checkpoint-2"          # all a killed launch of `named` left
+    killed = out / "named" / ".tmp-checkpoint-2"  # all a killed launch of `named` left
     killed.mkdir(parents=True)
     (killed / "model.safetensors").write_bytes(b"\0" * 1000)
     for name in ("named", "never-launched"):
@@ -91,39 +101,59 @@ def test_a_named_run_never_resumes_another_runs_checkpoint(work):
     assert (out / "base" / "checkpoint-2" / "COMPLETE").is_file()
 
 
-def test_an_unnamed_auto_resume_says_which_run_and_continues_in_it(base):   # reads only
+def test_an_unnamed_auto_resume_says_which_run_and_continues_in_it(base):  # reads only
     proc = cli(base, "--resume", "auto", "--set", "max_train_steps=4", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert f"run dir   {base / 'output' / 'base'}" in proc.stdout
     assert f"--resume auto: continuing run base from checkpoint-2 (in {base / 'output' / 'base'})" in proc.stdout
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--set", "max_train_steps=2"], r"checkpoint-2 is at step 2, and max_train_steps is 2: nothing left to train"),
-    (["--set", "max_train_steps=1"], r"is at step 2, and max_train_steps is 1"),
-    (["--set", "max_train_steps=4", "--set", "latent_channels=8"],
-     r"does not fit this model \(latent_channels=4 -> 8\): resume with its settings"),
-    (["--set", "max_train_steps=4", "--set", "use_seraena=False"], r"use_seraena=True -> False"),
-    (["--set", "max_train_steps=4", "--set", "ref_vae_type='wan'"],
-     r"trained against the cogvideox reference VAE, this run asks for wan: .*allow_family_change=True"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--set", "max_train_steps=2"], r"checkpoint-2 is at step 2, and max_train_steps is 2: nothing left to train"),
+        (["--set", "max_train_steps=1"], r"is at step 2, and max_train_steps is 1"),
+        (
+            ["--set", "max_train_steps=4", "--set", "latent_channels=8"],
+            r"does not fit this model \(latent_channels=4 -> 8\): resume with its settings",
+        ),
+        (["--set", "max_train_steps=4", "--set", "use_seraena=False"], r"use_seraena=True -> False"),
+        (
+            ["--set", "max_train_steps=4", "--set", "ref_vae_type='wan'"],
+            r"trained against the cogvideox reference VAE, this run asks for wan: .*allow_family_change=True",
+        ),
+    ],
+)
 def test_a_refused_resume_writes_nothing(base, args, match):
     run = base / "output" / "base"
     before = snapshot(run)
     latest = os.readlink(base / "output" / "latest")
     for extra in ([], ["--dry-run"]):
         assert_one_line_error(cli(base, "--run-name", "base", "--resume", "auto", *args, *extra), match)
-        assert snapshot(run) == before            # config.py, launch.log, checkpoints: untouched
+        assert snapshot(run) == before  # config.py, launch.log, checkpoints: untouched
         assert os.readlink(base / "output" / "latest") == latest
 
 
 def test_a_family_change_is_an_explicit_opt_in(base):
-    p = plan(base, "--run-name", "base", "--resume", "auto", "--set", "max_train_steps=4",
-             "--set", "ref_vae_type='wan'", "--set", "allow_family_change=True")
+    p = plan(
+        base,
+        "--run-name",
+        "base",
+        "--resume",
+        "auto",
+        "--set",
+        "max_train_steps=4",
+        "--set",
+        "ref_vae_type='wan'",
+        "--set",
+        "allow_family_change=True",
+    )
     assert p["resume"].endswith("checkpoint-2")
-    assert "reference VAE family changes on resume: cogvideox (checkpoint-2) -> wan (allow_family_change=True)" \
+    assert (
+        "reference VAE family changes on resume: cogvideox (checkpoint-2) -> wan (allow_family_change=True)"
         in p["notes"]
-    assert p["config"]["allow_family_change"] is True      # recorded in the run's config.py
+    )
+    assert p["config"]["allow_family_change"] is True  # recorded in the run's config.py
 
 
 def test_resume_at_a_file_says_it_is_not_a_checkpoint(base):
@@ -137,15 +167,21 @@ def test_what_the_trainer_would_refuse_first_is_refused_before_writing(tmp_path)
     vae = tmp_path / "vae"
     vae.mkdir()
     (vae / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLCogVideoX", "latent_channels": 16}))
-    cases = [(["--set", f"data_root='{tmp_path / 'empty'}'"], r"no video files .* under .*empty: point data_root"),
-             (["--set", f"data_root='{tmp_path / 'missing'}'"], r"data_root .*missing does not exist"),
-             (["--set", f"ref_vae_path='{vae}'"],
-              r"the reference VAE at .* has 16 latent channels but latent_channels=4: set --set latent_channels=16"),
-             (["--set", f"ref_vae_path='{vae}'", "--set", "ref_vae_type='wan'"],
-              r"is an AutoencoderKLCogVideoX, not the AutoencoderKLWan .*: set ref_vae_type=cogvideox")]
+    cases = [
+        (["--set", f"data_root='{tmp_path / 'empty'}'"], r"no video files .* under .*empty: point data_root"),
+        (["--set", f"data_root='{tmp_path / 'missing'}'"], r"data_root .*missing does not exist"),
+        (
+            ["--set", f"ref_vae_path='{vae}'"],
+            r"the reference VAE at .* has 16 latent channels but latent_channels=4: set --set latent_channels=16",
+        ),
+        (
+            ["--set", f"ref_vae_path='{vae}'", "--set", "ref_vae_type='wan'"],
+            r"is an AutoencoderKLCogVideoX, not the AutoencoderKLWan .*: set ref_vae_type=cogvideox",
+        ),
+    ]
     for i, (args, match) in enumerate(cases):
         assert_one_line_error(cli(tmp_path, "--run-name", f"r{i}", *args), match)
-    assert not (tmp_path / "output").exists()       # no run dir, no launch.log, no `latest`
+    assert not (tmp_path / "output").exists()  # no run dir, no launch.log, no `latest`
 
 
 LOCK_HOLDER = textwrap.dedent("""
@@ -165,11 +201,14 @@ def test_a_held_run_dir_is_refused_and_a_dead_holders_lock_is_not(work):
         assert holder.stdout.readline().strip() == "locked"
         before = snapshot(run)
         proc = cli(work, "--run-name", "base", "--resume", "auto", "--set", "max_train_steps=3")
-        assert_one_line_error(proc, rf"{run} is in use by another launch \(taehv-launch pid {holder.pid} on .*\): "
-                                    r"wait for it to end, or pass another --run-name")
+        assert_one_line_error(
+            proc,
+            rf"{run} is in use by another launch \(taehv-launch pid {holder.pid} on .*\): "
+            r"wait for it to end, or pass another --run-name",
+        )
         assert snapshot(run) == before
     finally:
-        holder.send_signal(signal.SIGKILL)         # a holder that dies leaves the file, not the lock
+        holder.send_signal(signal.SIGKILL)  # a holder that dies leaves the file, not the lock
         holder.wait()
     proc, _ = run_in(work, "--resume", "auto", "--set", "max_train_steps=3", run_name="base")
     ok(proc)
@@ -179,23 +218,45 @@ def test_a_held_run_dir_is_refused_and_a_dead_holders_lock_is_not(work):
 def test_two_real_launches_of_one_run(base, tmp_path):
     """The second launch of a live run is one line, exit 2, and the first one's log stays its own."""
     env = env_for(tmp_path)
-    argv = [*CLI, "1", "cpu", "--run-name", "live", "--set", f"output_dir='{tmp_path / 'output'}'", *FAST,
-            "--set", "max_train_steps=100000"]
+    argv = [
+        *CLI,
+        "1",
+        "cpu",
+        "--run-name",
+        "live",
+        "--set",
+        f"output_dir='{tmp_path / 'output'}'",
+        *FAST,
+        "--set",
+        "max_train_steps=100000",
+    ]
     out = tmp_path / "first.out"
     with open(out, "w") as f:
-        first = subprocess.Popen([*argv, "--master-port", str(free_port())], stdout=f, stderr=subprocess.STDOUT,
-                                 env=env, cwd=tmp_path, start_new_session=True)
+        first = subprocess.Popen(
+            [*argv, "--master-port", str(free_port())],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
     try:
         deadline = time.time() + 240
         while "step 1/" not in out.read_text() and time.time() < deadline:
             assert first.poll() is None, out.read_text()
             time.sleep(0.2)
         log = (tmp_path / "output" / "live" / "launch.log").read_text()
-        second = subprocess.run([*argv, "--master-port", str(free_port())], capture_output=True, text=True, env=env,
-                                cwd=tmp_path, timeout=120)
+        second = subprocess.run(
+            [*argv, "--master-port", str(free_port())],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
         assert_one_line_error(second, r"is in use by another launch")
         assert (tmp_path / "output" / "live" / "launch.log").read_text().startswith(log)
-        assert "=== taehv-launch" not in (tmp_path / "output" / "live" / "launch.log").read_text()[len(log):]
+        assert "=== taehv-launch" not in (tmp_path / "output" / "live" / "launch.log").read_text()[len(log) :]
         assert len(list((tmp_path / "output" / "live" / "logs").glob("events*"))) <= 1
     finally:
         os.kill(first.pid, signal.SIGTERM)

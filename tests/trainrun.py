@@ -8,15 +8,35 @@ from pathlib import Path
 from conftest import clean_env, free_port, run_cli
 
 # Small, fast demo settings: a few steps, every feature exercised.
-FAST = ["--set", "log_every=1", "--set", "validation_steps=2", "--set", "checkpointing_steps=2",
-        "--set", "dataloader_num_workers=0", "--set", "max_validation_batches=1"]
+FAST = [
+    "--set",
+    "log_every=1",
+    "--set",
+    "validation_steps=2",
+    "--set",
+    "checkpointing_steps=2",
+    "--set",
+    "dataloader_num_workers=0",
+    "--set",
+    "max_validation_batches=1",
+]
 
 
 def launch(tmp: Path, gpus: int, *args: str, run_name: str = "t", timeout: float = 600, env=None):
     """Run `taehv-launch GPUS cpu ...` with output under tmp; returns (proc, run_dir)."""
     env = env or clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-    argv = [str(gpus), "cpu", "--run-name", run_name, "--master-port", str(free_port()),
-            "--set", f"output_dir='{tmp / 'output'}'", *FAST, *args]
+    argv = [
+        str(gpus),
+        "cpu",
+        "--run-name",
+        run_name,
+        "--master-port",
+        str(free_port()),
+        "--set",
+        f"output_dir='{tmp / 'output'}'",
+        *FAST,
+        *args,
+    ]
     proc = run_cli(*argv, env=env, cwd=tmp, timeout=timeout)
     return proc, tmp / "output" / run_name
 

@@ -20,7 +20,7 @@ def hold_elastic_stop_signals(held: tuple[int, ...]) -> bool:
     then a stop signal that reaches the agent stops the job the way torchrun does by itself."""
     try:
         from torch.distributed.elastic.multiprocessing import api
-    except ImportError:      # no torch.distributed: accelerate runs one process, nothing to patch
+    except ImportError:  # no torch.distributed: accelerate runs one process, nothing to patch
         return False
     original = getattr(api, "_terminate_process_handler", None)
     if original is None:
@@ -92,4 +92,3 @@ def deepspeed_world(world_size: int) -> Iterator[None]:
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-

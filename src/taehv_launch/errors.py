@@ -9,10 +9,10 @@ from __future__ import annotations
 
 # Exit codes, documented in docs/troubleshooting.md.
 EXIT_OK = 0
-EXIT_FAILED = 1          # the trainer failed (exception, dead rank, non-finite losses)
-EXIT_USAGE = 2           # bad invocation or configuration: nothing was started
-EXIT_RESUMABLE = 75      # stopped by a signal after saving a checkpoint: requeue with --resume auto (EX_TEMPFAIL)
-EXIT_ABORTED = 130       # a second signal: stopped at once, no checkpoint
+EXIT_FAILED = 1  # the trainer failed (exception, dead rank, non-finite losses)
+EXIT_USAGE = 2  # bad invocation or configuration: nothing was started
+EXIT_RESUMABLE = 75  # stopped by a signal after saving a checkpoint: requeue with --resume auto (EX_TEMPFAIL)
+EXIT_ABORTED = 130  # a second signal: stopped at once, no checkpoint
 
 
 def one_line(message: str) -> str:

@@ -71,8 +71,9 @@ def disk_error_message(what: str, where: Path, exc: OSError, then: str = "") -> 
         fix = f"make {where} writable"
     else:
         fix = "free disk space, or raise the quota / file size limit (`ulimit -f`)"
-    return f"could not write {what} in {where} ({_what_failed(exc)}; {_free_space(where)}): {fix}" + \
-        (f", {then}" if then else "")
+    return f"could not write {what} in {where} ({_what_failed(exc)}; {_free_space(where)}): {fix}" + (
+        f", {then}" if then else ""
+    )
 
 
 def _remove(path: Path) -> None:
@@ -84,8 +85,13 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def disk_errors(what: str, where: str | Path, then: str | Callable[[], str] = "", remove: str | Path | None = None,
-                error: type[UserError] = DiskWriteError) -> Iterator[None]:
+def disk_errors(
+    what: str,
+    where: str | Path,
+    then: str | Callable[[], str] = "",
+    remove: str | Path | None = None,
+    error: type[UserError] = DiskWriteError,
+) -> Iterator[None]:
     """An OSError inside (disk full, quota, `ulimit -f`, I/O error) becomes `error` with one line that
     says what to do; `remove` (a temporary file or folder) is deleted first, so the space comes back.
     `then`: what to do once the disk has room (a callable is asked after the removal)."""
@@ -99,9 +105,15 @@ def disk_errors(what: str, where: str | Path, then: str | Callable[[], str] = ""
 
 
 @contextlib.contextmanager
-def publish_dir(final: str | Path, *, what: str | None = None, then: str | Callable[[], str] = "",
-                tmp: str | Path | None = None, marker: str | None = None,
-                error: type[UserError] = DiskWriteError) -> Iterator[Path]:
+def publish_dir(
+    final: str | Path,
+    *,
+    what: str | None = None,
+    then: str | Callable[[], str] = "",
+    tmp: str | Path | None = None,
+    marker: str | None = None,
+    error: type[UserError] = DiskWriteError,
+) -> Iterator[Path]:
     """Build a folder under a temporary name; rename it to `final` only once it is whole.
 
         with publish_dir(run_dir / "best_model") as tmp:
@@ -125,7 +137,7 @@ def publish_dir(final: str | Path, *, what: str | None = None, then: str | Calla
                 (tmp / marker).touch()
             _swap_in(tmp, final, marker)
         finally:
-            _remove(tmp)          # gone already when renamed
+            _remove(tmp)  # gone already when renamed
 
 
 def _swap_in(tmp: Path, final: Path, marker: str | None) -> None:
@@ -143,7 +155,7 @@ def _swap_in(tmp: Path, final: Path, marker: str | None) -> None:
         if old is not None:
             os.replace(old, final)
         if marker is not None and (final / marker).is_file():
-            return        # another process (without the lock) published it meanwhile: keep its copy
+            return  # another process (without the lock) published it meanwhile: keep its copy
         raise
     if old is not None:
         _remove(old)

@@ -38,7 +38,7 @@ def _escape(match: re.Match) -> str:
     if char.isprintable():
         return char
     code = ord(char)
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"    # YAML's \U: one escape, no surrogate pair
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"  # YAML's \U: one escape, no surrogate pair
 
 
 def yaml_text(mapping: dict[str, Any], plain: bool = False) -> str:

@@ -29,48 +29,10 @@ from ..errors import ConfigError
 from ..plan.families import get_family
 from ..plan.schema import make_config
 from .runs import cache_row, make_assets, trainer_row
-from .step import _peak_reset, _sync
+from .measure import Meter, count_flops, time_steps
+from .report import _versions, format_report
+from .step import _sync
 
-
-class Meter:
-    """Peak memory (allocator and device-wide) and FLOPs of a piece of work."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def reset(self) -> None:
-        _peak_reset(self.device)
-
-    def peaks(self) -> dict[str, float | None]:
-        if self.device.type != "cuda":
-            return {"peak_allocated_gib": None, "used_gib": None}
-        free, total = torch.cuda.mem_get_info(self.device)
-        return {"peak_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
-                "used_gib": (total - free) / 2**30}
-
-
-def count_flops(fn: Callable[[], Any]) -> int:
-    """Model FLOPs (convolutions, matmuls; forward and backward) of one call, counted by torch."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return int(counter.get_total_flops())
-
-
-def time_steps(step: Callable[[], Any], device: torch.device, steps: int, warmup: int = 2) -> float:
-    """Mean seconds per call after `warmup` untimed calls."""
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _sync(device)
-    return (time.perf_counter() - t0) / steps
-
-
-# ----------------------------------------------------------------------------- shared pieces
 
 def make_clips(cfg: dict[str, Any], device: torch.device, n_batches: int = 2) -> list[torch.Tensor]:
     """Random uint8 NTCHW clips already on the device (no loader cost)."""
@@ -93,13 +55,23 @@ def build_student(cfg: dict[str, Any], device: torch.device, seraena_autocast: t
 
     taehv = build_taehv(cfg).to(device).train()
     net = DistillNet(taehv, get_family(cfg["ref_vae_type"]))
-    ser = VideoSeraena(cfg["latent_channels"], frames_per_group=cfg["n_seraena_frames"], lr=cfg["seraena_lr"],
-                       buffer_bytes=cfg["seraena_buffer_mb"] << 20, autocast_dtype=seraena_autocast,
-                       seed=cfg["seed"]).to(device) if cfg["use_seraena"] else None
+    ser = (
+        VideoSeraena(
+            cfg["latent_channels"],
+            frames_per_group=cfg["n_seraena_frames"],
+            lr=cfg["seraena_lr"],
+            buffer_bytes=cfg["seraena_buffer_mb"] << 20,
+            autocast_dtype=seraena_autocast,
+            seed=cfg["seed"],
+        ).to(device)
+        if cfg["use_seraena"]
+        else None
+    )
     return taehv, net, ser
 
 
 # ----------------------------------------------------------------------------- the naive pipeline
+
 
 def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: int) -> dict[str, Any]:
     from ..train.model.losses import decoder_targets
@@ -107,10 +79,14 @@ def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: i
     cuda = device.type == "cuda"
     meter = Meter(device)
     meter.reset()
-    ref = load_ref(cfg, ref_path, device, chunk=0)            # chunk 0: the whole micro-batch in one call
+    ref = load_ref(cfg, ref_path, device, chunk=0)  # chunk 0: the whole micro-batch in one call
     taehv, net, ser = build_student(cfg, device, torch.float16 if cuda else None)
-    opt = torch.optim.AdamW(net.parameters(), lr=cfg["learning_rate"], betas=(cfg["adam_beta1"], cfg["adam_beta2"]),
-                            weight_decay=cfg["adam_weight_decay"])
+    opt = torch.optim.AdamW(
+        net.parameters(),
+        lr=cfg["learning_rate"],
+        betas=(cfg["adam_beta1"], cfg["adam_beta2"]),
+        weight_decay=cfg["adam_weight_decay"],
+    )
     scaler = torch.amp.GradScaler(device.type, enabled=cuda)
     clips = make_clips(cfg, device)
     state = {"i": 0, "latents": None}
@@ -134,9 +110,9 @@ def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: i
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
-        return loss.item()                                     # the notebook prints it
+        return loss.item()  # the notebook prints it
 
-    def student_fwd_bwd():   # FLOPs only: Seraena's autograd.grad does not run under torch's counter
+    def student_fwd_bwd():  # FLOPs only: Seraena's autograd.grad does not run under torch's counter
         frames, latents = state["frames"], state["latents"]
         with torch.autocast(device.type, dtype=torch.float16, enabled=cuda):
             enc, dec = net(frames, latents)
@@ -146,22 +122,45 @@ def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: i
     t_encode = time_steps(encode, device, steps)
     t_step = time_steps(step, device, steps)
     encode_flops, student_flops = count_flops(encode), count_flops(student_fwd_bwd)
-    out = {"what": "naive", "encode_s": t_encode, "step_s": t_step, "seconds": t_encode + t_step,
-           "clips_per_s": cfg["micro_batch_size"] / (t_encode + t_step), "flops_per_batch": encode_flops + student_flops,
-           "encode_flops_per_batch": encode_flops, "student_flops_per_batch": student_flops, **meter.peaks()}
+    out = {
+        "what": "naive",
+        "encode_s": t_encode,
+        "step_s": t_step,
+        "seconds": t_encode + t_step,
+        "clips_per_s": cfg["micro_batch_size"] / (t_encode + t_step),
+        "flops_per_batch": encode_flops + student_flops,
+        "encode_flops_per_batch": encode_flops,
+        "student_flops_per_batch": student_flops,
+        **meter.peaks(),
+    }
     del ref, taehv, net, ser, opt, clips, state
     return out
 
 
 # ----------------------------------------------------------------------------- our levers, one per row
 
-LEVERS = ("eager", "compile reference encoder", "chunk", "reference channels-last",
-          "reference replicate pad", "compile TAEHV", "fused AdamW",
-          "no per-step syncs", "Seraena crop")
+LEVERS = (
+    "eager",
+    "compile reference encoder",
+    "chunk",
+    "reference channels-last",
+    "reference replicate pad",
+    "compile TAEHV",
+    "fused AdamW",
+    "no per-step syncs",
+    "Seraena crop",
+)
 
 
-def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: int, chunks: list[int],
-               crop: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def lever_rows(
+    cfg: dict[str, Any],
+    ref_path: str,
+    device: torch.device,
+    steps: int,
+    chunks: list[int],
+    crop: int,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
     """Our modules, adding one lever per row; every row times encode + train step of one micro-batch."""
     from ..train.model.losses import decoder_targets, psnr_t
     from ..train.loop.speed import compile_reference, compile_taehv
@@ -178,8 +177,9 @@ def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: 
 
     def optimizer() -> torch.optim.Optimizer:
         if lv["fused"] not in opts:
-            opts[lv["fused"]] = torch.optim.AdamW(net.parameters(), lr=cfg["learning_rate"],
-                                                  **({"fused": True} if lv["fused"] else {}))
+            opts[lv["fused"]] = torch.optim.AdamW(
+                net.parameters(), lr=cfg["learning_rate"], **({"fused": True} if lv["fused"] else {})
+            )
         return opts[lv["fused"]]
 
     def step():
@@ -192,13 +192,13 @@ def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: 
         target = decoder_targets(frames, dec)
         rec, enc_l = F.mse_loss(dec, target), F.mse_loss(enc.float(), latents)
         if lv["syncs"]:
-            bool(torch.isfinite(rec) and torch.isfinite(enc_l))     # the old per-loss finite checks
+            bool(torch.isfinite(rec) and torch.isfinite(enc_l))  # the old per-loss finite checks
         loss = rec + enc_l
         if ser is not None:
             real, fake, ctx = target, dec, latents
             if lv["crop"] and lv["crop"] < min(target.shape[-2:]):
                 c = lv["crop"]
-                real, fake, ctx = real[..., :c, :c], fake[..., :c, :c], ctx[..., :c // 8, :c // 8]
+                real, fake, ctx = real[..., :c, :c], fake[..., :c, :c], ctx[..., : c // 8, : c // 8]
             corrected, _ = ser.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
             loss = loss + cfg["seraena_loss_weight"] * F.mse_loss(fake, corrected)
         loss.backward()
@@ -213,15 +213,26 @@ def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: 
     def row(name: str, detail: str, chunk: int | None = None) -> None:
         meter.reset()
         t0 = time.perf_counter()
-        step()                                               # includes any compile warm-up
+        step()  # includes any compile warm-up
         _sync(device)
         warm = time.perf_counter() - t0
         secs = time_steps(step, device, steps, warmup=1)
-        rows.append({"what": name, "detail": detail, "chunk": chunk, "seconds": secs,
-                     "clips_per_s": cfg["micro_batch_size"] / secs, "first_call_s": warm, **meter.peaks()})
+        rows.append(
+            {
+                "what": name,
+                "detail": detail,
+                "chunk": chunk,
+                "seconds": secs,
+                "clips_per_s": cfg["micro_batch_size"] / secs,
+                "first_call_s": warm,
+                **meter.peaks(),
+            }
+        )
         peak = rows[-1]["peak_allocated_gib"]
-        log(f"  lever {name:<28} {detail:<34} {secs * 1000:8.1f} ms / micro-batch ({warm:.0f} s first call"
-            + (f", peak {peak:.1f} GiB)" if peak is not None else ")"))
+        log(
+            f"  lever {name:<28} {detail:<34} {secs * 1000:8.1f} ms / micro-batch ({warm:.0f} s first call"
+            + (f", peak {peak:.1f} GiB)" if peak is not None else ")")
+        )
 
     row("eager", f"chunk {chunks[0]}, {'bf16 autocast' if cuda else 'fp32'}, syncs", chunks[0])
     if cuda:
@@ -232,10 +243,10 @@ def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: 
         row("chunk", f"chunk {c}", c)
     ref.chunk_size = min((r for r in rows if r["chunk"] is not None), key=lambda r: r["seconds"])["chunk"]
     if cuda:
-        compile_reference(ref, channels_last=True, replicate_pad=False)     # compiled again, NDHWC
+        compile_reference(ref, channels_last=True, replicate_pad=False)  # compiled again, NDHWC
         row("reference channels-last", f"chunk {ref.chunk_size}, NDHWC group norms")
     if cuda and ref.kind == "cogvideox":
-        compile_reference(ref, channels_last=True, replicate_pad=True)      # and again
+        compile_reference(ref, channels_last=True, replicate_pad=True)  # and again
         row("reference replicate pad", "causal time pad fused")
     if cuda:
         compile_taehv(taehv)
@@ -253,8 +264,21 @@ def lever_rows(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: 
 
 # ----------------------------------------------------------------------------- the command
 
-def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], crop: int, data_root: str | None,
-        workdir: str | None, phases: bool, as_json: bool, cached: int = 0, cached_sets: list[str] | None = None) -> int:
+
+def run(
+    req,
+    steps: int,
+    trainer_steps: int,
+    levers: bool,
+    chunks: list[int],
+    crop: int,
+    data_root: str | None,
+    workdir: str | None,
+    phases: bool,
+    as_json: bool,
+    cached: int = 0,
+    cached_sets: list[str] | None = None,
+) -> int:
     """cached > 0: also write a latent cache of that many views per video and train from it (extra
     --set values for that run only: cached_sets)."""
     from ..run.request import build_plan
@@ -265,8 +289,10 @@ def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], cr
         raise ConfigError(f"bench --compare measures one GPU: use `taehv-launch bench --compare 1 {req.profile}`")
     want_gpu = plan.profile.device == "cuda"
     if want_gpu and not torch.cuda.is_available():
-        raise ConfigError(f"profile {req.profile} needs a GPU and this machine has none: run it on a GPU machine, "
-                          f"or `taehv-launch bench --compare 1 cpu` for a CPU smoke run")
+        raise ConfigError(
+            f"profile {req.profile} needs a GPU and this machine has none: run it on a GPU machine, "
+            f"or `taehv-launch bench --compare 1 cpu` for a CPU smoke run"
+        )
     device = torch.device("cuda" if want_gpu else "cpu")
     work = Path(workdir or Path(cfg["output_dir"]).expanduser() / "bench-compare")
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: print(m, flush=True))
@@ -274,43 +300,67 @@ def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], cr
     if want_gpu and cfg["compile"] != "none":
         from ..train.loop.speed import enable_compile_cache
 
-        enable_compile_cache(make_config(cfg | {"output_dir": str(work / "output")}))   # shared with the trainer run below
+        enable_compile_cache(
+            make_config(cfg | {"output_dir": str(work / "output")})
+        )  # shared with the trainer run below
     gpu = torch.cuda.get_device_name(device) if want_gpu else "cpu"
     report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "device": gpu, "torch": torch.__version__,
-        "versions": _versions(), "command": "taehv-launch " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "device": gpu,
+        "torch": torch.__version__,
+        "versions": _versions(),
+        "command": "taehv-launch " + " ".join(sys.argv[1:]),
         "shape": f"micro {cfg['micro_batch_size']} x {cfg['n_frames']} x {cfg['height']}x{cfg['width']}",
-        "ref_vae_type": cfg["ref_vae_type"], "rows": []}
+        "ref_vae_type": cfg["ref_vae_type"],
+        "rows": [],
+    }
     log(f"bench --compare on {gpu}: {report['shape']}, {cfg['ref_vae_type']} reference VAE")
     naive = naive_row(cfg, ref_path, device, steps)
     report["rows"].append(naive)
-    log(f"  naive: encode {naive['encode_s'] * 1000:.1f} ms + step {naive['step_s'] * 1000:.1f} ms per micro-batch "
-        f"= {naive['clips_per_s']:.2f} clips/s")
+    log(
+        f"  naive: encode {naive['encode_s'] * 1000:.1f} ms + step {naive['step_s'] * 1000:.1f} ms per micro-batch "
+        f"= {naive['clips_per_s']:.2f} clips/s"
+    )
     if levers:
-        report["rows"] += lever_rows(cfg, ref_path, device, steps, chunks or [cfg["ref_vae_chunk_size"]],
-                                     crop, log)
-    (work / "compare.json").write_text(json.dumps(report, indent=2))     # what is measured so far
+        report["rows"] += lever_rows(cfg, ref_path, device, steps, chunks or [cfg["ref_vae_chunk_size"]], crop, log)
+    (work / "compare.json").write_text(json.dumps(report, indent=2))  # what is measured so far
     if want_gpu:
         torch.cuda.empty_cache()
     ours = trainer_row(req.gpus, req.profile, req.sets, work, data, ref_path, trainer_steps, False, log)
     report["rows"].append(ours)
     (work / "compare.json").write_text(json.dumps(report, indent=2))
     if phases:
-        prof = trainer_row(req.gpus, req.profile, req.sets, work, data, ref_path, max(12, trainer_steps // 2),
-                           True, log)
+        prof = trainer_row(
+            req.gpus, req.profile, req.sets, work, data, ref_path, max(12, trainer_steps // 2), True, log
+        )
         ours["phases"] = prof.get("phases")
     if cached:
         row, cache = cache_row(req.gpus, req.profile, req.sets, work, data, ref_path, cached, log)
         report["rows"].append(row)
         (work / "compare.json").write_text(json.dumps(report, indent=2))
-        from_cache = trainer_row(req.gpus, req.profile, [*req.sets, f"latent_cache={cache!r}", *(cached_sets or [])],
-                                 work, data, ref_path, trainer_steps, False, log)
-        report["rows"].append(from_cache | {"what": "ours, from the latent cache",
-                                            "detail": " ".join(cached_sets or [])[:30]})
+        from_cache = trainer_row(
+            req.gpus,
+            req.profile,
+            [*req.sets, f"latent_cache={cache!r}", *(cached_sets or [])],
+            work,
+            data,
+            ref_path,
+            trainer_steps,
+            False,
+            log,
+        )
+        report["rows"].append(
+            from_cache | {"what": "ours, from the latent cache", "detail": " ".join(cached_sets or [])[:30]}
+        )
     micro = cfg["micro_batch_size"]
-    for r in report["rows"]:      # FLOPs the row does per clip: a cache run skips the encode, a cache job only encodes
-        key = "encode_flops_per_batch" if r.get("not_training") else \
-            "student_flops_per_batch" if r["what"].endswith("latent cache") else "flops_per_batch"
+    for r in report["rows"]:  # FLOPs the row does per clip: a cache run skips the encode, a cache job only encodes
+        key = (
+            "encode_flops_per_batch"
+            if r.get("not_training")
+            else "student_flops_per_batch"
+            if r["what"].endswith("latent cache")
+            else "flops_per_batch"
+        )
         r["ratio_vs_naive"] = r["clips_per_s"] / naive["clips_per_s"]
         r["tflops"] = naive[key] / micro * r["clips_per_s"] / 1e12
     (work / "compare.json").write_text(json.dumps(report, indent=2))
@@ -319,43 +369,3 @@ def run(req, steps: int, trainer_steps: int, levers: bool, chunks: list[int], cr
     else:
         print(format_report(report))
     return 0
-
-
-def format_report(report: dict[str, Any]) -> str:
-    lines = [f"bench --compare  {report['date']}  {report['device']}  torch {report['torch']}  "
-             f"({', '.join(f'{k} {v}' for k, v in report['versions'].items())})",
-             f"  {report['shape']}, {report['ref_vae_type']} reference VAE; TFLOP/s = clips/s x FLOPs per clip of "
-             f"the reference encode and TAEHV forward+backward (torch's counter; Seraena not counted; the cache "
-             f"job: the encode only; training from the cache: TAEHV only)",
-             f"  {'row':<30} {'detail':<30} {'clips/s':>8} {'vs naive':>8} {'TFLOP/s':>8} {'peak GiB':>9} "
-             f"{'used GiB':>9}"]
-    for r in report["rows"]:
-        peak = r.get("peak_allocated_gib")
-        used = r.get("used_gib") if "used_gib" in r else (
-            r["total_gib"] - r["min_free_gib"] if r.get("min_free_gib") is not None else None)
-        lines.append(f"  {r['what']:<30} {r.get('detail', ''):<30} {r['clips_per_s']:8.2f} "
-                     f"{r['ratio_vs_naive']:7.2f}x {r['tflops']:8.1f} {_gib(peak):>9} {_gib(used):>9}")
-    naive = report["rows"][0]
-    lines.append(f"  naive per micro-batch: encode {naive['encode_s'] * 1000:.1f} ms, TAEHV + Seraena step "
-                 f"{naive['step_s'] * 1000:.1f} ms")
-    ours = next(r for r in report["rows"] if r["what"] == "ours (real trainer)")
-    if ours.get("phases"):
-        lines.append("  ours, --profile phases:")
-        lines += ["    " + ln for ln in ours["phases"].splitlines()]
-    return "\n".join(lines)
-
-
-def _gib(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("accelerate", "deepspeed", "diffusers"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "absent"
-    return out

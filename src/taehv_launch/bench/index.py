@@ -24,8 +24,8 @@ import tempfile
 import time
 from typing import Any
 
-ROOT = "/mnt/shared/datasets/videos"      # a plausible shared-filesystem root for the synthetic paths
-SPLIT = dict(validation_fraction=0.05, max_validation_videos=64, seed=42)     # the schema's defaults
+ROOT = "/mnt/shared/datasets/videos"  # a plausible shared-filesystem root for the synthetic paths
+SPLIT = dict(validation_fraction=0.05, max_validation_videos=64, seed=42)  # the schema's defaults
 
 
 def synthetic_paths(n: int) -> list[str]:
@@ -50,6 +50,7 @@ def rss_bytes() -> int:
 
 
 # --- one row, in its own interpreter --------------------------------------------------------
+
 
 def _flat(paths: list[str], tmp: str) -> tuple[Any, dict[str, float]]:
     from ..train.data.clips import VideoClipDataset
@@ -132,10 +133,19 @@ def measure(variant: str, files: int, workers: int) -> dict[str, Any]:
     rank = private_bytes() - base
     reads = _reads(entries, workers)
     growth = [r["after"] - r["before"] for r in reads]
-    return {"variant": variant, "files": files, "train_entries": len(entries), "workers": workers, **times,
-            "cache_bytes": disk, "rank_index_bytes": rank, "rss_bytes": rss_bytes(),
-            "worker_growth_max": max(growth), "worker_growth_mean": sum(growth) / len(growth),
-            "paths_read": sum(len(range(r["worker"], len(entries), workers)) for r in reads)}
+    return {
+        "variant": variant,
+        "files": files,
+        "train_entries": len(entries),
+        "workers": workers,
+        **times,
+        "cache_bytes": disk,
+        "rank_index_bytes": rank,
+        "rss_bytes": rss_bytes(),
+        "worker_growth_max": max(growth),
+        "worker_growth_mean": sum(growth) / len(growth),
+        "paths_read": sum(len(range(r["worker"], len(entries), workers)) for r in reads),
+    }
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -157,7 +167,9 @@ def run(files: int, workers: list[int], baseline: bool = True, as_json: bool = F
             done = subprocess.run(argv, capture_output=True, text=True)
             if done.returncode != 0:
                 tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise LaunchError(f"bench index: the {variant} row at {w} workers failed ({tail}): try fewer --files or --workers")
+                raise LaunchError(
+                    f"bench index: the {variant} row at {w} workers failed ({tail}): try fewer --files or --workers"
+                )
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             if not as_json:
                 print(_line(rows[-1]), flush=True)
@@ -166,19 +178,23 @@ def run(files: int, workers: list[int], baseline: bool = True, as_json: bool = F
         return 0
     flat = [r for r in rows if r["variant"] == "flat"]
     ok = all(r["worker_growth_max"] < TARGET_WORKER and r["rank_index_bytes"] < TARGET_RANK for r in flat)
-    print(f"target (#27): per-worker growth < 20 MB and per-rank index memory < 200 MB: "
-          f"{'met' if ok else 'NOT met'} by the flat index ({os.cpu_count()} CPU cores here)")
+    print(
+        f"target (#27): per-worker growth < 20 MB and per-rank index memory < 200 MB: "
+        f"{'met' if ok else 'NOT met'} by the flat index ({os.cpu_count()} CPU cores here)"
+    )
     return 0
 
 
 def _line(r: dict[str, Any]) -> str:
     mb = 1e6
     name = {"list": "list of VideoEntry (before #27)", "flat": "flat arrays (now)"}[r["variant"]]
-    return (f"{name:32s} {r['files']:,} videos, {r['workers']} workers: build {r['build_s']:.2f} s, cache write "
-            f"{r['save_s']:.2f} s ({r['cache_bytes'] / mb:.0f} MB), read {r['load_s']:.2f} s, split + dataset "
-            f"{r['split_s']:.2f} s; rank index memory {r['rank_index_bytes'] / mb:.0f} MB; per-worker growth over "
-            f"one epoch of reads: max {r['worker_growth_max'] / mb:.1f} MB, mean {r['worker_growth_mean'] / mb:.1f} MB")
+    return (
+        f"{name:32s} {r['files']:,} videos, {r['workers']} workers: build {r['build_s']:.2f} s, cache write "
+        f"{r['save_s']:.2f} s ({r['cache_bytes'] / mb:.0f} MB), read {r['load_s']:.2f} s, split + dataset "
+        f"{r['split_s']:.2f} s; rank index memory {r['rank_index_bytes'] / mb:.0f} MB; per-worker growth over "
+        f"one epoch of reads: max {r['worker_growth_max'] / mb:.1f} MB, mean {r['worker_growth_mean'] / mb:.1f} MB"
+    )
 
 
-if __name__ == "__main__":      # one row: python -m taehv_launch.bench.index VARIANT FILES WORKERS
+if __name__ == "__main__":  # one row: python -m taehv_launch.bench.index VARIANT FILES WORKERS
     print(json.dumps(measure(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))

@@ -47,6 +47,7 @@ def clip_plans(files: list[str], n: int, n_frames: int, max_delta: int, seed: in
 
 # ----------------------------------------------------------------------------- decoders
 
+
 def decode_opencv(threads: int | None) -> Callable[[str, list[int]], int]:
     def run(path: str, wanted: list[int]) -> int:
         import cv2
@@ -61,6 +62,7 @@ def decode_opencv(threads: int | None) -> Callable[[str, list[int]], int]:
         if frames is None:
             return 0
         return sum(cv2.cvtColor(f, cv2.COLOR_BGR2RGB).shape[0] > 0 for f in frames.values())
+
     return run
 
 
@@ -85,6 +87,7 @@ def decode_pyav(threads: int | None) -> Callable[[str, list[int]], int]:
                 if idx >= wanted[-1]:
                     break
         return got
+
     return run
 
 
@@ -122,23 +125,32 @@ def decode_rate(name: str, plans: list[tuple[str, list[int]]], procs: int) -> fl
         return len(plans) / (time.perf_counter() - t0)
     per = [plans[i::procs] for i in range(procs)]
     with mp.get_context("fork").Pool(procs) as pool:
-        pool.map(_pool_worker, [(name, p[:1]) for p in per])           # start-up and first open
+        pool.map(_pool_worker, [(name, p[:1]) for p in per])  # start-up and first open
         t0 = time.perf_counter()
         pool.map(_pool_worker, [(name, p) for p in per])
         return len(plans) / (time.perf_counter() - t0)
 
 
-def loader_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int | None,
-                seconds: float) -> tuple[float, float]:
+def loader_rate(
+    files: list[str], cfg: dict[str, Any], workers: int, threads: int | None, seconds: float
+) -> tuple[float, float]:
     """(Clips/s, CPU cores) of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
     from ..train.data import clips as data, decode
     from ..plan.schema import make_config
     from ..train.loop.build import ShardedInfiniteSampler, make_loader
 
     decode.WORKER_DECODE_THREADS = threads
-    ds = data.VideoClipDataset(files, height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
-                               min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
-                               random_flip=True, seed=0, train=True)
+    ds = data.VideoClipDataset(
+        files,
+        height=cfg["height"],
+        width=cfg["width"],
+        n_frames=cfg["n_frames"],
+        min_frame_delta=cfg["min_frame_delta"],
+        max_frame_delta=cfg["max_frame_delta"],
+        random_flip=True,
+        seed=0,
+        train=True,
+    )
     sampler = ShardedInfiniteSampler(len(ds), 0, 1, seed=0)
     loader = make_loader(ds, cfg["micro_batch_size"], sampler, make_config(cfg | {"dataloader_num_workers": workers}))
     it = iter(loader)
@@ -163,7 +175,7 @@ def _cpu_seconds(pids: list[int]) -> float:
 
 def _timed(batches, workers: int, seconds: float) -> tuple[float, float]:
     """(clips/s, CPU cores used by this process and the DataLoader's workers) over `seconds`."""
-    for _ in range(max(2, workers)):          # every worker has started and delivered once
+    for _ in range(max(2, workers)):  # every worker has started and delivered once
         next(batches)
     it = getattr(batches, "it", batches)
     pids = [os.getpid(), *(w.pid for w in getattr(it, "_workers", []))]
@@ -174,7 +186,9 @@ def _timed(batches, workers: int, seconds: float) -> tuple[float, float]:
     return clips / wall, (_cpu_seconds(pids) - cpu0) / wall
 
 
-def stage_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int, seconds: float) -> tuple[float, float]:
+def stage_rate(
+    files: list[str], cfg: dict[str, Any], workers: int, threads: int, seconds: float
+) -> tuple[float, float]:
     """(clips/s, CPU cores) of the trainer's GPU path: the dataset planning tickets in `workers`
     DataLoader workers and the DecodeStage decoding them with NVDEC in `threads` threads."""
     import torch
@@ -183,14 +197,27 @@ def stage_rate(files: list[str], cfg: dict[str, Any], workers: int, threads: int
     from ..train.data import clips as data, nvdec
     from ..train.loop.build import ShardedInfiniteSampler, make_loader
 
-    ds = data.VideoClipDataset(files, height=cfg["height"], width=cfg["width"], n_frames=cfg["n_frames"],
-                               min_frame_delta=cfg["min_frame_delta"], max_frame_delta=cfg["max_frame_delta"],
-                               random_flip=True, seed=0, train=True)
+    ds = data.VideoClipDataset(
+        files,
+        height=cfg["height"],
+        width=cfg["width"],
+        n_frames=cfg["n_frames"],
+        min_frame_delta=cfg["min_frame_delta"],
+        max_frame_delta=cfg["max_frame_delta"],
+        random_flip=True,
+        seed=0,
+        train=True,
+    )
     ds.defer = True
-    loader = make_loader(ds, cfg["micro_batch_size"], ShardedInfiniteSampler(len(ds), 0, 1, seed=0),
-                         make_config(cfg | {"dataloader_num_workers": workers}))
-    stage = nvdec.DecodeStage(loader, ds, torch.device("cuda"), cfg["height"], cfg["width"], nvdec.NvdecDecoder,
-                              threads=threads)
+    loader = make_loader(
+        ds,
+        cfg["micro_batch_size"],
+        ShardedInfiniteSampler(len(ds), 0, 1, seed=0),
+        make_config(cfg | {"dataloader_num_workers": workers}),
+    )
+    stage = nvdec.DecodeStage(
+        loader, ds, torch.device("cuda"), cfg["height"], cfg["width"], nvdec.NvdecDecoder, threads=threads
+    )
     try:
         return _timed(stage, workers, seconds)
     finally:
@@ -210,14 +237,27 @@ def by_height(files: list[str], heights: list[int] | None) -> list[tuple[str, li
     missing = [h for h in heights if h not in found]
     if missing:
         have = ", ".join(f"{h}p ({len(v)})" for h, v in sorted(found.items()) if h)
-        raise DataError(f"no videos {missing[0]} pixels high under the data root (it has: {have or 'none'}): "
-                        f"pass --resolution with one of those heights")
+        raise DataError(
+            f"no videos {missing[0]} pixels high under the data root (it has: {have or 'none'}): "
+            f"pass --resolution with one of those heights"
+        )
     return [(f"{h}p", found[h]) for h in heights]
 
 
-def run(data_root: str, height: int, width: int, n_frames: int, micro: int, workers: list[int],
-        decoders: list[str], seconds: float, clips: int, as_json: bool, resolutions: list[int] | None = None,
-        threads: int = 4) -> int:
+def run(
+    data_root: str,
+    height: int,
+    width: int,
+    n_frames: int,
+    micro: int,
+    workers: list[int],
+    decoders: list[str],
+    seconds: float,
+    clips: int,
+    as_json: bool,
+    resolutions: list[int] | None = None,
+    threads: int = 4,
+) -> int:
 
     everything = _videos(data_root)
     groups = by_height(everything, resolutions)
@@ -235,8 +275,9 @@ def run(data_root: str, height: int, width: int, n_frames: int, micro: int, work
     for label, files in groups:
         if label:
             log(f"--- sources {label}: {len(files)} files")
-        report = _run_set(files, data_root, height, width, n_frames, micro, workers, decoders, seconds, clips, log,
-                          threads)
+        report = _run_set(
+            files, data_root, height, width, n_frames, micro, workers, decoders, seconds, clips, log, threads
+        )
         rows += [r | ({"sources": label} if label else {}) for r in report["rows"]]
     report.update(rows=rows, files=len(everything))
     if as_json:
@@ -244,27 +285,55 @@ def run(data_root: str, height: int, width: int, n_frames: int, micro: int, work
     return 0
 
 
-def _run_set(files: list[str], data_root: str, height: int, width: int, n_frames: int, micro: int,
-             workers: list[int], decoders: list[str], seconds: float, clips: int, log, threads: int) -> dict[str, Any]:
+def _run_set(
+    files: list[str],
+    data_root: str,
+    height: int,
+    width: int,
+    n_frames: int,
+    micro: int,
+    workers: list[int],
+    decoders: list[str],
+    seconds: float,
+    clips: int,
+    log,
+    threads: int,
+) -> dict[str, Any]:
     import torch
 
-    cfg = {"height": height, "width": width, "n_frames": n_frames, "min_frame_delta": 1, "max_frame_delta": 2,
-           "micro_batch_size": micro, "prefetch_factor": 2}
+    cfg = {
+        "height": height,
+        "width": width,
+        "n_frames": n_frames,
+        "min_frame_delta": 1,
+        "max_frame_delta": 2,
+        "micro_batch_size": micro,
+        "prefetch_factor": 2,
+    }
     plans = clip_plans(files, clips, n_frames, 2)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     import cv2
 
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": cores, "files": len(files),
-                              "data_root": data_root, "shape": f"{micro} x {n_frames} x {height}x{width}",
-                              "opencv": cv2.__version__, "torch": torch.__version__, "rows": []}
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cores": cores,
+        "files": len(files),
+        "data_root": data_root,
+        "shape": f"{micro} x {n_frames} x {height}x{width}",
+        "opencv": cv2.__version__,
+        "torch": torch.__version__,
+        "rows": [],
+    }
     try:
         import av
 
         report["pyav"] = av.__version__
     except ImportError:
         report["pyav"] = "absent"
-    log(f"bench --loader: {len(files)} files under {data_root}, {cores} cores, clips of {n_frames} frames "
-        f"cropped to {height}x{width}")
+    log(
+        f"bench --loader: {len(files)} files under {data_root}, {cores} cores, clips of {n_frames} frames "
+        f"cropped to {height}x{width}"
+    )
     for name in [d for d in decoders if d != "nvdec"]:
         if not _available(name):
             log(f"  {name}: not installed, skipped")
@@ -277,15 +346,28 @@ def _run_set(files: list[str], data_root: str, height: int, width: int, n_frames
         for w in workers:
             rate, used = loader_rate(files, cfg, w, ffmpeg, seconds)
             label = {0: "opencv-ffmpeg-default", 1: "opencv-1thread", None: "opencv-share"}[ffmpeg]
-            report["rows"].append({"what": "loader", "decoder": label, "procs": w, "clips_per_s": rate,
-                                   "cpu_cores": used})
-            log(f"  loader  {label:<15} {w:>3} workers    {rate:8.1f} clips/s  {used:5.1f} cores  "
-                f"(trainer's dataset + DataLoader)")
+            report["rows"].append(
+                {"what": "loader", "decoder": label, "procs": w, "clips_per_s": rate, "cpu_cores": used}
+            )
+            log(
+                f"  loader  {label:<15} {w:>3} workers    {rate:8.1f} clips/s  {used:5.1f} cores  "
+                f"(trainer's dataset + DataLoader)"
+            )
     if "nvdec" in decoders:
         for w in workers:
             rate, used = stage_rate(files, cfg, w, threads, seconds)
-            report["rows"].append({"what": "loader", "decoder": "nvdec", "procs": w, "threads": threads,
-                                   "clips_per_s": rate, "cpu_cores": used})
-            log(f"  loader  {'nvdec':<15} {w:>3} workers    {rate:8.1f} clips/s  {used:5.1f} cores  "
-                f"(trainer's dataset planning, {threads} NVDEC threads in this process)")
+            report["rows"].append(
+                {
+                    "what": "loader",
+                    "decoder": "nvdec",
+                    "procs": w,
+                    "threads": threads,
+                    "clips_per_s": rate,
+                    "cpu_cores": used,
+                }
+            )
+            log(
+                f"  loader  {'nvdec':<15} {w:>3} workers    {rate:8.1f} clips/s  {used:5.1f} cores  "
+                f"(trainer's dataset planning, {threads} NVDEC threads in this process)"
+            )
     return report

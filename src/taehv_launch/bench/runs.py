@@ -18,8 +18,10 @@ from ..plan.families import get_family
 
 # ----------------------------------------------------------------------------- the real trainer
 
-def make_assets(cfg: dict[str, Any], device: torch.device, workdir: Path, data_root: str | None,
-                log: Callable[[str], None]) -> tuple[str, str]:
+
+def make_assets(
+    cfg: dict[str, Any], device: torch.device, workdir: Path, data_root: str | None, log: Callable[[str], None]
+) -> tuple[str, str]:
     """(data_root, ref_vae_path): video files at the profile's size and a reference VAE folder."""
     from ..train.data.synthetic import _build_once, make_tiny_ref_vae, write_demo_videos
 
@@ -35,44 +37,81 @@ def make_assets(cfg: dict[str, Any], device: torch.device, workdir: Path, data_r
     ref_path = str(workdir / f"ref_vae_{kind}_{'real' if real_arch else 'tiny'}_c{cfg['latent_channels']}")
 
     def build(tmp: str) -> None:
-        if real_arch:   # the family's default (real) architecture, random weights
+        if real_arch:  # the family's default (real) architecture, random weights
             import diffusers
 
             torch.manual_seed(0)
-            getattr(diffusers, get_family(kind).class_name)().to(torch.bfloat16).save_pretrained(os.path.join(tmp, "vae"))
+            getattr(diffusers, get_family(kind).class_name)().to(torch.bfloat16).save_pretrained(
+                os.path.join(tmp, "vae")
+            )
         else:
             make_tiny_ref_vae(kind, os.path.join(tmp, "vae"), cfg["latent_channels"])
 
     if not os.path.isdir(ref_path):
-        log(f"bench: saving a {'real-architecture' if real_arch else 'tiny'} {kind} VAE with random weights "
-            f"to {ref_path}")
+        log(
+            f"bench: saving a {'real-architecture' if real_arch else 'tiny'} {kind} VAE with random weights "
+            f"to {ref_path}"
+        )
     _build_once(ref_path, build)
     return data_root, ref_path
 
 
-def trainer_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_root: str, ref_path: str,
-                steps: int, profile_phases: bool, log: Callable[[str], None]) -> dict[str, Any]:
+def trainer_row(
+    gpus: str,
+    profile: str,
+    sets: list[str],
+    workdir: Path,
+    data_root: str,
+    ref_path: str,
+    steps: int,
+    profile_phases: bool,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """Run the real trainer through the launcher and read its speed.json."""
     run_name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}{'-profile' if profile_phases else ''}"
-    argv = [sys.executable, "-m", "taehv_launch.cli", gpus, profile, "--run-name", run_name,
-            "--set", f"output_dir={str(workdir / 'output')!r}", "--set", f"data_root={data_root!r}",
-            "--set", f"ref_vae_path={ref_path!r}", "--set", f"max_train_steps={steps}",
-            "--set", f"log_every={max(1, steps // 4)}", "--set", f"validation_steps={steps}",
-            "--set", f"checkpointing_steps={steps}", "--set", "lr_warmup_steps=1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "taehv_launch.cli",
+        gpus,
+        profile,
+        "--run-name",
+        run_name,
+        "--set",
+        f"output_dir={str(workdir / 'output')!r}",
+        "--set",
+        f"data_root={data_root!r}",
+        "--set",
+        f"ref_vae_path={ref_path!r}",
+        "--set",
+        f"max_train_steps={steps}",
+        "--set",
+        f"log_every={max(1, steps // 4)}",
+        "--set",
+        f"validation_steps={steps}",
+        "--set",
+        f"checkpointing_steps={steps}",
+        "--set",
+        "lr_warmup_steps=1",
+    ]
     for s in sets:
         argv += ["--set", s]
     if profile_phases:
         argv += ["--profile", "--set", "profile_steps=3"]
-    log(f"bench: running the trainer: taehv-launch {gpus} {profile} ... ({steps} steps"
-        f"{', --profile' if profile_phases else ''})")
+    log(
+        f"bench: running the trainer: taehv-launch {gpus} {profile} ... ({steps} steps"
+        f"{', --profile' if profile_phases else ''})"
+    )
     t0 = time.perf_counter()
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = workdir / "output" / run_name
     (workdir / f"{run_name}.log").write_text(proc.stdout)
     if proc.returncode != 0:
         tail = " | ".join(proc.stdout.strip().splitlines()[-3:])
-        raise LaunchError(f"the trainer run for the comparison failed (exit {proc.returncode}): {tail} "
-                          f"(full log: {workdir / (run_name + '.log')})")
+        raise LaunchError(
+            f"the trainer run for the comparison failed (exit {proc.returncode}): {tail} "
+            f"(full log: {workdir / (run_name + '.log')})"
+        )
     speed_file = run_dir / "speed.json"
     if not speed_file.is_file():
         raise LaunchError(f"the trainer wrote no {speed_file}: run more steps (--steps)")
@@ -81,8 +120,16 @@ def trainer_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_ro
     return out
 
 
-def cache_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_root: str, ref_path: str,
-              views: int, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:
+def cache_row(
+    gpus: str,
+    profile: str,
+    sets: list[str],
+    workdir: Path,
+    data_root: str,
+    ref_path: str,
+    views: int,
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any], str]:
     """Run `taehv-launch cache` on the bench data (a fresh cache) and read its cache_speed.json;
     returns the row and the cache's path."""
     import shutil
@@ -90,10 +137,26 @@ def cache_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_root
     run_name = f"cache-{time.strftime('%Y%m%d-%H%M%S')}"
     cache = workdir / "latent-cache"
     shutil.rmtree(cache, ignore_errors=True)
-    argv = [sys.executable, "-m", "taehv_launch.cli", "cache", gpus, profile, "--views", str(views),
-            "--run-name", run_name, "--set", f"latent_cache={str(cache)!r}",
-            "--set", f"output_dir={str(workdir / 'output')!r}", "--set", f"data_root={data_root!r}",
-            "--set", f"ref_vae_path={ref_path!r}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "taehv_launch.cli",
+        "cache",
+        gpus,
+        profile,
+        "--views",
+        str(views),
+        "--run-name",
+        run_name,
+        "--set",
+        f"latent_cache={str(cache)!r}",
+        "--set",
+        f"output_dir={str(workdir / 'output')!r}",
+        "--set",
+        f"data_root={data_root!r}",
+        "--set",
+        f"ref_vae_path={ref_path!r}",
+    ]
     for s in sets:
         argv += ["--set", s]
     log(f"bench: writing the latent cache: taehv-launch cache {gpus} {profile} --views {views} ...")
@@ -102,13 +165,22 @@ def cache_row(gpus: str, profile: str, sets: list[str], workdir: Path, data_root
     (workdir / f"{run_name}.log").write_text(proc.stdout)
     if proc.returncode != 0:
         tail = " | ".join(proc.stdout.strip().splitlines()[-3:])
-        raise LaunchError(f"the cache job for the comparison failed (exit {proc.returncode}): {tail} "
-                          f"(full log: {workdir / (run_name + '.log')})")
+        raise LaunchError(
+            f"the cache job for the comparison failed (exit {proc.returncode}): {tail} "
+            f"(full log: {workdir / (run_name + '.log')})"
+        )
     speed = json.loads((workdir / "output" / run_name / "cache_speed.json").read_text())
     manifest = json.loads((cache / "manifest.json").read_text())
     rate = speed["steady_clips_per_s"] or speed["clips_per_s"]
-    row = {"what": "cache job (encode once)", "detail": f"{manifest['clips']} clips, {views} views/video",
-           "clips_per_s": rate, "peak_allocated_gib": speed["peak_allocated_gib"], "wall_s": time.perf_counter() - t0,
-           "cache_bytes": manifest["bytes"], "bytes_per_clip": manifest["bytes"] / max(1, manifest["clips"]),
-           "not_training": True, **{k: speed[k] for k in ("steady_clips_per_s", "seconds")}}
+    row = {
+        "what": "cache job (encode once)",
+        "detail": f"{manifest['clips']} clips, {views} views/video",
+        "clips_per_s": rate,
+        "peak_allocated_gib": speed["peak_allocated_gib"],
+        "wall_s": time.perf_counter() - t0,
+        "cache_bytes": manifest["bytes"],
+        "bytes_per_clip": manifest["bytes"] / max(1, manifest["clips"]),
+        "not_training": True,
+        **{k: speed[k] for k in ("steady_clips_per_s", "seconds")},
+    }
     return row, str(cache)

@@ -28,7 +28,7 @@ def _peak_reset(device: torch.device) -> None:
 
 
 def _peak_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None   # no GPU: not measured
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None  # no GPU: not measured
 
 
 def real_reference_vae(kind: str, device: torch.device, dtype: torch.dtype):
@@ -42,30 +42,46 @@ def real_reference_vae(kind: str, device: torch.device, dtype: torch.dtype):
     return freeze(getattr(diffusers, get_family(kind).class_name)().to(device, dtype))
 
 
-def time_reference_encode(kind: str, micro: int, chunk: int, n_frames: int, height: int, width: int,
-                          device: torch.device, repeats: int = 2) -> dict[str, Any]:
+def time_reference_encode(
+    kind: str, micro: int, chunk: int, n_frames: int, height: int, width: int, device: torch.device, repeats: int = 2
+) -> dict[str, Any]:
     from ..train.reference.refvae import ReferenceVAE
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     vae = real_reference_vae(kind, device, dtype)
     ref = ReferenceVAE(kind=kind, model=vae, dtype=dtype, device=device, chunk_size=chunk)
     frames = torch.rand(micro, n_frames, 3, height, width, device=device)
-    ref.encode(frames[:1])                                   # warm-up (cuDNN autotune)
+    ref.encode(frames[:1])  # warm-up (cuDNN autotune)
     _peak_reset(device)
     _sync(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
         lat = ref.encode(frames)
     _sync(device)
-    out = {"what": f"reference encode {kind}", "micro": micro, "chunk": chunk,
-           "seconds": (time.perf_counter() - t0) / repeats, "peak_gib": _peak_gib(device),
-           "latent_shape": list(lat.shape), "params_m": sum(p.numel() for p in vae.parameters()) / 1e6}
+    out = {
+        "what": f"reference encode {kind}",
+        "micro": micro,
+        "chunk": chunk,
+        "seconds": (time.perf_counter() - t0) / repeats,
+        "peak_gib": _peak_gib(device),
+        "latent_shape": list(lat.shape),
+        "params_m": sum(p.numel() for p in vae.parameters()) / 1e6,
+    }
     del vae, ref, frames, lat
     return out
 
 
-def time_train_step(micro: int, n_frames: int, height: int, width: int, latent_channels: int, device: torch.device,
-                    checkpointing: bool, seraena: bool, repeats: int = 3) -> dict[str, Any]:
+def time_train_step(
+    micro: int,
+    n_frames: int,
+    height: int,
+    width: int,
+    latent_channels: int,
+    device: torch.device,
+    checkpointing: bool,
+    seraena: bool,
+    repeats: int = 3,
+) -> dict[str, Any]:
     """TAEHV encode + decode + Seraena + backward + AdamW step on random data (no reference VAE)."""
     from ..train.model.taehv import TAEHV
     from ..train.model.seraena import VideoSeraena
@@ -73,8 +89,13 @@ def time_train_step(micro: int, n_frames: int, height: int, width: int, latent_c
     _peak_reset(device)
     model = TAEHV(latent_channels=latent_channels, gradient_checkpointing=checkpointing).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ser = VideoSeraena(latent_channels, autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
-                       buffer_bytes=1 << 30).to(device) if seraena else None
+    ser = (
+        VideoSeraena(
+            latent_channels, autocast_dtype=torch.bfloat16 if device.type == "cuda" else None, buffer_bytes=1 << 30
+        ).to(device)
+        if seraena
+        else None
+    )
     frames = torch.rand(micro, n_frames, 3, height, width, device=device)
     latents = torch.randn(micro, n_frames // 4, latent_channels, height // 8, width // 8, device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -93,21 +114,34 @@ def time_train_step(micro: int, n_frames: int, height: int, width: int, latent_c
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    step()                                                   # warm-up
+    step()  # warm-up
     _sync(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
         step()
     _sync(device)
-    out = {"what": "TAEHV+Seraena train step" if seraena else "TAEHV train step", "micro": micro,
-           "checkpointing": checkpointing, "seconds": (time.perf_counter() - t0) / repeats,
-           "peak_gib": _peak_gib(device), "samples_per_s": micro * repeats / (time.perf_counter() - t0)}
+    out = {
+        "what": "TAEHV+Seraena train step" if seraena else "TAEHV train step",
+        "micro": micro,
+        "checkpointing": checkpointing,
+        "seconds": (time.perf_counter() - t0) / repeats,
+        "peak_gib": _peak_gib(device),
+        "samples_per_s": micro * repeats / (time.perf_counter() - t0),
+    }
     del model, opt, ser, frames, latents
     return out
 
 
-def run(micros: list[int], height: int, width: int, n_frames: int, ref_vae_type: str | None,
-        chunks: list[int], latent_channels: int = 16, as_json: bool = False) -> int:
+def run(
+    micros: list[int],
+    height: int,
+    width: int,
+    n_frames: int,
+    ref_vae_type: str | None,
+    chunks: list[int],
+    latent_channels: int = 16,
+    as_json: bool = False,
+) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     rows: list[dict[str, Any]] = []
@@ -120,8 +154,15 @@ def run(micros: list[int], height: int, width: int, n_frames: int, ref_vae_type:
     if ref_vae_type:
         for chunk in chunks:
             rows.append(time_reference_encode(ref_vae_type, max(micros), chunk, n_frames, height, width, device))
-    report = {"device": gpu, "height": height, "width": width, "n_frames": n_frames,
-              "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "rows": rows}
+    report = {
+        "device": gpu,
+        "height": height,
+        "width": width,
+        "n_frames": n_frames,
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "rows": rows,
+    }
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -132,8 +173,11 @@ def run(micros: list[int], height: int, width: int, n_frames: int, ref_vae_type:
                 print(f"  {r['what']:<32} micro {r['micro']:>2} ckpt {r['checkpointing']!s:<5}  out of memory")
                 continue
             extra = f"ckpt {r['checkpointing']!s:<5}" if "checkpointing" in r else f"chunk {r['chunk']:>2}   "
-            ratio = f"{r['seconds'] / base['seconds'] * base['micro'] / r['micro']:.2f}x per sample vs first row" \
-                if base and "checkpointing" in r else ""
+            ratio = (
+                f"{r['seconds'] / base['seconds'] * base['micro'] / r['micro']:.2f}x per sample vs first row"
+                if base and "checkpointing" in r
+                else ""
+            )
             peak = "" if r["peak_gib"] is None else f"peak {r['peak_gib']:6.2f} GiB  "
             print(f"  {r['what']:<32} micro {r['micro']:>2} {extra} {r['seconds'] * 1000:9.1f} ms  {peak}{ratio}")
     return 0

@@ -36,12 +36,12 @@ def main() -> None:
     except click.exceptions.ClickException as exc:
         print(f"error: {' '.join(exc.format_message().split())} (see taehv-launch --help)", file=sys.stderr)
         code = EXIT_USAGE
-    except BrokenPipeError:                    # `taehv-launch keys | head`
+    except BrokenPipeError:  # `taehv-launch keys | head`
         sys.stdout = open(os.devnull, "w")
         code = 0
     except SystemExit as exc:
         code = exc.code
-    if isinstance(code, str):            # SystemExit("message") from a library: a failure with a message
+    if isinstance(code, str):  # SystemExit("message") from a library: a failure with a message
         print(f"error: {code}", file=sys.stderr)
         code = 1
     sys.exit(code or 0)

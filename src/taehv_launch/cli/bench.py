@@ -25,14 +25,17 @@ LOADER_DECODERS = ["opencv", "opencv-1thread", "pyav", "pyav-1thread"]
 class BenchGroup(TyperGroup):
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
-            args = ["legacy", *args]          # `bench`, `bench --compare 1 h100`, ...: the old forms
+            args = ["legacy", *args]  # `bench`, `bench --compare 1 h100`, ...: the old forms
         return super().parse_args(ctx, args)
 
 
-bench_app = typer.Typer(cls=BenchGroup, help="Measure: `bench step` (one training step and the reference encode), "
-                                             "`bench compare GPUS PROFILE` (naive pipeline vs our real trainer), "
-                                             "`bench loader` (the data loader's clips/s), `bench index` (the video "
-                                             "index at millions of files).")
+bench_app = typer.Typer(
+    cls=BenchGroup,
+    help="Measure: `bench step` (one training step and the reference encode), "
+    "`bench compare GPUS PROFILE` (naive pipeline vs our real trainer), "
+    "`bench loader` (the data loader's clips/s), `bench index` (the video "
+    "index at millions of files).",
+)
 app.add_typer(bench_app, name="bench")
 
 Micro = Annotated[Optional[list[int]], typer.Option("--micro", help="micro-batch sizes (repeatable)")]
@@ -44,15 +47,18 @@ DataRoot = Annotated[Optional[str], typer.Option("--data-root", help="a folder o
 Workers = Annotated[Optional[list[int]], typer.Option("--workers", help="DataLoader worker counts (repeatable)")]
 
 
-@bench_app.command("step", help="Time one training step and the reference encode for several micro-batches, "
-                                "side by side.")
+@bench_app.command(
+    "step", help="Time one training step and the reference encode for several micro-batches, side by side."
+)
 def step_cmd(
     micro: Micro = None,
     height: Height = 480,
     width: Width = 720,
     n_frames: NFrames = 12,
-    ref_vae_type: Annotated[Optional[str], typer.Option("--ref-vae-type", help="also time this reference VAE "
-                                                        "(real architecture, random weights)")] = None,
+    ref_vae_type: Annotated[
+        Optional[str],
+        typer.Option("--ref-vae-type", help="also time this reference VAE (real architecture, random weights)"),
+    ] = None,
     chunk: Chunk = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -61,33 +67,59 @@ def step_cmd(
     exit_with(lambda: step.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json))
 
 
-@bench_app.command("compare", help="The naive pipeline vs our real trainer at the profile's shape, lever by "
-                                   "lever: one GPU, one run.")
+@bench_app.command(
+    "compare", help="The naive pipeline vs our real trainer at the profile's shape, lever by lever: one GPU, one run."
+)
 @plan_options(topology=())
 def compare_cmd(
     req: Request,
     steps: Annotated[int, typer.Option(help="timed steps per in-process row")] = 5,
-    trainer_steps: Annotated[int, typer.Option("--trainer-steps", help="steps of the real trainer run "
-                                               "(the first 10 are warm-up)")] = 40,
+    trainer_steps: Annotated[
+        int, typer.Option("--trainer-steps", help="steps of the real trainer run (the first 10 are warm-up)")
+    ] = 40,
     levers: Annotated[bool, typer.Option("--levers", help="one row per speed lever")] = False,
     chunk: Chunk = None,
     crop: Annotated[int, typer.Option(help="--levers: Seraena crop to try (0: none)")] = 256,
-    phases: Annotated[bool, typer.Option("--phases", help="a second trainer run with --profile "
-                                                          "for per-phase times")] = False,
-    data_root: Annotated[Optional[str], typer.Option("--data-root", help="real videos to train on (default: "
-                                                     "synthetic ones at the profile's size)")] = None,
-    workdir: Annotated[Optional[str], typer.Option(help="where assets and runs go "
-                                                   "(default <output_dir>/bench-compare)")] = None,
-    cached: Annotated[int, typer.Option("--cached", help="also write a latent cache of this many views per video "
-                                                         "and train from it (0: no)")] = 0,
-    cached_set: Annotated[Optional[list[str]], typer.Option("--cached-set", help="--cached: a --set for the run "
-                                                            "from the cache only (repeatable)")] = None,
+    phases: Annotated[
+        bool, typer.Option("--phases", help="a second trainer run with --profile for per-phase times")
+    ] = False,
+    data_root: Annotated[
+        Optional[str],
+        typer.Option("--data-root", help="real videos to train on (default: synthetic ones at the profile's size)"),
+    ] = None,
+    workdir: Annotated[
+        Optional[str], typer.Option(help="where assets and runs go (default <output_dir>/bench-compare)")
+    ] = None,
+    cached: Annotated[
+        int,
+        typer.Option(
+            "--cached", help="also write a latent cache of this many views per video and train from it (0: no)"
+        ),
+    ] = 0,
+    cached_set: Annotated[
+        Optional[list[str]],
+        typer.Option("--cached-set", help="--cached: a --set for the run from the cache only (repeatable)"),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     from ..bench import compare
 
-    exit_with(lambda: compare.run(req, steps, trainer_steps, levers, chunk or [], crop, data_root, workdir, phases,
-                                  as_json, cached, cached_set or []))
+    exit_with(
+        lambda: compare.run(
+            req,
+            steps,
+            trainer_steps,
+            levers,
+            chunk or [],
+            crop,
+            data_root,
+            workdir,
+            phases,
+            as_json,
+            cached,
+            cached_set or [],
+        )
+    )
 
 
 @bench_app.command("loader", help="The data loader's clips/s per decoder and worker count, on --data-root.")
@@ -98,10 +130,13 @@ def loader_cmd(
     n_frames: NFrames = 12,
     micro: Annotated[int, typer.Option("--micro", help="micro-batch size")] = 8,
     workers: Workers = None,
-    decoder: Annotated[Optional[list[str]], typer.Option("--decoder", help="opencv, opencv-1thread, pyav, "
-                                                         "pyav-1thread, nvdec (repeatable)")] = None,
-    resolution: Annotated[Optional[list[int]], typer.Option("--resolution", help="source video heights to bench, "
-                                                            "e.g. 720 (repeatable)")] = None,
+    decoder: Annotated[
+        Optional[list[str]],
+        typer.Option("--decoder", help="opencv, opencv-1thread, pyav, pyav-1thread, nvdec (repeatable)"),
+    ] = None,
+    resolution: Annotated[
+        Optional[list[int]], typer.Option("--resolution", help="source video heights to bench, e.g. 720 (repeatable)")
+    ] = None,
     seconds: Annotated[float, typer.Option(help="seconds per DataLoader row")] = 10.0,
     clips: Annotated[int, typer.Option(help="clips per decode row")] = 64,
     as_json: JsonOpt = False,
@@ -110,18 +145,33 @@ def loader_cmd(
         fail("bench loader needs --data-root DIR (a folder of videos)")
     from ..bench import loader
 
-    more = {"resolutions": resolution} if resolution else {}      # loader.run's default: every height found
-    exit_with(lambda: loader.run(data_root, height, width, n_frames, micro, workers or [4, 8, 12],
-                                 decoder or LOADER_DECODERS, seconds, clips, as_json, **more))
+    more = {"resolutions": resolution} if resolution else {}  # loader.run's default: every height found
+    exit_with(
+        lambda: loader.run(
+            data_root,
+            height,
+            width,
+            n_frames,
+            micro,
+            workers or [4, 8, 12],
+            decoder or LOADER_DECODERS,
+            seconds,
+            clips,
+            as_json,
+            **more,
+        )
+    )
 
 
-@bench_app.command("index", help="The video index at --files synthetic videos: build and load time, rank memory, "
-                                 "worker memory growth.")
+@bench_app.command(
+    "index", help="The video index at --files synthetic videos: build and load time, rank memory, worker memory growth."
+)
 def index_cmd(
     files: Annotated[int, typer.Option("--files", help="synthetic videos in the index")] = 3_000_000,
     workers: Workers = None,
-    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="also the list of VideoEntry "
-                                                                            "used before #27")] = True,
+    baseline: Annotated[
+        bool, typer.Option("--baseline/--no-baseline", help="also the list of VideoEntry used before #27")
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     from ..bench import index
@@ -147,7 +197,10 @@ def legacy_cmd(
     compare: Annotated[bool, typer.Option("--compare")] = False,
     loader: Annotated[bool, typer.Option("--loader")] = False,
     index: Annotated[bool, typer.Option("--index")] = False,
-    micro: Micro = None, height: Height = 480, width: Width = 720, n_frames: NFrames = 12,
+    micro: Micro = None,
+    height: Height = 480,
+    width: Width = 720,
+    n_frames: NFrames = 12,
     ref_vae_type: Annotated[Optional[str], typer.Option("--ref-vae-type")] = None,
     chunk: Chunk = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set")] = None,
@@ -177,15 +230,37 @@ def legacy_cmd(
     if loader:
         if not data_root:
             fail("bench --loader needs --data-root DIR (a folder of videos)")
-        _old_form("bench --loader", "bench loader", lambda: loader_cmd(
-            data_root, height, width, n_frames, (micro or [8])[0], workers, decoder, None, seconds, clips, as_json))
+        _old_form(
+            "bench --loader",
+            "bench loader",
+            lambda: loader_cmd(
+                data_root, height, width, n_frames, (micro or [8])[0], workers, decoder, None, seconds, clips, as_json
+            ),
+        )
     if compare:
         if gpus is None or profile is None:
             fail("bench --compare needs GPUS PROFILE, e.g. `taehv-launch bench --compare 1 h100`")
-        _old_form("bench --compare", "bench compare", lambda: compare_cmd(
-            gpus=gpus, profile=profile, set_=set_, config=config, steps=steps, trainer_steps=trainer_steps,
-            levers=levers, chunk=chunk, crop=crop, phases=phases, data_root=data_root, workdir=workdir,
-            cached=cached, cached_set=cached_set, as_json=as_json))
+        _old_form(
+            "bench --compare",
+            "bench compare",
+            lambda: compare_cmd(
+                gpus=gpus,
+                profile=profile,
+                set_=set_,
+                config=config,
+                steps=steps,
+                trainer_steps=trainer_steps,
+                levers=levers,
+                chunk=chunk,
+                crop=crop,
+                phases=phases,
+                data_root=data_root,
+                workdir=workdir,
+                cached=cached,
+                cached_set=cached_set,
+                as_json=as_json,
+            ),
+        )
     if gpus is not None:
         fail(f"unexpected argument {gpus!r}: GPUS PROFILE go with --compare")
     _old_form("bench", "bench step", lambda: step_cmd(micro, height, width, n_frames, ref_vae_type, chunk, as_json))

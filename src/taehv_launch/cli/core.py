@@ -16,9 +16,9 @@ from typing import Annotated, Callable
 import typer
 from typer.core import TyperGroup
 
-try:                       # typer >= 0.2x carries its own copy of click
+try:  # typer >= 0.2x carries its own copy of click
     from typer import _click as click
-except ImportError:        # older typer uses click itself
+except ImportError:  # older typer uses click itself
     import click
 
 from ..errors import EXIT_USAGE, UserError, one_line
@@ -30,20 +30,25 @@ class DefaultCommandGroup(TyperGroup):
     default_command = "run"
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and re.fullmatch(r"-\d+", args[0]):      # click would read `-1` as an option
+        if args and re.fullmatch(r"-\d+", args[0]):  # click would read `-1` as an option
             raise click.exceptions.UsageError(f"GPU count must be at least 1, got {args[0]}")
         if args and args[0] not in self.commands and args[0] not in ROOT_OPTIONS:
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 
 
-app = typer.Typer(cls=DefaultCommandGroup, add_completion=True, no_args_is_help=True,
-                  pretty_exceptions_enable=False, rich_markup_mode="rich",
-                  context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Train TAEHV by distilling a reference video VAE: resolve GPUS x PROFILE to a config, "
-                       "an accelerate/DeepSpeed YAML and the NCCL environment, then start `accelerate launch`.\n\n"
-                       "Examples: `taehv-launch 1 cpu` (built-in demo), `taehv-launch 16 h100 --dry-run`, "
-                       "`taehv-launch validate-env 8 h100`.")
+app = typer.Typer(
+    cls=DefaultCommandGroup,
+    add_completion=True,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Train TAEHV by distilling a reference video VAE: resolve GPUS x PROFILE to a config, "
+    "an accelerate/DeepSpeed YAML and the NCCL environment, then start `accelerate launch`.\n\n"
+    "Examples: `taehv-launch 1 cpu` (built-in demo), `taehv-launch 16 h100 --dry-run`, "
+    "`taehv-launch validate-env 8 h100`.",
+)
 
 
 def _print_version(value: bool) -> None:
@@ -55,8 +60,11 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
-                                                callback=_print_version)] = False) -> None:
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", help="print the version and exit", is_eager=True, callback=_print_version)
+    ] = False,
+) -> None:
     """Options of taehv-launch itself (the commands have their own)."""
 
 

@@ -19,12 +19,19 @@ from ..files import write_atomic
 from .core import app, exit_with
 
 
-@app.command("index", help="List the videos under DATA_ROOT once and write an annotation file (.csv, .jsonl, "
-                          ".json or .txt) that later jobs read instead of scanning: --set annotation_file=FILE.")
+@app.command(
+    "index",
+    help="List the videos under DATA_ROOT once and write an annotation file (.csv, .jsonl, "
+    ".json or .txt) that later jobs read instead of scanning: --set annotation_file=FILE.",
+)
 def index_cmd(
     data_root: Annotated[str, typer.Argument(help="the folder of videos (scanned recursively)", show_default=False)],
-    output: Annotated[str, typer.Option("-o", "--output", help="the annotation file to write; its extension picks "
-                                                              "the format", show_default=False)],
+    output: Annotated[
+        str,
+        typer.Option(
+            "-o", "--output", help="the annotation file to write; its extension picks the format", show_default=False
+        ),
+    ],
     force: Annotated[bool, typer.Option("--force", help="replace -o FILE if it exists")] = False,
 ) -> None:
     exit_with(lambda: write_index(data_root, output, force))

@@ -21,14 +21,26 @@ def run_cmd(
     req: Request,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
-    resume: Annotated[Optional[str], typer.Option("--resume", help="a checkpoint-<step> folder, a run folder, "
-                                                  "`auto` (newest complete checkpoint of the latest run), or `this-run` (only this "
-                                                  "named run's own, else start fresh: for requeued jobs)")] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="verbose distributed logs, anomaly detection, few steps")] = False,
-    profile_run: Annotated[bool, typer.Option("--profile", help="torch.profiler trace of a few steps "
-                                              "and a table of where a step's time goes")] = False,
-    run_name: Annotated[Optional[str], typer.Option("--run-name", help="run directory name (default: scheduler "
-                                                    "job id, else a timestamp)")] = None,
+    resume: Annotated[
+        Optional[str],
+        typer.Option(
+            "--resume",
+            help="a checkpoint-<step> folder, a run folder, "
+            "`auto` (newest complete checkpoint of the latest run), or `this-run` (only this "
+            "named run's own, else start fresh: for requeued jobs)",
+        ),
+    ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="verbose distributed logs, anomaly detection, few steps")
+    ] = False,
+    profile_run: Annotated[
+        bool,
+        typer.Option("--profile", help="torch.profiler trace of a few steps and a table of where a step's time goes"),
+    ] = False,
+    run_name: Annotated[
+        Optional[str],
+        typer.Option("--run-name", help="run directory name (default: scheduler job id, else a timestamp)"),
+    ] = None,
 ) -> None:
     from ..run import dryrun, start
 

@@ -21,8 +21,14 @@ def validate_env_cmd(
     req: Request,
     as_json: JsonOpt = False,
     quick: Annotated[bool, typer.Option("--quick", help="skip the slow checks (all-reduce, model loads)")] = False,
-    cache: Annotated[bool, typer.Option("--cache", help="check for `taehv-launch cache` (with --set latent_cache="
-                                                        "DIR): the cache's size against the free space there")] = False,
+    cache: Annotated[
+        bool,
+        typer.Option(
+            "--cache",
+            help="check for `taehv-launch cache` (with --set latent_cache="
+            "DIR): the cache's size against the free space there",
+        ),
+    ] = False,
 ) -> None:
     from ..preflight import checks as preflight
 

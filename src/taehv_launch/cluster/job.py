@@ -21,7 +21,7 @@ from ..plan.text import check_path
 from ..plan.resolve import Plan
 from ..run.runs import THIS_RUN, run_id_for
 
-JOB_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,50}[a-z0-9])?$")   # a DNS label, room for "-<index>"
+JOB_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,50}[a-z0-9])?$")  # a DNS label, room for "-<index>"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,12 +32,12 @@ class ClusterJob:
     nodes: int
     gpus_per_node: int
     output_dir: str
-    argv: tuple[str, ...]          # the taehv-launch command of every node
-    render_argv: tuple[str, ...]   # the render command that made the file (its header says how to redo it)
+    argv: tuple[str, ...]  # the taehv-launch command of every node
+    render_argv: tuple[str, ...]  # the render command that made the file (its header says how to redo it)
     shm_gib: int
     port: int
 
-    run_name: str | None = None    # --run-name: the run every node continues; else each job is a run of its own
+    run_name: str | None = None  # --run-name: the run every node continues; else each job is a run of its own
 
     @property
     def rendered_by(self) -> str:
@@ -58,36 +58,54 @@ def one_line_word(text: str) -> str:
             out.append("\\" + char)
         elif char.isprintable():
             out.append(char)
-        elif 0xDC80 <= ord(char) <= 0xDCFF:        # surrogateescape: the byte the command line had
+        elif 0xDC80 <= ord(char) <= 0xDCFF:  # surrogateescape: the byte the command line had
             out.append(f"\\x{ord(char) - 0xDC00:02x}")
         else:
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char) or "".join(
-                f"\\x{b:02x}" for b in char.encode("utf-8", "surrogatepass")))
+            out.append(
+                {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char)
+                or "".join(f"\\x{b:02x}" for b in char.encode("utf-8", "surrogatepass"))
+            )
     return "$'" + "".join(out) + "'"
 
 
-def cluster_job(plan: Plan, *, sets: list[str], config: str | None, gpus_per_node: int | None,
-                name: str | None, render_argv: list[str], run_name: str | None = None) -> ClusterJob:
+def cluster_job(
+    plan: Plan,
+    *,
+    sets: list[str],
+    config: str | None,
+    gpus_per_node: int | None,
+    name: str | None,
+    render_argv: list[str],
+    run_name: str | None = None,
+) -> ClusterJob:
     """sets: the user's --set items, `output_dir=...` included (render's --output-dir adds it)."""
     if plan.profile.device != "cuda":
-        raise ConfigError(f"render makes GPU cluster jobs; the {plan.profile.name} profile runs here: "
-                          f"`taehv-launch {plan.gpus} {plan.profile.name}`")
+        raise ConfigError(
+            f"render makes GPU cluster jobs; the {plan.profile.name} profile runs here: "
+            f"`taehv-launch {plan.gpus} {plan.profile.name}`"
+        )
     output_dir = str(plan.config["output_dir"])
     check_path("output_dir", output_dir)
     if not PurePosixPath(output_dir).is_absolute():
-        raise ConfigError(f"output_dir {output_dir!r} is not absolute: pass --output-dir /shared/path, a folder "
-                          f"every node mounts (run directories, checkpoints and the dead-rank watchdog's heartbeats live there)")
+        raise ConfigError(
+            f"output_dir {output_dir!r} is not absolute: pass --output-dir /shared/path, a folder "
+            f"every node mounts (run directories, checkpoints and the dead-rank watchdog's heartbeats live there)"
+        )
     c = plan.config
     missing = [k for k in ("data_root", "ref_vae_path") if not c[k]]
     if c["latent_cache"] and c["latent_cache_encode"] == "never":
         missing = [k for k in missing if k != "ref_vae_path"]
     if missing:
-        raise ConfigError(f"{' and '.join(missing)} must be set for a cluster job: add "
-                          + " ".join(f"--set {k}=/path/on/the/nodes" for k in missing))
+        raise ConfigError(
+            f"{' and '.join(missing)} must be set for a cluster job: add "
+            + " ".join(f"--set {k}=/path/on/the/nodes" for k in missing)
+        )
     name = name or f"taehv-{plan.gpus}-{plan.profile.name}"
     if not JOB_NAME_RE.match(name):
-        raise ConfigError(f"job name {name!r} must be lowercase letters, digits and '-', start with a letter and "
-                          f"be at most 52 characters (a Kubernetes DNS label with room for the pod index)")
+        raise ConfigError(
+            f"job name {name!r} must be lowercase letters, digits and '-', start with a letter and "
+            f"be at most 52 characters (a Kubernetes DNS label with room for the pod index)"
+        )
     topo = plan.topology
     argv = ["taehv-launch", str(plan.gpus), plan.profile.name]
     if config:
@@ -97,10 +115,19 @@ def cluster_job(plan: Plan, *, sets: list[str], config: str | None, gpus_per_nod
     if gpus_per_node is not None:
         argv += ["--gpus-per-node", str(gpus_per_node)]
     if run_name is not None:
-        run_id_for(run_name, None)             # the same check every node makes, here once
+        run_id_for(run_name, None)  # the same check every node makes, here once
         argv += ["--run-name", run_name]
     argv += ["--resume", THIS_RUN]
-    return ClusterJob(name=name, gpus=plan.gpus, profile=plan.profile.name, nodes=topo.num_machines,
-                      gpus_per_node=topo.gpus_per_machine, output_dir=output_dir, argv=tuple(argv),
-                      render_argv=tuple(render_argv), shm_gib=max(1, math.ceil(shm_bytes(c, topo.gpus_per_machine) / 2**30)),
-                      port=topo.main_process_port, run_name=run_name)
+    return ClusterJob(
+        name=name,
+        gpus=plan.gpus,
+        profile=plan.profile.name,
+        nodes=topo.num_machines,
+        gpus_per_node=topo.gpus_per_machine,
+        output_dir=output_dir,
+        argv=tuple(argv),
+        render_argv=tuple(render_argv),
+        shm_gib=max(1, math.ceil(shm_bytes(c, topo.gpus_per_machine) / 2**30)),
+        port=topo.main_process_port,
+        run_name=run_name,
+    )

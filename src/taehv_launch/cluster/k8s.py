@@ -22,14 +22,18 @@ from ..errors import EXIT_RESUMABLE, ConfigError
 from ..yamltext import yaml_text
 from .job import ClusterJob, one_line_word
 
-JOB_UID = "metadata.labels['batch.kubernetes.io/controller-uid']"   # the Job's uid, on each of its pods
+JOB_UID = "metadata.labels['batch.kubernetes.io/controller-uid']"  # the Job's uid, on each of its pods
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-_NAMES = {   # option: (pattern, what Kubernetes accepts)
+_NAMES = {  # option: (pattern, what Kubernetes accepts)
     "namespace": (re.compile(rf"^{_LABEL}$"), "a DNS label: lowercase letters, digits and '-', at most 63"),
-    "pvc": (re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$"),
-            "a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253"),
-    "image": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,1023}$"),
-              "an image reference such as registry.example.com/taehv-launch:1.0 (no spaces or quotes)"),
+    "pvc": (
+        re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$"),
+        "a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253",
+    ),
+    "image": (
+        re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,1023}$"),
+        "an image reference such as registry.example.com/taehv-launch:1.0 (no spaces or quotes)",
+    ),
 }
 
 
@@ -40,48 +44,81 @@ def _check_names(**values: str | None) -> None:
             raise ConfigError(f"--{key} {value!r} is not {what}")
 
 
-def render_k8s(job: ClusterJob, *, image: str, pvc: str, mount: str = "/shared", namespace: str | None = None,
-               grace_period: int = 300, restarts: int = 3) -> str:
+def render_k8s(
+    job: ClusterJob,
+    *,
+    image: str,
+    pvc: str,
+    mount: str = "/shared",
+    namespace: str | None = None,
+    grace_period: int = 300,
+    restarts: int = 3,
+) -> str:
     _check_names(namespace=namespace, pvc=pvc, image=image)
     if not mount.isprintable() or not PurePosixPath(mount).is_absolute():
-        raise ConfigError(f"--mount {mount!r} is not an absolute path of printable characters: pass e.g. --mount /shared")
+        raise ConfigError(
+            f"--mount {mount!r} is not an absolute path of printable characters: pass e.g. --mount /shared"
+        )
     if not PurePosixPath(job.output_dir).is_relative_to(mount):
-        raise ConfigError(f"output_dir {job.output_dir!r} is not on the shared volume mounted at {mount}: pass "
-                          f"--output-dir {PurePosixPath(mount) / 'taehv-output'} (or --mount the folder that holds it)")
+        raise ConfigError(
+            f"output_dir {job.output_dir!r} is not on the shared volume mounted at {mount}: pass "
+            f"--output-dir {PurePosixPath(mount) / 'taehv-output'} (or --mount the folder that holds it)"
+        )
     meta: dict[str, Any] = {"name": job.name} | ({"namespace": namespace} if namespace else {})
     labels = {"app.kubernetes.io/name": "taehv-launch", "app.kubernetes.io/instance": job.name}
     service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": meta | {"labels": labels},
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                 "selector": {"job-name": job.name},
-                 "ports": [{"name": "rendezvous", "port": job.port}]},
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta | {"labels": labels},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"job-name": job.name},
+            "ports": [{"name": "rendezvous", "port": job.port}],
+        },
     }
     env = {"NNODES": str(job.nodes), "MASTER_ADDR": f"{job.name}-0.{job.name}", "MASTER_PORT": str(job.port)}
     container = {
-        "name": "trainer", "image": image, "command": list(job.argv),
-        "env": [{"name": k, "value": v} for k, v in env.items()]   # JOB_NAME, the run's job id: unique per Job
-               + [{"name": "JOB_UID", "valueFrom": {"fieldRef": {"fieldPath": JOB_UID}}},
-                  {"name": "JOB_NAME", "value": f"{job.name}-$(JOB_UID)"}],
+        "name": "trainer",
+        "image": image,
+        "command": list(job.argv),
+        "env": [{"name": k, "value": v} for k, v in env.items()]  # JOB_NAME, the run's job id: unique per Job
+        + [
+            {"name": "JOB_UID", "valueFrom": {"fieldRef": {"fieldPath": JOB_UID}}},
+            {"name": "JOB_NAME", "value": f"{job.name}-$(JOB_UID)"},
+        ],
         "ports": [{"containerPort": job.port, "name": "rendezvous"}],
         "resources": {"limits": {"nvidia.com/gpu": job.gpus_per_node}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "shared", "mountPath": mount}],
     }
     pod = {
-        "subdomain": job.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": grace_period,
+        "subdomain": job.name,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": grace_period,
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{job.shm_gib}Gi"}},
-                    {"name": "shared", "persistentVolumeClaim": {"claimName": pvc}}],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{job.shm_gib}Gi"}},
+            {"name": "shared", "persistentVolumeClaim": {"claimName": pvc}},
+        ],
     }
     job_obj = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": meta | {"labels": labels},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta | {"labels": labels},
         "spec": {
-            "completionMode": "Indexed", "completions": job.nodes, "parallelism": job.nodes,
+            "completionMode": "Indexed",
+            "completions": job.nodes,
+            "parallelism": job.nodes,
             "backoffLimit": restarts * job.nodes,
-            "podFailurePolicy": {"rules": [
-                {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In",
-                                                     "values": [EXIT_RESUMABLE]}},
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-            ]},
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "Ignore",
+                        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [EXIT_RESUMABLE]},
+                    },
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]
+            },
             "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
@@ -93,11 +130,22 @@ def render_k8s(job: ClusterJob, *, image: str, pvc: str, mount: str = "/shared",
         f"kubectl logs -f {job.name}-0-<suffix> (or `kubectl logs -f job/{job.name}`); the run:",
         f"{one_line_word(job.output_dir.rstrip('/') + '/')}{job.run_name or f'job-{job.name}-<uid>'}/ on the volume "
         f"'{pvc}' (ReadWriteMany: every pod mounts it)" + ("." if job.run_name else "; <uid> is the Job's:"),
-        *([] if job.run_name else [f"kubectl get job {job.name} -o jsonpath='{{.metadata.uid}}'. A replaced pod "
-                                   f"continues its Job's run; a Job applied again starts a new one."]),
+        *(
+            []
+            if job.run_name
+            else [
+                f"kubectl get job {job.name} -o jsonpath='{{.metadata.uid}}'. A replaced pod "
+                f"continues its Job's run; a Job applied again starts a new one."
+            ]
+        ),
         f"Exit {EXIT_RESUMABLE} (checkpoint saved after SIGTERM) and evictions replace the pod without counting",
         f"against backoffLimit ({restarts} failures per pod); each pod has {grace_period} s after SIGTERM to finish",
         "its step and save the checkpoint. Needs Kubernetes 1.27 or newer (podFailurePolicy, the Job uid label).",
     ]
-    return ("\n".join(f"# {line}" for line in head) + "\n" + yaml_text(service, plain=True) + "---\n"
-            + yaml_text(job_obj, plain=True))
+    return (
+        "\n".join(f"# {line}" for line in head)
+        + "\n"
+        + yaml_text(service, plain=True)
+        + "---\n"
+        + yaml_text(job_obj, plain=True)
+    )

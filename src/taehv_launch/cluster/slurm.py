@@ -16,20 +16,36 @@ from .job import ClusterJob, one_line_word
 
 # What an #SBATCH value may hold: sbatch reads the directive line itself (no shell quoting), so
 # a space, quote, '#' or line break cannot be carried; partition/account names and times never need one.
-_DIRECTIVE = {"partition": (re.compile(r"^[A-Za-z0-9_.,-]{1,256}$"), "letters, digits and _ . , -"),
-              "account": (re.compile(r"^[A-Za-z0-9_.-]{1,256}$"), "letters, digits and _ . -"),
-              "time": (re.compile(r"^(?:[0-9][0-9:-]{0,30}|UNLIMITED|infinite)$"),
-                       "a SLURM time such as 24:00:00, 2-00:00:00 or 90")}
+_DIRECTIVE = {
+    "partition": (re.compile(r"^[A-Za-z0-9_.,-]{1,256}$"), "letters, digits and _ . , -"),
+    "account": (re.compile(r"^[A-Za-z0-9_.-]{1,256}$"), "letters, digits and _ . -"),
+    "time": (
+        re.compile(r"^(?:[0-9][0-9:-]{0,30}|UNLIMITED|infinite)$"),
+        "a SLURM time such as 24:00:00, 2-00:00:00 or 90",
+    ),
+}
 
 
-def render_slurm(job: ClusterJob, *, partition: str | None = None, account: str | None = None,
-                 time: str | None = None, signal_seconds: int = 120) -> str:
+def render_slurm(
+    job: ClusterJob,
+    *,
+    partition: str | None = None,
+    account: str | None = None,
+    time: str | None = None,
+    signal_seconds: int = 120,
+) -> str:
     for key, value in (("partition", partition), ("account", account), ("time", time)):
         pattern, what = _DIRECTIVE[key]
         if value and not pattern.match(value):
             raise ConfigError(f"--{key} {value!r} cannot go on an #SBATCH line: use {what}")
-    sbatch = [f"--job-name={job.name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
-              f"--gpus-per-node={job.gpus_per_node}", "--exclusive", "--mem=0"]
+    sbatch = [
+        f"--job-name={job.name}",
+        f"--nodes={job.nodes}",
+        "--ntasks-per-node=1",
+        f"--gpus-per-node={job.gpus_per_node}",
+        "--exclusive",
+        "--mem=0",
+    ]
     sbatch += [f"--partition={partition}"] * bool(partition) + [f"--account={account}"] * bool(account)
     sbatch += [f"--time={time}"] * bool(time)
     sbatch += [f"--signal=USR1@{signal_seconds}", "--requeue", "--open-mode=append", "--output=slurm-%x-%j.out"]
@@ -70,6 +86,6 @@ def _lines(argv: tuple[str, ...]) -> list[str]:
     lines, i = [" ".join(words[:3])], 3
     while i < len(words):
         take = 2 if words[i].startswith("--") and i + 1 < len(words) and not words[i + 1].startswith("--") else 1
-        lines.append(" ".join(words[i:i + take]))
+        lines.append(" ".join(words[i : i + take]))
         i += take
     return lines

@@ -28,20 +28,24 @@ class VideoEntry:
 
 
 def _encode(path: str) -> bytes:
-    return path.encode("utf-8", "surrogateescape")     # os.scandir gives undecodable names as surrogates
+    return path.encode("utf-8", "surrogateescape")  # os.scandir gives undecodable names as surrogates
 
 
 class FlatIndex(Sequence):
     """Entries i -> VideoEntry(prefix + paths[i], counts[i]); `rows` selects a subset (a split)."""
 
-    missing: int = 0          # listed files that do not exist (annotation files)
+    missing: int = 0  # listed files that do not exist (annotation files)
     cache_path: str = ""
     from_cache: bool = False
 
-    def __init__(self, prefix: str, buf: np.ndarray, offsets: np.ndarray, counts: np.ndarray,
-                 rows: np.ndarray | None = None):
-        assert buf.dtype == np.uint8 and offsets.dtype == np.int64 and counts.dtype == np.int32, \
-            (buf.dtype, offsets.dtype, counts.dtype)
+    def __init__(
+        self, prefix: str, buf: np.ndarray, offsets: np.ndarray, counts: np.ndarray, rows: np.ndarray | None = None
+    ):
+        assert buf.dtype == np.uint8 and offsets.dtype == np.int64 and counts.dtype == np.int32, (
+            buf.dtype,
+            offsets.dtype,
+            counts.dtype,
+        )
         assert len(offsets) == len(counts) + 1, (len(offsets), len(counts))
         self.prefix, self.buf, self.offsets, self.counts, self.rows = prefix, buf, offsets, counts, rows
 
@@ -70,7 +74,7 @@ class FlatIndex(Sequence):
         pos = np.asarray(positions, dtype=np.int64)
         rows = pos if self.rows is None else self.rows[pos]
         if len(self.counts) < 2**31:
-            rows = rows.astype(np.int32)      # 4 bytes per entry of a split, not 8
+            rows = rows.astype(np.int32)  # 4 bytes per entry of a split, not 8
         sub = FlatIndex(self.prefix, self.buf, self.offsets, self.counts, rows)
         sub.missing = self.missing
         return sub
@@ -97,17 +101,19 @@ class FlatIndex(Sequence):
     def path(self, i: int) -> str:
         """The absolute path of entry i (0 <= i < len)."""
         r = self._row(i)
-        return self.prefix + self.buf[self.offsets[r]: self.offsets[r + 1]].tobytes().decode("utf-8", "surrogateescape")
+        return self.prefix + self.buf[self.offsets[r] : self.offsets[r + 1]].tobytes().decode(
+            "utf-8", "surrogateescape"
+        )
 
     def relative_bytes(self, chunk: int = 1 << 16) -> Iterator[bytes]:
         """Each entry's path after `prefix`, as UTF-8 bytes, in order: a fast pass for hashing every path
         (slices of plain bytes, a chunk of offsets at a time)."""
         for lo in range(0, len(self), chunk):
-            rows = np.arange(lo, min(lo + chunk, len(self))) if self.rows is None else self.rows[lo: lo + chunk]
+            rows = np.arange(lo, min(lo + chunk, len(self))) if self.rows is None else self.rows[lo : lo + chunk]
             starts, ends = self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
             a, b = (min(starts), max(ends)) if starts else (0, 0)
             data = self.buf[a:b].tobytes()
-            yield from (data[s - a: e - a] for s, e in zip(starts, ends))
+            yield from (data[s - a : e - a] for s, e in zip(starts, ends))
 
     def __iter__(self) -> Iterator[VideoEntry]:
         for i in range(len(self)):
@@ -125,7 +131,9 @@ class FlatIndex(Sequence):
 
     def nbytes(self) -> int:
         """Bytes held by the arrays (shared by the subsets made by take/slicing)."""
-        return self.buf.nbytes + self.offsets.nbytes + self.counts.nbytes + (0 if self.rows is None else self.rows.nbytes)
+        return (
+            self.buf.nbytes + self.offsets.nbytes + self.counts.nbytes + (0 if self.rows is None else self.rows.nbytes)
+        )
 
     # --- on disk ------------------------------------------------------------------------------
 
@@ -133,8 +141,13 @@ class FlatIndex(Sequence):
         """Write the arrays and a JSON-able meta dict to an open binary file (.npz, no pickle)."""
         assert self.rows is None, "save the full index, not a subset"
         doc = {**meta, "prefix": self.prefix, "missing": self.missing}
-        np.savez(file, buf=self.buf, offsets=self.offsets, counts=self.counts,
-                 meta=np.frombuffer(json.dumps(doc).encode(), np.uint8))
+        np.savez(
+            file,
+            buf=self.buf,
+            offsets=self.offsets,
+            counts=self.counts,
+            meta=np.frombuffer(json.dumps(doc).encode(), np.uint8),
+        )
 
     @classmethod
     def load(cls, path: str) -> tuple[FlatIndex, dict]:

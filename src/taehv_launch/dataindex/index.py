@@ -23,11 +23,11 @@ from .listing import VIDEO_EXTENSIONS, existing, read_annotation, scan
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 2        # 2: flat arrays in an .npz (1: JSON list)
+INDEX_VERSION = 2  # 2: flat arrays in an .npz (1: JSON list)
 
 # --- the index --------------------------------------------------------------------------
 
-VideoIndex = FlatIndex       # the index type build_index returns (flat arrays: see flat.py)
+VideoIndex = FlatIndex  # the index type build_index returns (flat arrays: see flat.py)
 
 
 def build_index(
@@ -85,8 +85,10 @@ def keep_index(index: FlatIndex) -> None:
 def check_root(data_root: str, annotation_file: str) -> str:
     """The absolute data root; relative annotation paths are joined to it (or to the file's folder)."""
     if annotation_file and not os.path.isfile(annotation_file):
-        raise DataError(f"annotation_file {annotation_file} not found: fix the path, or set "
-                        f"annotation_file='' to use every video under data_root")
+        raise DataError(
+            f"annotation_file {annotation_file} not found: fix the path, or set "
+            f"annotation_file='' to use every video under data_root"
+        )
     if not data_root:
         if annotation_file:
             return os.path.dirname(os.path.abspath(annotation_file))
@@ -115,8 +117,10 @@ def _make_index(root: str, annotation_file: str, probe: Callable[[str], int] | N
     else:
         paths, counts, missing = scan(root), None, 0
         if not paths:
-            raise DataError(f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
-                            f"your videos or give an annotation_file")
+            raise DataError(
+                f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
+                f"your videos or give an annotation_file"
+            )
     if probe is not None:
         counts = [probe(p) for p in paths]
     index = FlatIndex.from_paths(paths, counts)
@@ -132,12 +136,19 @@ def _annotated_paths(root: str, annotation_file: str) -> tuple[list[str], list[i
     kept = [k for k, ok in enumerate(there) if ok]
     missing = len(paths) - len(kept)
     if not kept:
-        raise DataError(f"none of the {len(paths)} videos listed in {annotation_file} exist (e.g. {paths[0]}): "
-                        f"relative paths are joined to data_root={root}; fix data_root or the file")
+        raise DataError(
+            f"none of the {len(paths)} videos listed in {annotation_file} exist (e.g. {paths[0]}): "
+            f"relative paths are joined to data_root={root}; fix data_root or the file"
+        )
     if missing:
         first = paths[there.index(False)]
-        log.warning("%d of %d videos listed in %s do not exist and are left out (e.g. %s)",
-                    missing, len(paths), annotation_file, first)
+        log.warning(
+            "%d of %d videos listed in %s do not exist and are left out (e.g. %s)",
+            missing,
+            len(paths),
+            annotation_file,
+            first,
+        )
     return [paths[k] for k in kept], [listed_counts[k] for k in kept], missing
 
 
@@ -204,6 +215,7 @@ def index_once(cfg, accelerator) -> VideoIndex:
 
 # --- the split --------------------------------------------------------------------------
 
+
 def held_out_count(n: int, validation_fraction: float, max_validation_videos: int) -> int:
     """How many of n videos split_train_val holds out for validation (a single video is reused, not held out)."""
     if n <= 1 or validation_fraction <= 0 or max_validation_videos <= 0:
@@ -237,12 +249,12 @@ def split_train_val(
     k = held_out_count(n, validation_fraction, max_validation_videos)
     head = hashlib.sha1(f"{seed}:".encode() + entries.prefix.encode("utf-8", "surrogateescape"))
 
-    def digest(rel: bytes) -> bytes:    # sha1(f"{seed}:{path}"), the path as its UTF-8 bytes
+    def digest(rel: bytes) -> bytes:  # sha1(f"{seed}:{path}"), the path as its UTF-8 bytes
         h = head.copy()
         h.update(rel)
         return h.digest()
 
-    held = heapq.nsmallest(k, zip(map(digest, entries.relative_bytes()), range(n)))   # = sorted(...)[:k]
+    held = heapq.nsmallest(k, zip(map(digest, entries.relative_bytes()), range(n)))  # = sorted(...)[:k]
     mask = np.zeros(n, dtype=bool)
     mask[[i for _, i in held]] = True
     return entries.take(np.flatnonzero(~mask)), entries.take(np.flatnonzero(mask))

@@ -31,12 +31,25 @@ from ..files import disk_errors, write_atomic
 FORMAT = 1
 # How a view is drawn (data.VideoClipDataset.make_view with these random streams): a change here
 # changes what a cache means, so it is part of the fingerprint.
-VIEW_RULE = ("v1: video key = first 8 bytes of sha1(path under data_root); view k of a training video draws "
-             "frames from default_rng([seed, key, k, 0]) and the crop/flip from default_rng([seed, key, k, 1]); "
-             "validation videos: the centre clip at stride 1")
+VIEW_RULE = (
+    "v1: video key = first 8 bytes of sha1(path under data_root); view k of a training video draws "
+    "frames from default_rng([seed, key, k, 0]) and the crop/flip from default_rng([seed, key, k, 1]); "
+    "validation videos: the centre clip at stride 1"
+)
 # The config keys the stored latents depend on; a training run must agree on each.
-FINGERPRINT_KEYS = ("ref_vae_type", "ref_vae_dtype", "ref_latent_mean", "ref_latent_std", "latent_channels",
-                    "height", "width", "n_frames", "min_frame_delta", "max_frame_delta", "random_flip")
+FINGERPRINT_KEYS = (
+    "ref_vae_type",
+    "ref_vae_dtype",
+    "ref_latent_mean",
+    "ref_latent_std",
+    "latent_channels",
+    "height",
+    "width",
+    "n_frames",
+    "min_frame_delta",
+    "max_frame_delta",
+    "random_flip",
+)
 MANIFEST, JOB, SHARDS = "manifest.json", "cache.json", "shards"
 # after a failed write (disk full ...): a resumed job keeps every complete shard
 _THEN = "then run the same command again: the complete shards are kept"
@@ -45,22 +58,34 @@ _THEN = "then run the same command again: the complete shards are kept"
 def fingerprint(cfg: Any, weights: str) -> dict[str, Any]:
     """What the latents depend on: the reference VAE (family, weights, dtype, mean/std) and the clips."""
     out = {k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(cfg, k)) for k in FINGERPRINT_KEYS)}
-    return {"format": FORMAT, **out, "ref_vae_weights": weights, "latent_dtype": cfg.latent_cache_dtype,
-            "view_rule": VIEW_RULE}
+    return {
+        "format": FORMAT,
+        **out,
+        "ref_vae_weights": weights,
+        "latent_dtype": cfg.latent_cache_dtype,
+        "view_rule": VIEW_RULE,
+    }
 
 
 def check_fingerprint(stored: dict[str, Any], cfg: Any, weights: str | None, where: str) -> None:
     """One ConfigError naming the first field where the cache and this run disagree."""
     if stored.get("format") != FORMAT:
-        raise ConfigError(f"{where} is a latent cache of format {stored.get('format')}, this version reads "
-                          f"format {FORMAT}: write it again with `taehv-launch cache`")
+        raise ConfigError(
+            f"{where} is a latent cache of format {stored.get('format')}, this version reads "
+            f"format {FORMAT}: write it again with `taehv-launch cache`"
+        )
     mine = fingerprint(cfg, weights or stored.get("ref_vae_weights", ""))
     for key in (*FINGERPRINT_KEYS, "ref_vae_weights", "view_rule"):
         if stored.get(key) != mine[key]:
-            what = "the reference VAE's weights differ (ref_vae_path)" if key == "ref_vae_weights" else \
-                f"it has {key}={_show(stored.get(key))}, this run {key}={_show(mine[key])}"
-            raise ConfigError(f"latent cache {where} does not match this run: {what}: use the cache's setting, or "
-                              f"write a cache for this config with `taehv-launch cache ... --set latent_cache=NEW`")
+            what = (
+                "the reference VAE's weights differ (ref_vae_path)"
+                if key == "ref_vae_weights"
+                else f"it has {key}={_show(stored.get(key))}, this run {key}={_show(mine[key])}"
+            )
+            raise ConfigError(
+                f"latent cache {where} does not match this run: {what}: use the cache's setting, or "
+                f"write a cache for this config with `taehv-launch cache ... --set latent_cache=NEW`"
+            )
 
 
 def _show(value: Any) -> str:
@@ -68,6 +93,7 @@ def _show(value: Any) -> str:
 
 
 # --- views ------------------------------------------------------------------------------
+
 
 def video_key(relpath: str) -> int:
     return int.from_bytes(hashlib.sha1(relpath.encode()).digest()[:8], "little")
@@ -90,8 +116,10 @@ def index_digest(relpaths: Sequence[str]) -> str:
 
 def shard_plan(n_items: int, shard_size: int, split: str) -> list[tuple[str, range]]:
     """(shard name, item positions) for n_items work items cut into shards of shard_size, by position."""
-    return [(shard_name(split, k), range(start, min(start + shard_size, n_items)))
-            for k, start in enumerate(range(0, n_items, shard_size))]
+    return [
+        (shard_name(split, k), range(start, min(start + shard_size, n_items)))
+        for k, start in enumerate(range(0, n_items, shard_size))
+    ]
 
 
 def shard_name(split: str, k: int) -> str:
@@ -104,6 +132,7 @@ def rank_share(shards: Sequence[Any], rank: int, world: int) -> list[Any]:
 
 
 # --- shards -----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ShardRecord:
@@ -129,7 +158,7 @@ def write_shard(root: Path, name: str, latents, views: list[dict[str, Any]]) -> 
     folder = root / SHARDS
     with disk_errors(f"latent cache shard {name}", folder, _THEN):
         folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob(f".{name}.*.tmp"):      # what a killed writer of this shard left
+    for stale in folder.glob(f".{name}.*.tmp"):  # what a killed writer of this shard left
         stale.unlink(missing_ok=True)
     # No safetensors metadata: its header is written from a hash map in an order that changes from one
     # process to the next, and a shard's bytes must depend on its content only (the manifest's CRC-32).
@@ -139,10 +168,13 @@ def write_shard(root: Path, name: str, latents, views: list[dict[str, Any]]) -> 
     for v in rows:
         v["crc32"] = row_crc(latents[v["row"]])
     record = ShardRecord(name, len(rows), len(views) - len(rows), len(data), zlib.crc32(data))
-    with disk_errors(f"latent cache shard {name}", folder, _THEN):    # write_atomic leaves no partial file
+    with disk_errors(f"latent cache shard {name}", folder, _THEN):  # write_atomic leaves no partial file
         write_atomic(folder / f"{name}.safetensors", data, durable=True)
-        write_atomic(folder / f"{name}.json", json.dumps({**record.__dict__, "views": views},
-                                                         separators=(",", ":")) + "\n", durable=True)
+        write_atomic(
+            folder / f"{name}.json",
+            json.dumps({**record.__dict__, "views": views}, separators=(",", ":")) + "\n",
+            durable=True,
+        )
     return record
 
 
@@ -171,6 +203,7 @@ def is_complete(root: Path, name: str) -> bool:
 
 # --- the job record and the manifest ----------------------------------------------------
 
+
 def claim(root: Path, job: dict[str, Any]) -> bool:
     """Write CACHE/cache.json for a new cache, or check that an existing one is the same job.
     True when the folder was new."""
@@ -195,8 +228,9 @@ def read_job(root: Path) -> dict[str, Any]:
         if not isinstance(job, dict) or not isinstance(job.get("fingerprint"), dict):
             raise ValueError
     except (OSError, ValueError):
-        raise DataError(f"{path} is missing or damaged: delete the folder {root} or use another latent_cache "
-                        f"path") from None
+        raise DataError(
+            f"{path} is missing or damaged: delete the folder {root} or use another latent_cache path"
+        ) from None
     return job
 
 
@@ -204,15 +238,21 @@ def same_job(old: dict[str, Any], job: dict[str, Any], root: Path) -> None:
     """A resumed cache job must do the same work: one line naming what differs."""
     fix = f"run it with the settings it was started with, or use another latent_cache path than {root}"
     if old.get("fingerprint", {}).get("latent_dtype") != job["fingerprint"]["latent_dtype"]:
-        raise ConfigError(f"{root} stores latents as {old['fingerprint'].get('latent_dtype')}, this job asks for "
-                          f"latent_cache_dtype={job['fingerprint']['latent_dtype']}: {fix}")
+        raise ConfigError(
+            f"{root} stores latents as {old['fingerprint'].get('latent_dtype')}, this job asks for "
+            f"latent_cache_dtype={job['fingerprint']['latent_dtype']}: {fix}"
+        )
     for key in ("views", "shard_size", "seed"):
         if old.get(key) != job.get(key):
             label = {"views": "--views", "shard_size": "cache_shard_size", "seed": "seed"}[key]
-            raise ConfigError(f"{root} was started with {label} {old.get(key)}, this job asks for {job.get(key)}: {fix}")
+            raise ConfigError(
+                f"{root} was started with {label} {old.get(key)}, this job asks for {job.get(key)}: {fix}"
+            )
     if old.get("index") != job.get("index"):
-        raise ConfigError(f"{root} was started on another list of videos ({old.get('videos')} then, "
-                          f"{job.get('videos')} now, or files renamed): {fix}")
+        raise ConfigError(
+            f"{root} was started on another list of videos ({old.get('videos')} then, "
+            f"{job.get('videos')} now, or files renamed): {fix}"
+        )
     check_fingerprint(old["fingerprint"], _Cfg(job["fingerprint"]), job["fingerprint"]["ref_vae_weights"], str(root))
 
 
@@ -228,9 +268,13 @@ def write_manifest(root: Path, job: dict[str, Any], records: list[ShardRecord]) 
     manifest = {
         "format": FORMAT,
         "fingerprint": job["fingerprint"],
-        "views": job["views"], "shard_size": job["shard_size"], "seed": job["seed"],
-        "videos": job["videos"], "validation_videos": len(job["val"]),
-        "clips": sum(r.clips for r in records), "skipped_views": sum(r.skipped for r in records),
+        "views": job["views"],
+        "shard_size": job["shard_size"],
+        "seed": job["seed"],
+        "videos": job["videos"],
+        "validation_videos": len(job["val"]),
+        "clips": sum(r.clips for r in records),
+        "skipped_views": sum(r.skipped for r in records),
         "bytes": sum(r.bytes for r in records),
         "shards": [r.__dict__ for r in records],
     }
@@ -243,22 +287,31 @@ def read_manifest(root: str) -> dict[str, Any]:
     """CACHE/manifest.json, or one ConfigError saying what to do."""
     path = Path(root).expanduser()
     if not path.is_dir():
-        raise ConfigError(f"latent_cache={root}: no such folder: write it first with "
-                          f"`taehv-launch cache GPUS PROFILE --set latent_cache={root}`")
+        raise ConfigError(
+            f"latent_cache={root}: no such folder: write it first with "
+            f"`taehv-launch cache GPUS PROFILE --set latent_cache={root}`"
+        )
     if not (path / MANIFEST).exists():
         unfinished = (path / JOB).exists()
-        raise ConfigError(f"latent_cache={root} has no {MANIFEST}: "
-                          + ("its cache job did not finish: run the same `taehv-launch cache` command again to "
-                             "complete it" if unfinished else "it is not a latent cache (taehv-launch cache writes one)"))
+        raise ConfigError(
+            f"latent_cache={root} has no {MANIFEST}: "
+            + (
+                "its cache job did not finish: run the same `taehv-launch cache` command again to complete it"
+                if unfinished
+                else "it is not a latent cache (taehv-launch cache writes one)"
+            )
+        )
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-        if not (isinstance(manifest, dict) and isinstance(manifest.get("fingerprint"), dict)
-                and isinstance(manifest.get("shards"), list)
-                and all(isinstance(s, dict) and {"name", "clips", "bytes", "crc32"} <= set(s)
-                        for s in manifest["shards"])):
+        if not (
+            isinstance(manifest, dict)
+            and isinstance(manifest.get("fingerprint"), dict)
+            and isinstance(manifest.get("shards"), list)
+            and all(isinstance(s, dict) and {"name", "clips", "bytes", "crc32"} <= set(s) for s in manifest["shards"])
+        ):
             raise ValueError
     except (OSError, ValueError):
-        raise ConfigError(f"{path / MANIFEST} is damaged: run the same `taehv-launch cache` command again "
-                          f"(complete shards are kept)") from None
+        raise ConfigError(
+            f"{path / MANIFEST} is damaged: run the same `taehv-launch cache` command again (complete shards are kept)"
+        ) from None
     return manifest
-

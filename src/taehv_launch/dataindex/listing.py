@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 
 VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov")
 ANNOTATION_FORMATS = (".json", ".jsonl", ".csv", ".txt")
-THREADS = 32            # listings in flight: a shared filesystem answers many at once
-PROGRESS_S = 5.0        # seconds between progress lines
+THREADS = 32  # listings in flight: a shared filesystem answers many at once
+PROGRESS_S = 5.0  # seconds between progress lines
 
 
 class Progress:
@@ -102,11 +102,12 @@ def scan(root: str, threads: int = THREADS, progress_s: float = PROGRESS_S, para
     return sorted(found)
 
 
-SAMPLE = 8              # folders of a depth listed one by one first, to see where the time goes
+SAMPLE = 8  # folders of a depth listed one by one first, to see where the time goes
 
 
-def _list_level(pool: ThreadPoolExecutor, folders: list[str], parallel: bool | None
-                ) -> Iterator[tuple[str, list[str], list[str]]]:
+def _list_level(
+    pool: ThreadPoolExecutor, folders: list[str], parallel: bool | None
+) -> Iterator[tuple[str, list[str], list[str]]]:
     """The listings of `folders`, in order. The first few are listed here; if most of their time was
     spent waiting on the filesystem (CPU time under half the wall time: a network filesystem), the
     rest go to the thread pool, which overlaps the waits; else (a local or cached disk, where threads
@@ -122,10 +123,12 @@ def _list_level(pool: ThreadPoolExecutor, folders: list[str], parallel: bool | N
     yield from (pool.map(_list_folder, rest) if waiting else map(_list_folder, rest))
 
 
-def existing(paths: Sequence[str], threads: int = THREADS, progress_s: float = PROGRESS_S,
-             parallel: bool | None = None) -> list[bool]:
+def existing(
+    paths: Sequence[str], threads: int = THREADS, progress_s: float = PROGRESS_S, parallel: bool | None = None
+) -> list[bool]:
     """os.path.isfile of every path: in a thread pool, a chunk per task, when the first checks show the
     filesystem is slow (as in _list_level; on a local disk threads made this 3.5x slower)."""
+
     def check(chunk: Sequence[str]) -> list[bool]:
         return [os.path.isfile(p) for p in chunk]
 
@@ -134,15 +137,16 @@ def existing(paths: Sequence[str], threads: int = THREADS, progress_s: float = P
         wall, cpu = time.perf_counter(), time.process_time()
         out = check(paths[:sample])
         waiting = parallel if parallel is not None else time.process_time() - cpu < 0.5 * (time.perf_counter() - wall)
-        chunks = [paths[k: k + 4096] for k in range(sample, len(paths), 4096)]
+        chunks = [paths[k : k + 4096] for k in range(sample, len(paths), 4096)]
         with ThreadPoolExecutor(threads if waiting else 1) as pool:
-            for part in (pool.map(check, chunks) if waiting else map(check, chunks)):
+            for part in pool.map(check, chunks) if waiting else map(check, chunks):
                 out.extend(part)
                 progress.count = len(out)
     return out
 
 
 # --- annotation files -----------------------------------------------------------------------
+
 
 def read_annotation(annotation_file: str) -> tuple[list[str], list[int]]:
     """The paths (as written) and frame counts (-1: unknown) an annotation file lists, or one DataError line."""
@@ -165,12 +169,16 @@ def read_annotation(annotation_file: str) -> tuple[list[str], list[int]]:
 
 def _item(annotation_file: str, where: str, item) -> tuple[str, int]:
     if not (isinstance(item, dict) and isinstance(item.get("path"), str) and item["path"]):
-        raise DataError(f"annotation_file {annotation_file}: {where} is {json.dumps(item)[:80]}, "
-                        f"expected {{\"path\": \"...\"}}: fix the file")
+        raise DataError(
+            f"annotation_file {annotation_file}: {where} is {json.dumps(item)[:80]}, "
+            f'expected {{"path": "..."}}: fix the file'
+        )
     count = item.get("frame_count", -1)
     if not isinstance(count, int) or isinstance(count, bool):
-        raise DataError(f"annotation_file {annotation_file}: {where} has frame_count {json.dumps(count)[:40]}, "
-                        f"expected a whole number: fix the file")
+        raise DataError(
+            f"annotation_file {annotation_file}: {where} has frame_count {json.dumps(count)[:40]}, "
+            f"expected a whole number: fix the file"
+        )
     return item["path"], count
 
 
@@ -178,12 +186,16 @@ def _json_items(annotation_file: str, text: str) -> list[tuple[str, int]]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
-        raise DataError(f"annotation_file {annotation_file} is not valid JSON ({err.msg}, line {err.lineno}): "
-                        f"fix the file (or name it .jsonl, .csv or .txt for those formats)") from None
+        raise DataError(
+            f"annotation_file {annotation_file} is not valid JSON ({err.msg}, line {err.lineno}): "
+            f"fix the file (or name it .jsonl, .csv or .txt for those formats)"
+        ) from None
     items = doc.get("list") if isinstance(doc, dict) else None
     if not isinstance(items, list):
-        raise DataError(f"annotation_file {annotation_file} must be "
-                        f'{{"list": [{{"path": "relative/or/absolute.mp4"}}, ...]}}: no "list" array found')
+        raise DataError(
+            f"annotation_file {annotation_file} must be "
+            f'{{"list": [{{"path": "relative/or/absolute.mp4"}}, ...]}}: no "list" array found'
+        )
     return [_item(annotation_file, f"entry {i}", item) for i, item in enumerate(items)]
 
 
@@ -194,8 +206,9 @@ def _jsonl_items(annotation_file: str, text: str) -> Iterator[tuple[str, int]]:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as err:
-            raise DataError(f"annotation_file {annotation_file}: line {n} is not valid JSON ({err.msg}): "
-                            f"fix the file") from None
+            raise DataError(
+                f"annotation_file {annotation_file}: line {n} is not valid JSON ({err.msg}): fix the file"
+            ) from None
         yield _item(annotation_file, f"line {n}", item)
 
 
@@ -207,8 +220,10 @@ def _csv_items(annotation_file: str, text: str) -> Iterator[tuple[str, int]]:
         try:
             yield row[0], int(count) if count else -1
         except ValueError:
-            raise DataError(f"annotation_file {annotation_file}: line {n} has frame count {count[:40]!r}, expected "
-                            f"a whole number: write path[,frame_count] per line") from None
+            raise DataError(
+                f"annotation_file {annotation_file}: line {n} has frame count {count[:40]!r}, expected "
+                f"a whole number: write path[,frame_count] per line"
+            ) from None
 
 
 def _txt_items(text: str) -> Iterator[tuple[str, int]]:
@@ -221,11 +236,18 @@ def annotation_text(fmt: str, paths: Sequence[str], counts: Sequence[int] | None
     """An annotation file of these paths in format fmt (.json, .jsonl, .csv or .txt)."""
     counts = counts if counts is not None else [-1] * len(paths)
     if fmt == ".json":
-        return json.dumps({"list": [{"path": p, **({"frame_count": n} if n >= 0 else {})}
-                                    for p, n in zip(paths, counts)]}, ensure_ascii=False) + "\n"
+        return (
+            json.dumps(
+                {"list": [{"path": p, **({"frame_count": n} if n >= 0 else {})} for p, n in zip(paths, counts)]},
+                ensure_ascii=False,
+            )
+            + "\n"
+        )
     if fmt == ".jsonl":
-        return "".join(json.dumps({"path": p, **({"frame_count": n} if n >= 0 else {})}, ensure_ascii=False) + "\n"
-                       for p, n in zip(paths, counts))
+        return "".join(
+            json.dumps({"path": p, **({"frame_count": n} if n >= 0 else {})}, ensure_ascii=False) + "\n"
+            for p, n in zip(paths, counts)
+        )
     if fmt == ".txt":
         return "".join(p + "\n" for p in paths)
     out = io.StringIO()

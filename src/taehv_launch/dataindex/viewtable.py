@@ -24,9 +24,20 @@ class ViewTable(Sequence):
         self.shards: list[str] = []
         self._shard_ids: dict[str, int] = {}
         self._video_ids: dict[str, int] = {}
-        self._cols = {k: array(t) for k, t in (("shard", "i"), ("video", "i"), ("view", "i"), ("bytes", "q"),
-                                               ("row", "i"), ("crc32", "q"), ("seek", "b"), ("crop", "i"),
-                                               ("frames", "i"))}
+        self._cols = {
+            k: array(t)
+            for k, t in (
+                ("shard", "i"),
+                ("video", "i"),
+                ("view", "i"),
+                ("bytes", "q"),
+                ("row", "i"),
+                ("crc32", "q"),
+                ("seek", "b"),
+                ("crop", "i"),
+                ("frames", "i"),
+            )
+        }
         self._frame_ends = array("q")
         self.videos: FlatIndex | None = None
         self.a: dict[str, np.ndarray] = {}
@@ -58,8 +69,10 @@ class ViewTable(Sequence):
         """The arrays become numpy arrays and the distinct videos a FlatIndex (in first-seen order)."""
         names = list(self._video_ids)
         self.videos = FlatIndex.from_paths(names)
-        self.a = {k: np.frombuffer(v, dtype=np.dtype(v.typecode)).copy() if len(v) else
-                  np.zeros(0, np.dtype(v.typecode)) for k, v in self._cols.items()}
+        self.a = {
+            k: np.frombuffer(v, dtype=np.dtype(v.typecode)).copy() if len(v) else np.zeros(0, np.dtype(v.typecode))
+            for k, v in self._cols.items()
+        }
         ends = np.frombuffer(self._frame_ends, np.int64) if len(self._frame_ends) else np.zeros(0, np.int64)
         self.a["frame_offsets"] = np.concatenate([[0], ends]).astype(np.int64)
         self._cols, self._video_ids, self._frame_ends = {}, {}, array("q")
@@ -77,10 +90,17 @@ class ViewTable(Sequence):
             raise IndexError(f"view {j} out of range for {n} views")
         a = self.a
         lo, hi = int(a["frame_offsets"][j]), int(a["frame_offsets"][j + 1])
-        y, x, h, w, flip = (int(v) for v in a["crop"][5 * j: 5 * j + 5])
-        rec = {"video": self.videos.path(int(a["video"][j])), "view": int(a["view"][j]), "bytes": int(a["bytes"][j]),
-               "frames": a["frames"][lo:hi].tolist(), "crop": [y, x, h, w, bool(flip)], "seek": bool(a["seek"][j]),
-               "row": int(a["row"][j]), "crc32": int(a["crc32"][j])}
+        y, x, h, w, flip = (int(v) for v in a["crop"][5 * j : 5 * j + 5])
+        rec = {
+            "video": self.videos.path(int(a["video"][j])),
+            "view": int(a["view"][j]),
+            "bytes": int(a["bytes"][j]),
+            "frames": a["frames"][lo:hi].tolist(),
+            "crop": [y, x, h, w, bool(flip)],
+            "seek": bool(a["seek"][j]),
+            "row": int(a["row"][j]),
+            "crc32": int(a["crc32"][j]),
+        }
         return self.shards[int(a["shard"][j])], rec
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:

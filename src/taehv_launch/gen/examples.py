@@ -12,9 +12,9 @@ EXAMPLES = {
     "docs/cluster/slurm-16-h100.sbatch": f"render slurm 16 h100 {COMMON} --partition gpu --time 24:00:00",
     "docs/cluster/slurm-64-h100.sbatch": f"render slurm 64 h100 {COMMON} --partition gpu --time 24:00:00",
     "docs/cluster/k8s-16-h100.yaml": f"render k8s 16 h100 {COMMON} --image registry.example.com/taehv-launch:latest "
-                                     "--pvc taehv-shared",
+    "--pvc taehv-shared",
     "docs/cluster/k8s-64-h100.yaml": f"render k8s 64 h100 {COMMON} --image registry.example.com/taehv-launch:latest "
-                                     "--pvc taehv-shared",
+    "--pvc taehv-shared",
 }
 
 
@@ -25,8 +25,9 @@ def example_files() -> dict[str, str]:
 
     out = {}
     for path, args in EXAMPLES.items():
-        done = subprocess.run([sys.executable, "-m", "taehv_launch.cli", *shlex.split(args)], capture_output=True,
-                              text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "taehv_launch.cli", *shlex.split(args)], capture_output=True, text=True
+        )
         assert done.returncode == 0, f"taehv-launch {args}: exit {done.returncode}: {done.stderr}"
         out[path] = done.stdout
     return out

@@ -24,9 +24,9 @@ from .schema import ALIASES, KEYS
 # seed files load; each is reported as ignored, with what to use instead.
 SEED_ONLY_KEYS: dict[str, str] = {
     "use_flash_attention": "TAEHV is convolutions only; the Hunyuan and Wan VAEs' attention runs through torch's "
-                           "scaled_dot_product_attention, which has its own FlashAttention kernels",
+    "scaled_dot_product_attention, which has its own FlashAttention kernels",
     "enable_xformers": "TAEHV is convolutions only; the Hunyuan and Wan VAEs' attention runs through torch's "
-                       "scaled_dot_product_attention",
+    "scaled_dot_product_attention",
     "compile_model": "use --set compile='reference' or 'all' (the GPU profiles compile the reference encoder)",
     "persistent_workers": "workers are always persistent when dataloader_num_workers > 0",
     "num_validation_samples": "use num_sample_clips",
@@ -36,8 +36,8 @@ SEED_ONLY_KEYS: dict[str, str] = {
     "use_zero3_save": "ZeRO-3 exports are gathered automatically",
     "zero3_save_16bit_model": "exports gather the full weights under every ZeRO stage (fp32 safetensors + .pth)",
     "deepspeed_config_file": "the DeepSpeed config is rendered into <run>/deepspeed.json when zero_stage > 0 (every "
-                             "row runs plain DDP, measured fastest for this model: docs/benchmarks.md); set "
-                             "zero_stage / bucket_size_mb instead",
+    "row runs plain DDP, measured fastest for this model: docs/benchmarks.md); set "
+    "zero_stage / bucket_size_mb instead",
     "communication_overlap": "overlap_comm is on for every GPU profile (rendered into deepspeed.json)",
     "frames_target": "derived: n_frames - frames_to_trim",
     "per_gpu_batch_size": "use micro_batch_size",
@@ -55,8 +55,9 @@ def check_value(name: str, value: Any, origin: str | None) -> Any:
     name = ALIASES.get(name, name)
     where = f" in {origin}" if origin else ""
     if name not in KEYS:
-        raise ConfigError(f"unknown config key {name!r}{where}{suggest(name, KEYS)}; "
-                          f"`taehv-launch keys` lists them all")
+        raise ConfigError(
+            f"unknown config key {name!r}{where}{suggest(name, KEYS)}; `taehv-launch keys` lists them all"
+        )
     key = KEYS[name]
     ok = isinstance(value, key.type) and not (key.type is int and isinstance(value, bool))
     if key.type is float and isinstance(value, int) and not isinstance(value, bool):
@@ -64,8 +65,11 @@ def check_value(name: str, value: Any, origin: str | None) -> Any:
     if key.type is tuple and isinstance(value, list):
         value, ok = tuple(value), True
     if not ok:
-        hint = (f": write {name}={str(value).lower() in ('true', 'yes', 'on', '1')} (Python's True or False)"
-                if key.type is bool and isinstance(value, str) else "")
+        hint = (
+            f": write {name}={str(value).lower() in ('true', 'yes', 'on', '1')} (Python's True or False)"
+            if key.type is bool and isinstance(value, str)
+            else ""
+        )
         raise ConfigError(f"{name} must be {key.type.__name__}, got {type(value).__name__} {value!r}{where}{hint}")
     if key.choices and value not in key.choices:
         raise ConfigError(f"{name}={value!r}{where} is not one of {', '.join(map(str, key.choices))}")
@@ -97,9 +101,9 @@ LAUNCH_KEYS = ("master_port", "world_size")
 
 @dataclass(frozen=True)
 class ConfigFile:
-    values: dict[str, Any]           # checked training-config keys
-    notes: list[str]                 # seed keys ignored, each with what to use instead
-    launch: dict[str, int]           # seed launch options: master_port, world_size (checked against GPUS)
+    values: dict[str, Any]  # checked training-config keys
+    notes: list[str]  # seed keys ignored, each with what to use instead
+    launch: dict[str, int]  # seed launch options: master_port, world_size (checked against GPUS)
 
 
 def load_config_file(path: str | Path) -> ConfigFile:
@@ -111,8 +115,9 @@ def load_config_file(path: str | Path) -> ConfigFile:
         namespace = runpy.run_path(str(path))
     except (Exception, SystemExit) as exc:  # the user's own code failed (or called exit()): report it in one line
         detail = " ".join(str(exc).split())
-        raise ConfigError(f"config file {path} failed to run: {type(exc).__name__}"
-                          + (f": {detail}" if detail else "")) from None
+        raise ConfigError(
+            f"config file {path} failed to run: {type(exc).__name__}" + (f": {detail}" if detail else "")
+        ) from None
     raw, problems, helper_hint = _file_keys(namespace)
     values: dict[str, Any] = {}
     notes, launch = [], {}
@@ -127,7 +132,7 @@ def load_config_file(path: str | Path) -> ConfigFile:
                 problems.append(f"{name} must be a whole number, got {value!r}")
             continue
         try:
-            key, value = ALIASES.get(name, name), check_value(name, value, None)   # the message names the file
+            key, value = ALIASES.get(name, name), check_value(name, value, None)  # the message names the file
         except ConfigError as err:
             problems.append(str(err))
             continue
@@ -139,8 +144,9 @@ def load_config_file(path: str | Path) -> ConfigFile:
     if len(problems) == 1:
         raise ConfigError(f"{path}: {problems[0]}{hint}")
     if problems:
-        raise ConfigError(f"{path} has {len(problems)} problems: " + "; ".join(
-            f"({i}) {p}" for i, p in enumerate(problems, 1)) + hint)
+        raise ConfigError(
+            f"{path} has {len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)) + hint
+        )
     return ConfigFile(values, notes, launch)
 
 
@@ -154,8 +160,7 @@ def _known(name: str) -> bool:
 def _is_helper(name: str, value: Any) -> bool:
     """Not a key in a plain-assignment file: private names (`_base`), constants (`BASE`, no lower-case
     letter), and modules, functions and classes (`import os`, `def f`, `from math import sqrt`)."""
-    return (name.startswith("_") or name == name.upper() or isinstance(value, (ModuleType, type))
-            or callable(value))
+    return name.startswith("_") or name == name.upper() or isinstance(value, (ModuleType, type)) or callable(value)
 
 
 def _file_keys(namespace: dict[str, Any]) -> tuple[dict[str, Any], list[str], str]:
@@ -166,19 +171,31 @@ def _file_keys(namespace: dict[str, Any]) -> tuple[dict[str, Any], list[str], st
     Plain style: every top-level name except helpers (_is_helper) is a key, so a typo is an error."""
     args = namespace.get("args")
     if isinstance(args, dict):  # EasyDict is a dict
-        stray = [k for k, v in namespace.items()
-                 if k != "args" and _known(k) and not _is_helper(k, v) and k not in args]
-        return dict(args), [f"{k} = {namespace[k]!r} is a plain name but this file sets its keys on args: "
-                            f"write args.{k} = ..." for k in stray], ""
+        stray = [
+            k for k, v in namespace.items() if k != "args" and _known(k) and not _is_helper(k, v) and k not in args
+        ]
+        return (
+            dict(args),
+            [
+                f"{k} = {namespace[k]!r} is a plain name but this file sets its keys on args: write args.{k} = ..."
+                for k in stray
+            ],
+            "",
+        )
     problems = []
     if "args" in namespace and not _is_helper("args", args):
-        problems.append(f"args is a {type(args).__name__}: make it `args = EasyDict()` (or a dict), or write "
-                        f"plain assignments (learning_rate = 1e-4)")
+        problems.append(
+            f"args is a {type(args).__name__}: make it `args = EasyDict()` (or a dict), or write "
+            f"plain assignments (learning_rate = 1e-4)"
+        )
     raw = {k: v for k, v in namespace.items() if k != "args" and not _is_helper(k, v)}
     unknown = [k for k in raw if not _known(k)]
     problems += [f"unknown config key {k!r}{suggest(k, KEYS)}" for k in unknown]
-    problems += [f"{k} is upper case, so it is read as a constant of your own: keys are lower case ({k.lower()})"
-                 for k in namespace if k == k.upper() and k != k.lower() and _known(k.lower())]
+    problems += [
+        f"{k} is upper case, so it is read as a constant of your own: keys are lower case ({k.lower()})"
+        for k in namespace
+        if k == k.upper() and k != k.lower() and _known(k.lower())
+    ]
     return {k: v for k, v in raw.items() if k not in unknown}, problems, (unknown[0] if unknown else "")
 
 
@@ -195,6 +212,8 @@ def read_rendered_config(path: str | Path) -> dict[str, Any]:
     values = load_config_file(path).values
     missing = [k for k in KEYS if k not in values]
     if missing:
-        raise ConfigError(f"config file {path} lacks keys {', '.join(missing[:5])}: "
-                          f"regenerate it with taehv-launch --dry-run or run through taehv-launch")
+        raise ConfigError(
+            f"config file {path} lacks keys {', '.join(missing[:5])}: "
+            f"regenerate it with taehv-launch --dry-run or run through taehv-launch"
+        )
     return values

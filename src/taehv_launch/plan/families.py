@@ -17,17 +17,17 @@ from ..errors import ConfigError
 
 @dataclass(frozen=True, kw_only=True)
 class Family:
-    name: str                   # the value of ref_vae_type
-    class_name: str             # the diffusers class (config.json's _class_name)
-    channels_key: str           # config.json key that holds the latent channel count
-    latent_channels: int        # of the released model (16 for all three below)
-    time_stride: int            # 1 + stride*k frames -> 1 + k latents (a causal encoder)
-    space_stride: int           # pixels per latent along H and W
+    name: str  # the value of ref_vae_type
+    class_name: str  # the diffusers class (config.json's _class_name)
+    channels_key: str  # config.json key that holds the latent channel count
+    latent_channels: int  # of the released model (16 for all three below)
+    time_stride: int  # 1 + stride*k frames -> 1 + k latents (a causal encoder)
+    space_stride: int  # pixels per latent along H and W
     # Decoding an even number of latents returns time_stride * L frames instead of 1 + stride*(L-1)
     # (CogVideoX's regrouping); TAEHV's decode is then left untrimmed so its frames line up.
     even_latents_decode_all: bool
-    encode_gib: float           # peak GiB of one 12x480x720 clip's encode (bf16, H200; plan/memory.py)
-    demo_config: Callable[[int], dict[str, Any]]   # latent channels -> tiny constructor kwargs, real strides
+    encode_gib: float  # peak GiB of one 12x480x720 clip's encode (bf16, H200; plan/memory.py)
+    demo_config: Callable[[int], dict[str, Any]]  # latent channels -> tiny constructor kwargs, real strides
 
     def causal_frames(self, n_frames: int) -> int:
         """The largest 1 + stride*k <= n_frames: the frames a causal encoder turns into latents."""
@@ -57,22 +57,55 @@ def _hunyuan_demo(channels: int) -> dict[str, Any]:
 
 
 def _wan_demo(channels: int) -> dict[str, Any]:
-    return dict(base_dim=8, z_dim=channels, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
-                latents_mean=[0.0] * channels, latents_std=[1.0] * channels)
+    return dict(
+        base_dim=8,
+        z_dim=channels,
+        dim_mult=[1, 2, 4, 4],
+        num_res_blocks=1,
+        latents_mean=[0.0] * channels,
+        latents_std=[1.0] * channels,
+    )
 
 
 # Frame alignment measured in tests/test_refvae.py; encode GiB measured with `taehv-launch bench`.
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family(name="cogvideox", class_name="AutoencoderKLCogVideoX", channels_key="latent_channels",
-           latent_channels=16, time_stride=4, space_stride=8, even_latents_decode_all=True,
-           encode_gib=7.32, demo_config=_cogvideox_demo),
-    Family(name="hunyuan", class_name="AutoencoderKLHunyuanVideo", channels_key="latent_channels",
-           latent_channels=16, time_stride=4, space_stride=8, even_latents_decode_all=False,
-           encode_gib=6.09, demo_config=_hunyuan_demo),
-    Family(name="wan", class_name="AutoencoderKLWan", channels_key="z_dim",
-           latent_channels=16, time_stride=4, space_stride=8, even_latents_decode_all=False,
-           encode_gib=3.07, demo_config=_wan_demo),
-)}
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            name="cogvideox",
+            class_name="AutoencoderKLCogVideoX",
+            channels_key="latent_channels",
+            latent_channels=16,
+            time_stride=4,
+            space_stride=8,
+            even_latents_decode_all=True,
+            encode_gib=7.32,
+            demo_config=_cogvideox_demo,
+        ),
+        Family(
+            name="hunyuan",
+            class_name="AutoencoderKLHunyuanVideo",
+            channels_key="latent_channels",
+            latent_channels=16,
+            time_stride=4,
+            space_stride=8,
+            even_latents_decode_all=False,
+            encode_gib=6.09,
+            demo_config=_hunyuan_demo,
+        ),
+        Family(
+            name="wan",
+            class_name="AutoencoderKLWan",
+            channels_key="z_dim",
+            latent_channels=16,
+            time_stride=4,
+            space_stride=8,
+            even_latents_decode_all=False,
+            encode_gib=3.07,
+            demo_config=_wan_demo,
+        ),
+    )
+}
 
 
 def get_family(name: str) -> Family:

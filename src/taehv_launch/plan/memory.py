@@ -28,7 +28,7 @@ REF_PIXELS = 12 * 480 * 720
 
 # TAEHV + Seraena train step, allocator peak = fixed + per_clip * micro (max fit error 0.005 GiB
 # over micro 1, 2, 4, 8).
-STEP_FIT = {False: (0.281, 6.312), True: (0.249, 4.452)}   # gradient_checkpointing -> (fixed, per clip)
+STEP_FIT = {False: (0.281, 6.312), True: (0.249, 4.452)}  # gradient_checkpointing -> (fixed, per clip)
 # Reference encode peak for one clip per encode call: the family record's encode_gib (families.py).
 # Each extra clip in the call adds this share of it: measured for CogVideoX (26.58 GiB at chunk 4 vs
 # 7.32 GiB at chunk 1); the other families are assumed to scale alike.
@@ -36,13 +36,13 @@ REF_EXTRA_CLIP_SHARE = (26.58 - 7.32) / 3 / 7.32
 # Real run at micro 8 peaked at 54.1 GiB vs 50.78 GiB for the bare step: DeepSpeed buckets, fp32
 # master weights and AdamW moments, EMA, the Seraena replay buffer, the reference VAE's weights.
 TRAINER_OVERHEAD_GIB = 54.1 - 50.78
-CUDA_CONTEXT_GIB = 1.1                        # total - free after CUDA init, single process
+CUDA_CONTEXT_GIB = 1.1  # total - free after CUDA init, single process
 # NVDEC per decoding thread: its sessions' surfaces and the float working frames of the conversion and
 # resize. Measured on the H100 with 4 threads (scripts/gpu_decode_check.py, docs/benchmarks.md issue 23):
 # the process grew 5.9 GiB beyond its CUDA context at 1080p and 7.8 GiB more with 2160p sources.
 NVDEC_GIB_PER_THREAD = 1.9
-NVDEC_BATCHES_IN_FLIGHT = 4                   # DecodeStage depth 3 + the batch the step holds
-HEADROOM = 0.90                               # plan to use at most this share of the GPU (10% headroom)
+NVDEC_BATCHES_IN_FLIGHT = 4  # DecodeStage depth 3 + the batch the step holds
+HEADROOM = 0.90  # plan to use at most this share of the GPU (10% headroom)
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,16 @@ class MemoryPlan:
     detail: str
 
 
-def predict_gib(micro: int, n_frames: int, height: int, width: int, checkpointing: bool,
-                ref_vae_type: str, ref_chunk: int, use_ref_vae: bool = True) -> float:
+def predict_gib(
+    micro: int,
+    n_frames: int,
+    height: int,
+    width: int,
+    checkpointing: bool,
+    ref_vae_type: str,
+    ref_chunk: int,
+    use_ref_vae: bool = True,
+) -> float:
     scale = n_frames * height * width / REF_PIXELS
     fixed, per_clip = STEP_FIT[checkpointing]
     step = fixed + per_clip * micro * scale
@@ -86,30 +94,51 @@ def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
         return MemoryPlan(None, None, None, None, None, "GPU memory does not apply to this profile")
 
     def need(micro: int) -> float:
-        return predict_gib(micro, cfg["n_frames"], cfg["height"], cfg["width"], cfg["gradient_checkpointing"],
-                           cfg["ref_vae_type"], cfg["ref_vae_chunk_size"], runs_reference_encode(cfg)) \
-            + decode_gib({**cfg, "micro_batch_size": micro})
+        return predict_gib(
+            micro,
+            cfg["n_frames"],
+            cfg["height"],
+            cfg["width"],
+            cfg["gradient_checkpointing"],
+            cfg["ref_vae_type"],
+            cfg["ref_vae_chunk_size"],
+            runs_reference_encode(cfg),
+        ) + decode_gib({**cfg, "micro_batch_size": micro})
 
     micro, budget = cfg["micro_batch_size"], gpu * HEADROOM
     peak = need(micro)
     if peak <= budget:
-        return MemoryPlan(peak, gpu, True, micro, cfg["gradient_accumulation_steps"],
-                          f"predicted peak {peak:.1f} GiB of {gpu:.0f} GiB per GPU (micro {micro})")
+        return MemoryPlan(
+            peak,
+            gpu,
+            True,
+            micro,
+            cfg["gradient_accumulation_steps"],
+            f"predicted peak {peak:.1f} GiB of {gpu:.0f} GiB per GPU (micro {micro})",
+        )
     target = global_batch(cfg, world_size)
     fitting = [m for m in range(1, micro) if need(m) <= budget]
-    exact = [m for m in fitting if target % (m * world_size) == 0]     # keeps the global batch exactly
+    exact = [m for m in fitting if target % (m * world_size) == 0]  # keeps the global batch exactly
     best = max(exact or fitting, default=None)
     accum = max(1, round(target / (best * world_size))) if best else None
     if best:
-        fix = (f"use --set micro_batch_size={best} --set gradient_accumulation_steps={accum} "
-               f"(global batch {best * world_size * accum})")
+        fix = (
+            f"use --set micro_batch_size={best} --set gradient_accumulation_steps={accum} "
+            f"(global batch {best * world_size * accum})"
+        )
     elif not cfg["gradient_checkpointing"]:
         fix = "set --set gradient_checkpointing=True, or lower n_frames / height / width"
     else:
         fix = "lower n_frames / height / width"
-    return MemoryPlan(peak, gpu, False, best, accum,
-                      f"predicted peak {peak:.1f} GiB exceeds {budget:.0f} of {gpu:.0f} GiB per GPU "
-                      f"(micro {micro}, {cfg['n_frames']}x{cfg['height']}x{cfg['width']}): {fix}")
+    return MemoryPlan(
+        peak,
+        gpu,
+        False,
+        best,
+        accum,
+        f"predicted peak {peak:.1f} GiB exceeds {budget:.0f} of {gpu:.0f} GiB per GPU "
+        f"(micro {micro}, {cfg['n_frames']}x{cfg['height']}x{cfg['width']}): {fix}",
+    )
 
 
 def shm_bytes(config: dict, gpus_per_machine: int) -> int:
@@ -117,5 +146,11 @@ def shm_bytes(config: dict, gpus_per_machine: int) -> int:
     holds prefetch_factor uint8 batches in flight, twice over (the batch and its tensor copy).
     validate-env checks it; the Kubernetes template sizes its memory-backed /dev/shm with it."""
     clip = config["n_frames"] * 3 * config["height"] * config["width"]
-    return (2 * config["dataloader_num_workers"] * config["prefetch_factor"] * config["micro_batch_size"]
-            * clip * gpus_per_machine)
+    return (
+        2
+        * config["dataloader_num_workers"]
+        * config["prefetch_factor"]
+        * config["micro_batch_size"]
+        * clip
+        * gpus_per_machine
+    )

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from ..errors import ConfigError
 from .schema import global_batch
 
-BASE_GLOBAL_BATCH = 128      # the global batch every derived count aims for
-BASE_LEARNING_RATE = 1e-4    # at BASE_GLOBAL_BATCH; scaled linearly with the real global batch
+BASE_GLOBAL_BATCH = 128  # the global batch every derived count aims for
+BASE_LEARNING_RATE = 1e-4  # at BASE_GLOBAL_BATCH; scaled linearly with the real global batch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +34,7 @@ class Row:
     log_every: int
     dataloader_num_workers: int
     prefetch_factor: int
-    bucket: float = 5e8      # DeepSpeed reduce/allgather bucket size (rendered into deepspeed.json)
+    bucket: float = 5e8  # DeepSpeed reduce/allgather bucket size (rendered into deepspeed.json)
 
     @property
     def global_batch(self) -> int:
@@ -47,7 +47,7 @@ class Row:
 # 96.7%, ZeRO-3 90.0% (TAEHV compiled inside ZeRO-3 did not pay: 89.6-90.9%); on 2 x H200 DDP and ZeRO-2
 # ran equal within 0.1%. Every row runs plain DDP; the seeds asked for ZeRO-2 (8 GPUs) and ZeRO-3
 # (16-64 GPUs) without measuring. `--set zero_stage=N` still gets exactly ZeRO-N, with a note of its cost.
-STRATEGY_SPEED = {0: 1.0, 1: 0.965, 2: 0.967, 3: 0.900}     # per-GPU speed vs DDP, measured as above
+STRATEGY_SPEED = {0: 1.0, 1: 0.965, 2: 0.967, 3: 0.900}  # per-GPU speed vs DDP, measured as above
 STRATEGY_TABLE = 'docs/benchmarks.md "Strategy per row"'
 # fmt: off
 H100_ROWS = (
@@ -96,51 +96,103 @@ A800_ALLOC_CONF = "expandable_segments:True,max_split_size_mb:64,roundup_power2_
 class Profile:
     name: str
     description: str
-    table: str                   # where the rows come from, for the plan's "rows" line
+    table: str  # where the rows come from, for the plan's "rows" line
     rows: tuple[Row, ...]
-    config: dict                 # training-config keys this profile sets beyond the rows
-    alloc_conf: str | None       # PYTORCH_CUDA_ALLOC_CONF, None on CPU
-    device: str                  # "cuda" or "cpu"
-    gpu_gib: float | None        # memory of one GPU as torch reports it (GiB); None on CPU
-    micro_override: int | None = None   # A800: fixed micro-batch, accumulation raised to compensate
-    micro_max: int | None = None        # H200: raise the micro-batch up to this, keeping the global batch
+    config: dict  # training-config keys this profile sets beyond the rows
+    alloc_conf: str | None  # PYTORCH_CUDA_ALLOC_CONF, None on CPU
+    device: str  # "cuda" or "cpu"
+    gpu_gib: float | None  # memory of one GPU as torch reports it (GiB); None on CPU
+    micro_override: int | None = None  # A800: fixed micro-batch, accumulation raised to compensate
+    micro_max: int | None = None  # H200: raise the micro-batch up to this, keeping the global batch
     max_gpus: int = 64
 
 
-SEED_TABLE = "the seeds' H100 table"   # a800 and h200 start from its rows too
+SEED_TABLE = "the seeds' H100 table"  # a800 and h200 start from its rows too
 
 
 def _cpu_rows() -> tuple[Row, ...]:
-    row = dict(micro_batch_size=1, gradient_accumulation_steps=1, learning_rate=5e-4, lr_warmup_steps=5, zero_stage=0,
-               checkpointing_steps=20, validation_steps=20, log_every=5, dataloader_num_workers=1, prefetch_factor=2)
+    row = dict(
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        learning_rate=5e-4,
+        lr_warmup_steps=5,
+        zero_stage=0,
+        checkpointing_steps=20,
+        validation_steps=20,
+        log_every=5,
+        dataloader_num_workers=1,
+        prefetch_factor=2,
+    )
     return (Row(gpus=1, **row), Row(gpus=2, **row))
 
 
 PROFILES: dict[str, Profile] = {
     # ref_vae_chunk_size 2: the compiled CogVideoX encode of 8 clips took 1280 ms per micro-batch step at
     # chunk 2 vs 1423 ms at chunk 4 (H100), peak 12.8 GiB, far below the step's own (docs/benchmarks.md).
-    "h100": Profile(name="h100", description="NVIDIA H100 80GB (the seeds' table)", table=SEED_TABLE,
-                    rows=H100_ROWS,
-                    config=GPU_SHARED | {"ref_vae_chunk_size": 2}, alloc_conf=H100_ALLOC_CONF, device="cuda",
-                    gpu_gib=80.0),
-    "a800": Profile(name="a800", description="NVIDIA A800 80GB: micro-batch 2, accumulation keeps the global batch",
-                    table=SEED_TABLE, rows=H100_ROWS, config=GPU_SHARED, alloc_conf=A800_ALLOC_CONF, device="cuda",
-                    gpu_gib=80.0, micro_override=2),
+    "h100": Profile(
+        name="h100",
+        description="NVIDIA H100 80GB (the seeds' table)",
+        table=SEED_TABLE,
+        rows=H100_ROWS,
+        config=GPU_SHARED | {"ref_vae_chunk_size": 2},
+        alloc_conf=H100_ALLOC_CONF,
+        device="cuda",
+        gpu_gib=80.0,
+    ),
+    "a800": Profile(
+        name="a800",
+        description="NVIDIA A800 80GB: micro-batch 2, accumulation keeps the global batch",
+        table=SEED_TABLE,
+        rows=H100_ROWS,
+        config=GPU_SHARED,
+        alloc_conf=A800_ALLOC_CONF,
+        device="cuda",
+        gpu_gib=80.0,
+        micro_override=2,
+    ),
     # H200: micro-batch raised to 16 where the global batch allows: measured peak at 12x480x720 is
     # 0.28 + 6.31 GiB per clip (+3.3 GiB trainer overhead), ~105 GiB at 16 (memory.py).
-    "h200": Profile(name="h200", description="NVIDIA H200 141GB: the H100 table, micro-batch up to 16 (measured to fit)",
-                    table=SEED_TABLE, rows=H100_ROWS, config=GPU_SHARED | {"ref_vae_chunk_size": 2},
-                    alloc_conf=H100_ALLOC_CONF, device="cuda", gpu_gib=140.4, micro_max=16),
+    "h200": Profile(
+        name="h200",
+        description="NVIDIA H200 141GB: the H100 table, micro-batch up to 16 (measured to fit)",
+        table=SEED_TABLE,
+        rows=H100_ROWS,
+        config=GPU_SHARED | {"ref_vae_chunk_size": 2},
+        alloc_conf=H100_ALLOC_CONF,
+        device="cuda",
+        gpu_gib=140.4,
+        micro_max=16,
+    ),
     "cpu": Profile(
-        name="cpu", description="built-in CPU demo: synthetic videos, tiny reference VAE, a few dozen steps",
-        table="the cpu demo's table", rows=_cpu_rows(), alloc_conf=None, device="cpu", gpu_gib=None, max_gpus=2,
+        name="cpu",
+        description="built-in CPU demo: synthetic videos, tiny reference VAE, a few dozen steps",
+        table="the cpu demo's table",
+        rows=_cpu_rows(),
+        alloc_conf=None,
+        device="cpu",
+        gpu_gib=None,
+        max_gpus=2,
         config={
-            "height": 64, "width": 64, "n_frames": 12, "min_frame_delta": 1, "max_frame_delta": 2,
-            "latent_channels": 4, "ref_vae_type": "cogvideox", "ref_vae_dtype": "float32",
-            "mixed_precision": "no", "max_train_steps": 40, "lr_scheduler": "cosine",
-            "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_weight_decay": 1e-2, "max_grad_norm": 1.0,
-            "seraena_buffer_mb": 64, "max_validation_batches": 2, "validation_fraction": 0.2,
-            "num_sample_clips": 1, "checkpoints_total_limit": 2,
+            "height": 64,
+            "width": 64,
+            "n_frames": 12,
+            "min_frame_delta": 1,
+            "max_frame_delta": 2,
+            "latent_channels": 4,
+            "ref_vae_type": "cogvideox",
+            "ref_vae_dtype": "float32",
+            "mixed_precision": "no",
+            "max_train_steps": 40,
+            "lr_scheduler": "cosine",
+            "adam_beta1": 0.9,
+            "adam_beta2": 0.95,
+            "adam_weight_decay": 1e-2,
+            "max_grad_norm": 1.0,
+            "seraena_buffer_mb": 64,
+            "max_validation_batches": 2,
+            "validation_fraction": 0.2,
+            "num_sample_clips": 1,
+            "checkpoints_total_limit": 2,
         },
     ),
 }
@@ -155,8 +207,10 @@ def get_profile(name: str) -> Profile:
     m = re.fullmatch(r"(?:taehv_config_)?(?:(\d+)gpus?_([a-z0-9]+)|([a-z0-9]+)_(\d+)gpus?)(?:\.py)?", name.lower())
     if m and (m.group(2) or m.group(3)) in PROFILES:
         gpus, hw = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
-        raise ConfigError(f"unknown profile {name!r}: a profile names the hardware only, the GPU count comes first: "
-                          f"taehv-launch {gpus} {hw}")
+        raise ConfigError(
+            f"unknown profile {name!r}: a profile names the hardware only, the GPU count comes first: "
+            f"taehv-launch {gpus} {hw}"
+        )
     raise ConfigError(f"unknown profile {name!r}: choose one of {', '.join(PROFILES)}")
 
 
@@ -190,8 +244,10 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
     if gpus < 1:
         raise ConfigError(f"GPU count must be at least 1, got {gpus}")
     if gpus > profile.max_gpus:
-        raise ConfigError(f"profile {profile.name!r} supports at most {profile.max_gpus} "
-                          f"{'processes' if profile.device == 'cpu' else 'GPUs'}, got {gpus}")
+        raise ConfigError(
+            f"profile {profile.name!r} supports at most {profile.max_gpus} "
+            f"{'processes' if profile.device == 'cpu' else 'GPUs'}, got {gpus}"
+        )
     exact = [r for r in profile.rows if r.gpus == gpus]
     unit = "process" if profile.device == "cpu" else "GPU"
     if exact:
@@ -201,16 +257,24 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
         base = max((r for r in profile.rows if r.gpus < gpus), key=lambda r: r.gpus)
         accum = _closest_accum(BASE_GLOBAL_BATCH, base.micro_batch_size * gpus)
         batch = base.micro_batch_size * gpus * accum
-        row = replace(base, gpus=gpus, gradient_accumulation_steps=accum,
-                      learning_rate=_round_lr(BASE_LEARNING_RATE * batch / BASE_GLOBAL_BATCH))
-        how = (f"derived from the {base.gpus}-{unit} row of {profile.table} by the rule in docs/profiles.md: "
-               f"micro {base.micro_batch_size}, accumulation {accum} for a global batch near {BASE_GLOBAL_BATCH} "
-               f"({batch}), LR {row.learning_rate:g} scaled linearly from {BASE_LEARNING_RATE:g} at "
-               f"{BASE_GLOBAL_BATCH}")
+        row = replace(
+            base,
+            gpus=gpus,
+            gradient_accumulation_steps=accum,
+            learning_rate=_round_lr(BASE_LEARNING_RATE * batch / BASE_GLOBAL_BATCH),
+        )
+        how = (
+            f"derived from the {base.gpus}-{unit} row of {profile.table} by the rule in docs/profiles.md: "
+            f"micro {base.micro_batch_size}, accumulation {accum} for a global batch near {BASE_GLOBAL_BATCH} "
+            f"({batch}), LR {row.learning_rate:g} scaled linearly from {BASE_LEARNING_RATE:g} at "
+            f"{BASE_GLOBAL_BATCH}"
+        )
     if profile.micro_max is not None:
         per_gpu = row.global_batch // gpus
-        micro = max((m for m in range(row.micro_batch_size, profile.micro_max + 1) if per_gpu % m == 0),
-                    default=row.micro_batch_size)
+        micro = max(
+            (m for m in range(row.micro_batch_size, profile.micro_max + 1) if per_gpu % m == 0),
+            default=row.micro_batch_size,
+        )
         if micro != row.micro_batch_size:
             accum = row.global_batch // (micro * gpus)
             how += f"; {profile.name}: micro {micro}, accumulation {accum} keeps the global batch {row.global_batch}"
@@ -221,9 +285,12 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
         accum = _closest_accum(target, micro * gpus)
         batch = micro * gpus * accum
         lr = row.learning_rate if batch == target else _round_lr(row.learning_rate * batch / target)
-        how += (f"; {profile.name}: micro {micro}, accumulation {accum} "
-                + ("keeps" if batch == target else f"gives {batch} instead of")
-                + f" the global batch {target}" + ("" if batch == target else f", LR scaled to {lr:g}"))
+        how += (
+            f"; {profile.name}: micro {micro}, accumulation {accum} "
+            + ("keeps" if batch == target else f"gives {batch} instead of")
+            + f" the global batch {target}"
+            + ("" if batch == target else f", LR scaled to {lr:g}")
+        )
         row = replace(row, micro_batch_size=micro, gradient_accumulation_steps=accum, learning_rate=lr)
     return row, how
 

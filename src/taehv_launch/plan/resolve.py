@@ -36,11 +36,11 @@ def frame_multiple(c: dict[str, Any]) -> int:
 class Options:
     """Launch options that are not training-config keys."""
 
-    resume: str | None = None     # None, "auto" or a checkpoint path (passed to the trainer)
+    resume: str | None = None  # None, "auto" or a checkpoint path (passed to the trainer)
     debug: bool = False
-    profile_run: bool = False     # --profile (torch.profiler); named so it is not the hardware profile
+    profile_run: bool = False  # --profile (torch.profiler); named so it is not the hardware profile
     run_name: str | None = None
-    task: str = "train"           # "train", or "cache": write the latent cache (taehv-launch cache)
+    task: str = "train"  # "train", or "cache": write the latent cache (taehv-launch cache)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +57,7 @@ class Plan:
     # name came from ("--run-name", "scheduler job id", "timestamp", "resumed run").
     run_dir: Path | None = None
     run_id_source: str = ""
-    demo_assets: tuple[str, str] = ("", "")   # (data_root, ref_vae_path) of the cpu demo; empty elsewhere
+    demo_assets: tuple[str, str] = ("", "")  # (data_root, ref_vae_path) of the cpu demo; empty elsewhere
 
     @property
     def world_size(self) -> int:
@@ -85,17 +85,23 @@ class Plan:
         name = f"ZeRO-{zero}" if zero else "plain DDP (zero_stage=0)"
         if zero == ours:
             others = "/".join(f"{STRATEGY_SPEED[z] * 100:.1f}" for z in (1, 2, 3))
-            return (f"{name}: the fastest per GPU measured for this model (ZeRO-1/2/3 ran at {others}% of its "
-                    f"speed; {STRATEGY_TABLE})")
-        return (f"{name}, as asked: measured at {STRATEGY_SPEED[zero] / STRATEGY_SPEED[ours] * 100:.1f}% of the "
-                f"row's {'plain DDP' if ours == 0 else f'ZeRO-{ours}'} speed per GPU for this model ({STRATEGY_TABLE})")
+            return (
+                f"{name}: the fastest per GPU measured for this model (ZeRO-1/2/3 ran at {others}% of its "
+                f"speed; {STRATEGY_TABLE})"
+            )
+        return (
+            f"{name}, as asked: measured at {STRATEGY_SPEED[zero] / STRATEGY_SPEED[ours] * 100:.1f}% of the "
+            f"row's {'plain DDP' if ours == 0 else f'ZeRO-{ours}'} speed per GPU for this model ({STRATEGY_TABLE})"
+        )
 
     def batch_arithmetic(self) -> str:
         c = self.config
-        return (f"global batch {self.global_batch_size} = micro {c['micro_batch_size']} x "
-                f"{self.world_size} {'processes' if self.profile.device == 'cpu' else 'GPUs'} x "
-                f"accumulation {c['gradient_accumulation_steps']}; "
-                f"{self.global_batch_size * c['n_frames']} frames of {c['height']}x{c['width']} per optimizer step")
+        return (
+            f"global batch {self.global_batch_size} = micro {c['micro_batch_size']} x "
+            f"{self.world_size} {'processes' if self.profile.device == 'cpu' else 'GPUs'} x "
+            f"accumulation {c['gradient_accumulation_steps']}; "
+            f"{self.global_batch_size * c['n_frames']} frames of {c['height']}x{c['width']} per optimizer step"
+        )
 
 
 def row_config(row: Row, topology: Topology) -> dict[str, Any]:
@@ -104,52 +110,101 @@ def row_config(row: Row, topology: Topology) -> dict[str, Any]:
     return {**{k: getattr(row, k) for k in keys}, "nccl_timeout": nccl_timeout_for(topology.num_machines, row.gpus)}
 
 
-def resolve(gpus: int, profile_name: str, topology: Topology, *, file_values: dict[str, Any] | None = None,
-            set_values: dict[str, Any] | None = None, env_values: dict[str, Any] | None = None,
-            options: Options = Options(), notes: tuple[str, ...] = ()) -> Plan:
+def resolve(
+    gpus: int,
+    profile_name: str,
+    topology: Topology,
+    *,
+    file_values: dict[str, Any] | None = None,
+    set_values: dict[str, Any] | None = None,
+    env_values: dict[str, Any] | None = None,
+    options: Options = Options(),
+    notes: tuple[str, ...] = (),
+) -> Plan:
     """env_values: keys set by the environment (NCCL_TIMEOUT), above the profile, below files and --set."""
     profile = get_profile(profile_name)
     row, how = row_for(profile, gpus)
-    config = {**DEFAULTS, **profile.config, **row_config(row, topology), **(env_values or {}),
-              **(file_values or {}), **(set_values or {})}
+    config = {
+        **DEFAULTS,
+        **profile.config,
+        **row_config(row, topology),
+        **(env_values or {}),
+        **(file_values or {}),
+        **(set_values or {}),
+    }
     if options.debug:
-        config = {**config, "max_train_steps": min(config["max_train_steps"], 20),
-                  "log_every": 1, "dataloader_num_workers": 0}
+        config = {
+            **config,
+            "max_train_steps": min(config["max_train_steps"], 20),
+            "log_every": 1,
+            "dataloader_num_workers": 0,
+        }
     check_config(config, profile, topology)
-    return Plan(gpus=gpus, profile=profile, row=row, row_source=how, topology=topology,
-                config=config, options=options, notes=tuple(notes))
+    return Plan(
+        gpus=gpus,
+        profile=profile,
+        row=row,
+        row_source=how,
+        topology=topology,
+        config=config,
+        options=options,
+        notes=tuple(notes),
+    )
 
 
 def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> None:
     """Cross-field checks; each error names the key to change."""
+
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ConfigError(msg)
 
     for k in ("encoder_time_downscale", "decoder_time_upscale", "decoder_space_upscale"):
-        need(len(c[k]) == 3 and all(isinstance(v, bool) for v in c[k]),
-             f"{k}={c[k]!r} must be three booleans, e.g. (True, True, False)")
+        need(
+            len(c[k]) == 3 and all(isinstance(v, bool) for v in c[k]),
+            f"{k}={c[k]!r} must be three booleans, e.g. (True, True, False)",
+        )
     need(c["n_seraena_frames"] >= 1, f"n_seraena_frames={c['n_seraena_frames']} must be at least 1")
     need(c["patch_size"] >= 1, f"patch_size={c['patch_size']} must be at least 1")
     family = get_family(c["ref_vae_type"])
     time, space = taehv_strides(c)
     if c["use_ref_vae"]:
-        need((time, space) == (family.time_stride, family.space_stride),
-             f"TAEHV compresses {time}x in time and {space}x in space (encoder_time_downscale, patch_size) but "
-             f"the {family.name} reference VAE compresses {family.time_stride}x and {family.space_stride}x: "
-             f"set them to match the reference VAE")
+        need(
+            (time, space) == (family.time_stride, family.space_stride),
+            f"TAEHV compresses {time}x in time and {space}x in space (encoder_time_downscale, patch_size) but "
+            f"the {family.name} reference VAE compresses {family.time_stride}x and {family.space_stride}x: "
+            f"set them to match the reference VAE",
+        )
     multiple = frame_multiple(c)
-    need(c["n_frames"] >= multiple and c["n_frames"] % multiple == 0,
-         f"n_frames={c['n_frames']} must be a multiple of {multiple} (TAEHV's temporal stride {time} x "
-         f"Seraena's {c['n_seraena_frames']}-frame groups): use --set n_frames={multiple} or {2 * multiple}")
+    need(
+        c["n_frames"] >= multiple and c["n_frames"] % multiple == 0,
+        f"n_frames={c['n_frames']} must be a multiple of {multiple} (TAEHV's temporal stride {time} x "
+        f"Seraena's {c['n_seraena_frames']}-frame groups): use --set n_frames={multiple} or {2 * multiple}",
+    )
     for k in ("height", "width"):
-        need(c[k] >= space and c[k] % space == 0,
-             f"{k}={c[k]} must be a positive multiple of {space} (TAEHV downsamples 8x x patch_size)")
-    need(1 <= c["min_frame_delta"] <= c["max_frame_delta"],
-         f"need 1 <= min_frame_delta ({c['min_frame_delta']}) <= max_frame_delta ({c['max_frame_delta']})")
-    for k in ("micro_batch_size", "gradient_accumulation_steps", "max_train_steps", "checkpointing_steps",
-              "validation_steps", "log_every", "checkpoints_total_limit", "validation_batch_size",
-              "ref_vae_chunk_size", "nccl_timeout", "latent_channels", "cache_views", "cache_shard_size"):
+        need(
+            c[k] >= space and c[k] % space == 0,
+            f"{k}={c[k]} must be a positive multiple of {space} (TAEHV downsamples 8x x patch_size)",
+        )
+    need(
+        1 <= c["min_frame_delta"] <= c["max_frame_delta"],
+        f"need 1 <= min_frame_delta ({c['min_frame_delta']}) <= max_frame_delta ({c['max_frame_delta']})",
+    )
+    for k in (
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "max_train_steps",
+        "checkpointing_steps",
+        "validation_steps",
+        "log_every",
+        "checkpoints_total_limit",
+        "validation_batch_size",
+        "ref_vae_chunk_size",
+        "nccl_timeout",
+        "latent_channels",
+        "cache_views",
+        "cache_shard_size",
+    ):
         need(c[k] >= 1, f"{k}={c[k]} must be at least 1")
     for k in ("dataloader_num_workers", "lr_warmup_steps", "max_validation_batches", "num_sample_clips"):
         need(c[k] >= 0, f"{k}={c[k]} must not be negative")
@@ -159,16 +214,24 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
     need(0.0 <= c["ema_decay"] < 1.0, f"ema_decay={c['ema_decay']} must be in [0, 1)")
     need(0.0 <= c["validation_fraction"] < 1.0, f"validation_fraction={c['validation_fraction']} must be in [0, 1)")
     need(c["max_grad_norm"] > 0, f"max_grad_norm={c['max_grad_norm']} must be positive")
-    need(len(c["ref_latent_mean"]) == len(c["ref_latent_std"]),
-         "ref_latent_mean and ref_latent_std must have the same length (one value per latent channel)")
+    need(
+        len(c["ref_latent_mean"]) == len(c["ref_latent_std"]),
+        "ref_latent_mean and ref_latent_std must have the same length (one value per latent channel)",
+    )
     need(1 <= c["video_decode_threads"] <= 32, f"video_decode_threads={c['video_decode_threads']} must be 1-32")
     if profile.device == "cpu":
         need(c["mixed_precision"] in ("no", "bf16"), "mixed_precision=fp16 is not supported on the cpu profile")
-        need(c["video_decoder"] != "nvdec", "video_decoder=nvdec decodes on a GPU's NVDEC; the cpu profile has "
-                                            "none: use --set video_decoder=opencv (or auto)")
+        need(
+            c["video_decoder"] != "nvdec",
+            "video_decoder=nvdec decodes on a GPU's NVDEC; the cpu profile has "
+            "none: use --set video_decoder=opencv (or auto)",
+        )
     if c["latent_cache"] and not c["use_ref_vae"]:
-        raise ConfigError("latent_cache holds reference latents but use_ref_vae=False trains without them: "
-                          "drop one of the two")
+        raise ConfigError(
+            "latent_cache holds reference latents but use_ref_vae=False trains without them: drop one of the two"
+        )
     if not c["use_ref_vae"] and c["encoder_loss_weight"] > 0:
-        raise ConfigError("use_ref_vae=False leaves the encoder without a target: "
-                          "set --set encoder_loss_weight=0 or keep use_ref_vae=True")
+        raise ConfigError(
+            "use_ref_vae=False leaves the encoder without a target: "
+            "set --set encoder_loss_weight=0 or keep use_ref_vae=True"
+        )

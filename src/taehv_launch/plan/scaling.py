@@ -22,8 +22,8 @@ from .profiles import STRATEGY_SPEED
 
 @dataclass(frozen=True)
 class Measured:
-    clips_per_s: float       # one GPU, plain DDP row settings, steady state
-    micro: int               # the micro-batch it was measured at
+    clips_per_s: float  # one GPU, plain DDP row settings, steady state
+    micro: int  # the micro-batch it was measured at
     source: str
 
 
@@ -32,21 +32,29 @@ MEASURED = {
     "h100": Measured(8.65, 8, 'one H100, plain DDP, compile all, 2026-11-24 (docs/benchmarks.md "Strategy per row")'),
     "h200": Measured(7.15, 16, 'one H200, ZeRO-2, compile reference, 2026-11-23 (docs/benchmarks.md "Two GPUs")'),
 }
-TAEHV_GRAD_BYTES = 11_320_000 * 4      # ~11.32M fp32 gradients (the default TAEHV)
-NVLINK_GBPS = 300.0                    # assumed NCCL bus bandwidth inside an 8-GPU NVLink node
-NETWORK_GBPS = 25.0                    # assumed per-GPU bandwidth between nodes (200 Gb/s per GPU)
+TAEHV_GRAD_BYTES = 11_320_000 * 4  # ~11.32M fp32 gradients (the default TAEHV)
+NVLINK_GBPS = 300.0  # assumed NCCL bus bandwidth inside an 8-GPU NVLink node
+NETWORK_GBPS = 25.0  # assumed per-GPU bandwidth between nodes (200 Gb/s per GPU)
 
 
-def allreduce_s(world: int, nodes: int, nbytes: float, nvlink_gbps: float = NVLINK_GBPS,
-                network_gbps: float = NETWORK_GBPS) -> float:
+def allreduce_s(
+    world: int, nodes: int, nbytes: float, nvlink_gbps: float = NVLINK_GBPS, network_gbps: float = NETWORK_GBPS
+) -> float:
     if world <= 1:
         return 0.0
     bandwidth = (nvlink_gbps if nodes <= 1 else network_gbps) * 1e9
     return 2 * (world - 1) / world * nbytes / bandwidth
 
 
-def efficiency(world: int, nodes: int, clips_per_step: int, clips_per_s: float, zero: int = 0,
-               nvlink_gbps: float = NVLINK_GBPS, network_gbps: float = NETWORK_GBPS) -> float:
+def efficiency(
+    world: int,
+    nodes: int,
+    clips_per_step: int,
+    clips_per_s: float,
+    zero: int = 0,
+    nvlink_gbps: float = NVLINK_GBPS,
+    network_gbps: float = NETWORK_GBPS,
+) -> float:
     """Per-GPU speed on `world` GPUs as a fraction of one GPU's with plain DDP."""
     compute = clips_per_step / (clips_per_s * STRATEGY_SPEED[zero])
     comm = allreduce_s(world, nodes, TAEHV_GRAD_BYTES * (1.5 if zero == 3 else 1.0), nvlink_gbps, network_gbps)
@@ -56,19 +64,22 @@ def efficiency(world: int, nodes: int, clips_per_step: int, clips_per_s: float, 
 @dataclass(frozen=True)
 class Prediction:
     clips_per_s_per_gpu: float
-    efficiency: float        # vs one GPU with plain DDP
-    hours: float             # to max_train_steps from `from_step`
+    efficiency: float  # vs one GPU with plain DDP
+    hours: float  # to max_train_steps from `from_step`
     gpu_hours: float
     basis: str
 
     def line(self, world: int, steps: int) -> str:
-        return (f"~{self.clips_per_s_per_gpu:.2f} clips/s per GPU ({self.clips_per_s_per_gpu * world:.1f} on {world}), "
-                f"{self.efficiency * 100:.1f}% of one GPU's: {steps} steps in {self.hours:.1f} h, "
-                f"{self.gpu_hours:.0f} GPU-hours ({self.basis})")
+        return (
+            f"~{self.clips_per_s_per_gpu:.2f} clips/s per GPU ({self.clips_per_s_per_gpu * world:.1f} on {world}), "
+            f"{self.efficiency * 100:.1f}% of one GPU's: {steps} steps in {self.hours:.1f} h, "
+            f"{self.gpu_hours:.0f} GPU-hours ({self.basis})"
+        )
 
 
-def predict(profile: str, config: dict, world: int, nodes: int, from_step: int = 0,
-            run_clips_per_s_per_gpu: float | None = None) -> Prediction | None:
+def predict(
+    profile: str, config: dict, world: int, nodes: int, from_step: int = 0, run_clips_per_s_per_gpu: float | None = None
+) -> Prediction | None:
     """None where nothing was measured for this profile (and no speed.json of the run's own)."""
     steps = max(0, config["max_train_steps"] - from_step)
     clips_per_step = config["micro_batch_size"] * config["gradient_accumulation_steps"]
@@ -80,7 +91,9 @@ def predict(profile: str, config: dict, world: int, nodes: int, from_step: int =
             return None
         eff = efficiency(world, nodes, clips_per_step, m.clips_per_s, config["zero_stage"])
         per_gpu = m.clips_per_s * eff
-        basis = (f"model: docs/benchmarks.md \"Scaling to 64 GPUs\", measured at micro {m.micro} on {m.source.split(',')[0]}; "
-                 f"all-reduce over an assumed {NVLINK_GBPS:g} GB/s NVLink, {NETWORK_GBPS:g} GB/s per GPU between nodes")
+        basis = (
+            f'model: docs/benchmarks.md "Scaling to 64 GPUs", measured at micro {m.micro} on {m.source.split(",")[0]}; '
+            f"all-reduce over an assumed {NVLINK_GBPS:g} GB/s NVLink, {NETWORK_GBPS:g} GB/s per GPU between nodes"
+        )
     seconds = steps * clips_per_step * world / (per_gpu * world)
     return Prediction(per_gpu, eff, seconds / 3600, seconds / 3600 * world, basis)

@@ -28,9 +28,7 @@ NESTED_LAUNCH_VARS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 # Scheduler job ids tried after the source's own, in this order.
 JOB_ID_VARS = ("SLURM_JOB_ID", "SKYPILOT_TASK_ID", "MLP_TASK_ID")
 # <job>-master-0, <job>-worker-3, <job>-node-0-0.<service>: pod names of PAI-DLC, Kubeflow.
-_REPLICA_HOST = re.compile(
-    r"^(?P<job>[A-Za-z0-9][A-Za-z0-9-]*?)-(?:master|worker|node)-\d+(?:-\d+)?(?:\..*)?$"
-)
+_REPLICA_HOST = re.compile(r"^(?P<job>[A-Za-z0-9][A-Za-z0-9-]*?)-(?:master|worker|node)-\d+(?:-\d+)?(?:\..*)?$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,8 +80,14 @@ def _from_pet(env: Mapping[str, str], given: set[str]) -> Found:
     addr = get_var(env, "PET_MASTER_ADDR") or get_var(env, "MASTER_ADDR")
     port_var = "PET_MASTER_PORT" if get_var(env, "PET_MASTER_PORT") else "MASTER_PORT"
     return Found(
-        source=SOURCE_PET, num=num, num_from=f"PET_NNODES={raw}", rank=rank, rank_from=f"{rank_var}={rank}",
-        addr=addr, port=env_int(env, port_var, port=True), job_id=job_from_host(addr),
+        source=SOURCE_PET,
+        num=num,
+        num_from=f"PET_NNODES={raw}",
+        rank=rank,
+        rank_from=f"{rank_var}={rank}",
+        addr=addr,
+        port=env_int(env, port_var, port=True),
+        job_id=job_from_host(addr),
     )
 
 
@@ -97,8 +101,14 @@ def _from_cloud(env: Mapping[str, str]) -> Found:
         )
     addr = get_var(env, "MASTER_ADDR")
     return Found(
-        source=SOURCE_CLOUD, num=world, num_from=f"WORLD_SIZE={world}", rank=rank, rank_from=f"RANK={rank}",
-        addr=addr, port=env_int(env, "MASTER_PORT", port=True), job_id=job_from_host(addr),
+        source=SOURCE_CLOUD,
+        num=world,
+        num_from=f"WORLD_SIZE={world}",
+        rank=rank,
+        rank_from=f"RANK={rank}",
+        addr=addr,
+        port=env_int(env, "MASTER_PORT", port=True),
+        job_id=job_from_host(addr),
     )
 
 
@@ -119,8 +129,14 @@ def _from_slurm(env: Mapping[str, str], nodes_var: str, given: set[str]) -> Foun
             raise TopologyError(f"SLURM reports {num} nodes but no node list: set MASTER_ADDR or pass --master-addr")
         addr = slurm_first_host(get_var(env, nodelist_var))
     return Found(
-        source=SOURCE_SLURM, num=num, num_from=f"{nodes_var}={num}", rank=rank, rank_from=f"SLURM_NODEID={rank}",
-        addr=addr, port=env_int(env, "MASTER_PORT", port=True), job_id=get_var(env, "SLURM_JOB_ID"),
+        source=SOURCE_SLURM,
+        num=num,
+        num_from=f"{nodes_var}={num}",
+        rank=rank,
+        rank_from=f"SLURM_NODEID={rank}",
+        addr=addr,
+        port=env_int(env, "MASTER_PORT", port=True),
+        job_id=get_var(env, "SLURM_JOB_ID"),
     )
 
 
@@ -144,9 +160,14 @@ def _from_kubernetes(env: Mapping[str, str], given: set[str]) -> Found:
     if not job and host and rank is not None and host.endswith(f"-{rank}"):
         job = host[: -len(f"-{rank}")]
     return Found(
-        source=SOURCE_KUBERNETES, num=num, num_from=f"{nodes_var}={num}",
-        rank=rank, rank_from=f"JOB_COMPLETION_INDEX={rank}",
-        addr=addr, port=env_int(env, "MASTER_PORT", port=True), job_id=job or None,
+        source=SOURCE_KUBERNETES,
+        num=num,
+        num_from=f"{nodes_var}={num}",
+        rank=rank,
+        rank_from=f"JOB_COMPLETION_INDEX={rank}",
+        addr=addr,
+        port=env_int(env, "MASTER_PORT", port=True),
+        job_id=job or None,
     )
 
 
@@ -157,10 +178,14 @@ def _from_skypilot(env: Mapping[str, str], given: set[str]) -> Found:
         raise TopologyError("SKYPILOT_NUM_NODES is set but SKYPILOT_NODE_RANK is not: pass --node-rank")
     ips = (get_var(env, "SKYPILOT_NODE_IPS") or "").split()
     return Found(
-        source=SOURCE_SKYPILOT, num=num, num_from=f"SKYPILOT_NUM_NODES={num}",
-        rank=rank, rank_from=f"SKYPILOT_NODE_RANK={rank}",
+        source=SOURCE_SKYPILOT,
+        num=num,
+        num_from=f"SKYPILOT_NUM_NODES={num}",
+        rank=rank,
+        rank_from=f"SKYPILOT_NODE_RANK={rank}",
         addr=get_var(env, "MASTER_ADDR") or (ips[0] if ips else None),
-        port=env_int(env, "MASTER_PORT", port=True), job_id=get_var(env, "SKYPILOT_TASK_ID"),
+        port=env_int(env, "MASTER_PORT", port=True),
+        job_id=get_var(env, "SKYPILOT_TASK_ID"),
     )
 
 
@@ -222,6 +247,7 @@ def parse_int(name: str, raw: str, text: str, *, minimum: int) -> int:
     if value < minimum:
         raise TopologyError(f"{name}={raw!r} must be at least {minimum}: fix or unset {name}")
     return value
+
 
 def check_port(port: int, label: str) -> None:
     if not 1 <= port <= 65535:

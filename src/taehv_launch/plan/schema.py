@@ -21,7 +21,7 @@ class Key:
     default: Any
     type: type
     help: str
-    choices: Collection = ()   # a live mapping (FAMILIES) is fine: `in` and iteration
+    choices: Collection = ()  # a live mapping (FAMILIES) is fine: `in` and iteration
 
 
 # (name -> Key). Types: int, float, bool, str, tuple. An int is accepted where a float
@@ -41,32 +41,53 @@ KEYS: dict[str, Key] = {
     "validation_batch_size": Key(1, int, "clips per rank per validation batch"),
     "dataloader_num_workers": Key(4, int, "DataLoader worker processes per rank"),
     "prefetch_factor": Key(2, int, "batches prefetched per worker"),
-    "video_decoder": Key("auto", str, "where training clips are decoded: nvdec (the GPU's hardware decoder, in the "
-                                      "training process; needs the [nvdec] extra), opencv (CPU, in the DataLoader "
-                                      "workers), auto (nvdec on GPUs when installed, else opencv)",
-                         ("auto", "nvdec", "opencv")),
-    "video_decode_threads": Key(4, int, "with nvdec: decoding threads per rank, each with its own NVDEC session "
-                                        "and CUDA stream"),
+    "video_decoder": Key(
+        "auto",
+        str,
+        "where training clips are decoded: nvdec (the GPU's hardware decoder, in the "
+        "training process; needs the [nvdec] extra), opencv (CPU, in the DataLoader "
+        "workers), auto (nvdec on GPUs when installed, else opencv)",
+        ("auto", "nvdec", "opencv"),
+    ),
+    "video_decode_threads": Key(
+        4, int, "with nvdec: decoding threads per rank, each with its own NVDEC session and CUDA stream"
+    ),
     "index_cache_dir": Key("", str, "where the dataset index is cached (default: <output_dir>/.index)"),
     # --- reference VAE ----------------------------------------------------------------
     "use_ref_vae": Key(True, bool, "distil from a reference VAE (False: decoder trains on its own encodings)"),
     "ref_vae_type": Key("cogvideox", str, "diffusers reference VAE family (plan/families.py)", FAMILIES),
-    "ref_vae_path": Key("", str, "local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE"),
+    "ref_vae_path": Key(
+        "", str, "local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE"
+    ),
     "ref_vae_dtype": Key("bfloat16", str, "dtype of the frozen reference VAE", ("float32", "bfloat16", "float16")),
-    "allow_family_change": Key(False, bool, "let a resume distil from another reference VAE family than its "
-                                             "checkpoint's (refused otherwise); the change is noted in the run"),
+    "allow_family_change": Key(
+        False,
+        bool,
+        "let a resume distil from another reference VAE family than its "
+        "checkpoint's (refused otherwise); the change is noted in the run",
+    ),
     "ref_vae_chunk_size": Key(1, int, "samples per reference encode call (memory/speed trade-off)"),
     "ref_latent_mean": Key((), tuple, "optional per-channel mean subtracted from reference latents"),
     "ref_latent_std": Key((), tuple, "optional per-channel std dividing reference latents"),
     # --- latent cache (taehv-launch cache) ----------------------------------------------
-    "latent_cache": Key("", str, "folder of a latent cache: `taehv-launch cache` writes it, training reads its views' "
-                                 "reference latents instead of running the reference VAE"),
-    "latent_cache_encode": Key("never", str, "with latent_cache, what the reference VAE encodes online: never (it is "
-                                             "not loaded; unusable views are skipped), missing (views whose stored "
-                                             "latents fail their check, and fresh clips of videos without cached "
-                                             "views), always (every view: checks a cache)", ("never", "missing", "always")),
-    "latent_cache_dtype": Key("bfloat16", str, "dtype of the latents `taehv-launch cache` stores",
-                              ("bfloat16", "float16", "float32")),
+    "latent_cache": Key(
+        "",
+        str,
+        "folder of a latent cache: `taehv-launch cache` writes it, training reads its views' "
+        "reference latents instead of running the reference VAE",
+    ),
+    "latent_cache_encode": Key(
+        "never",
+        str,
+        "with latent_cache, what the reference VAE encodes online: never (it is "
+        "not loaded; unusable views are skipped), missing (views whose stored "
+        "latents fail their check, and fresh clips of videos without cached "
+        "views), always (every view: checks a cache)",
+        ("never", "missing", "always"),
+    ),
+    "latent_cache_dtype": Key(
+        "bfloat16", str, "dtype of the latents `taehv-launch cache` stores", ("bfloat16", "float16", "float32")
+    ),
     "cache_views": Key(4, int, "views per video that `taehv-launch cache` encodes (a view: fixed frames, crop, flip)"),
     "cache_shard_size": Key(64, int, "clips per cache shard file (a shard is written whole, or not at all)"),
     # --- model ------------------------------------------------------------------------
@@ -86,11 +107,18 @@ KEYS: dict[str, Key] = {
     "seraena_lr": Key(3e-4, float, "discriminator AdamW learning rate"),
     "seraena_buffer_mb": Key(1024, int, "replay buffer bound, MiB per rank"),
     "seraena_checkpoint_buffer_mb": Key(256, int, "save the replay buffer in checkpoints when it is at most this size"),
-    "seraena_crop": Key(0, int, "Seraena trains and corrects on one random square crop of this many pixels per "
-                                "micro-batch (multiple of 8; 0 = the whole frame)"),
+    "seraena_crop": Key(
+        0,
+        int,
+        "Seraena trains and corrects on one random square crop of this many pixels per "
+        "micro-batch (multiple of 8; 0 = the whole frame)",
+    ),
     # --- optimisation -----------------------------------------------------------------
-    "micro_batch_size": Key(8, int, "clips per GPU per forward pass (DeepSpeed's train_micro_batch_size_per_gpu; "
-                                    "the seeds' train_batch_size)"),
+    "micro_batch_size": Key(
+        8,
+        int,
+        "clips per GPU per forward pass (DeepSpeed's train_micro_batch_size_per_gpu; the seeds' train_batch_size)",
+    ),
     "gradient_accumulation_steps": Key(1, int, "micro-batches per optimizer step"),
     "learning_rate": Key(1e-4, float, "peak AdamW learning rate"),
     "lr_scheduler": Key("cosine", str, "schedule after warmup", ("cosine", "constant", "linear")),
@@ -108,21 +136,34 @@ KEYS: dict[str, Key] = {
     "seed": Key(42, int, "global seed (each rank offsets it)"),
     "max_consecutive_bad_steps": Key(20, int, "abort after this many non-finite steps in a row"),
     # --- speed (docs/benchmarks.md measures each) --------------------------------------
-    "compile": Key("none", str, "torch.compile on GPU: the reference VAE encoder, or it and TAEHV "
-                                "(1-2 min warm-up, cached)", ("none", "reference", "all")),
+    "compile": Key(
+        "none",
+        str,
+        "torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)",
+        ("none", "reference", "all"),
+    ),
     "compile_cache_dir": Key("", str, "Inductor cache kept across restarts (default: <output_dir>/.compile-cache)"),
     "fused_optimizer": Key(True, bool, "AdamW's fused CUDA kernel (ignored on CPU)"),
-    "channels_last": Key(True, bool, "compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout "
-                                     "transposes (only with compile='all' on GPU)"),
-    "ref_channels_last": Key(True, bool, "the compiled reference encoder keeps its activations channels-last "
-                                         "(NDHWC, 8-18% faster encode measured for all three families; "
-                                         "only with compile on GPU)"),
+    "channels_last": Key(
+        True,
+        bool,
+        "compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout "
+        "transposes (only with compile='all' on GPU)",
+    ),
+    "ref_channels_last": Key(
+        True,
+        bool,
+        "the compiled reference encoder keeps its activations channels-last "
+        "(NDHWC, 8-18% faster encode measured for all three families; "
+        "only with compile on GPU)",
+    ),
     # --- logging, validation, checkpoints ---------------------------------------------
     "output_dir": Key("output", str, "parent of run directories"),
     "log_every": Key(50, int, "steps between log lines / scalars"),
     "validation_steps": Key(1000, int, "steps between validations"),
-    "validation_at_start": Key(False, bool, "also validate before the first step of a fresh run: the untrained "
-                                            "baseline in val/psnr"),
+    "validation_at_start": Key(
+        False, bool, "also validate before the first step of a fresh run: the untrained baseline in val/psnr"
+    ),
     "max_validation_batches": Key(8, int, "batches per validation pass"),
     "checkpointing_steps": Key(2000, int, "steps between checkpoints"),
     "checkpoints_total_limit": Key(3, int, "checkpoints kept (newest complete and best are never deleted)"),
@@ -140,8 +181,9 @@ ALIASES: dict[str, str] = {"train_batch_size": "micro_batch_size"}
 
 # The trainer's config: one typed, frozen attribute per key above (`cfg.n_frames`), generated from
 # KEYS so that a key is declared once. The launcher's Plan holds the same values as a dict.
-Config = make_dataclass("Config", [(name, key.type, field(default=key.default)) for name, key in KEYS.items()],
-                        frozen=True)
+Config = make_dataclass(
+    "Config", [(name, key.type, field(default=key.default)) for name, key in KEYS.items()], frozen=True
+)
 
 
 def make_config(values: Mapping[str, Any]) -> Any:
@@ -161,7 +203,7 @@ def config_dict(cfg: Any) -> dict[str, Any]:
 def global_batch(cfg: Any, world_size: int) -> int:
     """Clips per optimizer step: micro-batch x processes x accumulation (the one formula).
     `cfg`: a Config or the Plan's dict."""
-    if isinstance(cfg, Mapping):      # a checkpoint's config from before the rename says train_batch_size
+    if isinstance(cfg, Mapping):  # a checkpoint's config from before the rename says train_batch_size
         micro = cfg["micro_batch_size"] if "micro_batch_size" in cfg else cfg["train_batch_size"]
         return int(micro) * int(world_size) * int(cfg["gradient_accumulation_steps"])
     return int(cfg.micro_batch_size) * int(world_size) * int(cfg.gradient_accumulation_steps)

@@ -9,8 +9,16 @@ from pathlib import PurePosixPath
 from ..errors import ConfigError
 
 # config keys whose values are paths on the machine that runs the job
-PATH_KEYS = ("output_dir", "data_root", "annotation_file", "ref_vae_path", "latent_cache", "pretrained_model_path",
-             "index_cache_dir", "compile_cache_dir")
+PATH_KEYS = (
+    "output_dir",
+    "data_root",
+    "annotation_file",
+    "ref_vae_path",
+    "latent_cache",
+    "pretrained_model_path",
+    "index_cache_dir",
+    "compile_cache_dir",
+)
 
 
 def check_text(label: str, text: str) -> None:
@@ -26,8 +34,10 @@ def check_path(label: str, text: str) -> None:
     """check_text, and a path Linux can open (a name at most 255 bytes, the whole under 4096)."""
     check_text(label, text)
     if len(text.encode()) >= 4096 or any(len(part.encode()) > 255 for part in PurePosixPath(text).parts):
-        raise ConfigError(f"{label} {shown(text)} is longer than a path can be (255 bytes a folder or file "
-                          f"name, 4095 in all): use a shorter path")
+        raise ConfigError(
+            f"{label} {shown(text)} is longer than a path can be (255 bytes a folder or file "
+            f"name, 4095 in all): use a shorter path"
+        )
 
 
 def shown(text: str) -> str:

@@ -63,8 +63,19 @@ from dataclasses import dataclass
 
 from taehv_launch.errors import TopologyError
 
-from .schedulers import (JOB_ID_VARS, LOCALHOST, NESTED_LAUNCH_VARS, SOURCE_ASSUMED, SOURCE_OPTIONS,
-                         SOURCE_SINGLE, check_port, env_int, first_set, from_scheduler, get_var)
+from .schedulers import (
+    JOB_ID_VARS,
+    LOCALHOST,
+    NESTED_LAUNCH_VARS,
+    SOURCE_ASSUMED,
+    SOURCE_OPTIONS,
+    SOURCE_SINGLE,
+    check_port,
+    env_int,
+    first_set,
+    from_scheduler,
+    get_var,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,7 +255,7 @@ def listed_gpus(env: Mapping[str, str]) -> int | None:
     if raw is None:
         return None
     entries = [e.strip() for e in raw.split(",")]
-    if entries[-1] == "":      # "0,1," as CUDA reads it; "" alone hides every GPU
+    if entries[-1] == "":  # "0,1," as CUDA reads it; "" alone hides every GPU
         entries.pop()
     seen: list[str] = []
     for entry in entries:
@@ -257,9 +268,7 @@ def listed_gpus(env: Mapping[str, str]) -> int | None:
             )
         key = str(int(entry)) if entry.isdigit() else entry
         if key in seen:
-            raise TopologyError(
-                f"CUDA_VISIBLE_DEVICES={raw!r} lists GPU {entry} twice: list each GPU once"
-            )
+            raise TopologyError(f"CUDA_VISIBLE_DEVICES={raw!r} lists GPU {entry} twice: list each GPU once")
         seen.append(key)
     return len(seen)
 
@@ -273,8 +282,9 @@ def check_listed_gpus(topo: Topology, env: Mapping[str, str], *, profile: str | 
         _check_count(topo, listed, profile or "PROFILE")
 
 
-def check_local_gpus(topo: Topology, visible_gpus: int, *, profile: str | None = None,
-                     env: Mapping[str, str] | None = None) -> None:
+def check_local_gpus(
+    topo: Topology, visible_gpus: int, *, profile: str | None = None, env: Mapping[str, str] | None = None
+) -> None:
     """Refuse to launch when this node cannot run its share of `topo`.
 
     `visible_gpus` is what this node sees (CUDA_VISIBLE_DEVICES applied); `env` (default: this
@@ -355,8 +365,6 @@ def _check_options(
         check_port(master_port, f"--master-port {master_port}")
 
 
-
-
 def _split_message(gpus: int, num: int, num_from: str, per_node: int, default: int, profile: str) -> str:
     total = num * per_node
     fixes = [f"run `taehv-launch {total} {profile}` on each node"]
@@ -373,4 +381,3 @@ def _split_message(gpus: int, num: int, num_from: str, per_node: int, default: i
 def _either(fixes: list[str]) -> str:
     """Join fixes: "a", "a, or b", "a, b, or c"."""
     return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + ", or " + fixes[-1]
-

@@ -18,28 +18,48 @@ def check_decoder(plan: Plan, path: str | None) -> Check:
     gpu = _gpu_plan(plan) and torch.cuda.is_available()
     name, why = nvdec.choose(plan_cfg(c), torch.device("cuda" if gpu else "cpu"))
     if c["video_decoder"] == "nvdec" and name != "nvdec":
-        return Check("video decoder", FAIL, f"video_decoder=nvdec, but {why}",
-                     "pip install 'taehv-launch[nvdec]' on the GPU nodes, or --set video_decoder=auto")
+        return Check(
+            "video decoder",
+            FAIL,
+            f"video_decoder=nvdec, but {why}",
+            "pip install 'taehv-launch[nvdec]' on the GPU nodes, or --set video_decoder=auto",
+        )
     if name == "opencv":
         status = WARN if gpu else PASS
-        return Check("video decoder", status, "opencv: training clips are decoded on the CPU in the DataLoader "
-                     "workers" + (f" (not on the GPU: {why})" if gpu and why else ""),
-                     "for NVDEC: pip install 'taehv-launch[nvdec]'" if status == WARN else "")
+        return Check(
+            "video decoder",
+            status,
+            "opencv: training clips are decoded on the CPU in the DataLoader "
+            "workers" + (f" (not on the GPU: {why})" if gpu and why else ""),
+            "for NVDEC: pip install 'taehv-launch[nvdec]'" if status == WARN else "",
+        )
     if path is None:
-        return Check("video decoder", WARN, f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}): no sampled video "
-                     "decodes, nothing to try it on", "fix the data first")
+        return Check(
+            "video decoder",
+            WARN,
+            f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}): no sampled video decodes, nothing to try it on",
+            "fix the data first",
+        )
     t0 = time.perf_counter()
     try:
         frames = nvdec.NvdecDecoder(torch.device("cuda", 0)).frames(path, tuple(range(c["n_frames"])))
         torch.cuda.synchronize()
     except nvdec.DecodeRefused as err:
-        return Check("video decoder", WARN, f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}) cannot decode {path}: "
-                     f"{err}; such files are decoded on the CPU in training", "check the GPU driver's NVDEC support "
-                     "for this codec, or --set video_decoder=opencv")
+        return Check(
+            "video decoder",
+            WARN,
+            f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}) cannot decode {path}: "
+            f"{err}; such files are decoded on the CPU in training",
+            "check the GPU driver's NVDEC support for this codec, or --set video_decoder=opencv",
+        )
     ms = (time.perf_counter() - t0) * 1000
-    return Check("video decoder", PASS, f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}, "
-                 f"{c['video_decode_threads']} threads per rank): {tuple(frames.shape)} frames of {path} decoded on "
-                 f"the GPU in {ms:.0f} ms")
+    return Check(
+        "video decoder",
+        PASS,
+        f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}, "
+        f"{c['video_decode_threads']} threads per rank): {tuple(frames.shape)} frames of {path} decoded on "
+        f"the GPU in {ms:.0f} ms",
+    )
 
 
 def plan_cfg(c: dict):

@@ -23,7 +23,7 @@ def _worker(rank: int, world: int, port: int, gpu: bool, results) -> None:
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     device = torch.device("cuda", rank) if gpu else torch.device("cpu")
     x = torch.ones((GPU_BYTES if gpu else CPU_BYTES) // 4, device=device)
-    dist.all_reduce(x)                       # warm-up, also builds the communicator
+    dist.all_reduce(x)  # warm-up, also builds the communicator
     if gpu:
         torch.cuda.synchronize()
     dist.barrier()

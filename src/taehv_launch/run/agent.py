@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(s, _hold)
     try:
         from accelerate.commands.accelerate_cli import main as accelerate_main
-    except ImportError:     # accelerate lives in another environment: run its own script
+    except ImportError:  # accelerate lives in another environment: run its own script
         import os
 
         os.execv(argv[0], argv)

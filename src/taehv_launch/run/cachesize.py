@@ -22,23 +22,23 @@ from ..errors import ConfigError
 from ..plan.families import get_family
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-SHARD_OVERHEAD = 640          # safetensors header + the index's own fields + a manifest line, bytes
-JOB_OVERHEAD = 4096           # cache.json's fingerprint and manifest.json's header, bytes
+SHARD_OVERHEAD = 640  # safetensors header + the index's own fields + a manifest line, bytes
+JOB_OVERHEAD = 4096  # cache.json's fingerprint and manifest.json's header, bytes
 
 
 @dataclass(frozen=True)
 class CacheSize:
     train_videos: int
     val_videos: int
-    views: int                 # per training video (validation videos: 1 centre clip)
-    shape: tuple[int, int, int, int]     # one view's latents: T', C, h, w
+    views: int  # per training video (validation videos: 1 centre clip)
+    shape: tuple[int, int, int, int]  # one view's latents: T', C, h, w
     dtype: str
-    view_bytes: int            # one view's latents
-    record_bytes: int          # one view's record in its shard's index (estimate)
+    view_bytes: int  # one view's latents
+    record_bytes: int  # one view's record in its shard's index (estimate)
     shards: int
-    total: int                 # bytes of the whole cache
-    written: int               # bytes already in the folder (a resumed job keeps its complete shards)
-    entries: Any = field(default=None, repr=False, compare=False)    # the index listed (index.keep_index)
+    total: int  # bytes of the whole cache
+    written: int  # bytes already in the folder (a resumed job keeps its complete shards)
+    entries: Any = field(default=None, repr=False, compare=False)  # the index listed (index.keep_index)
 
     @property
     def clips(self) -> int:
@@ -50,16 +50,23 @@ class CacheSize:
 
     def line(self) -> str:
         t, c, h, w = self.shape
-        return (f"{self.train_videos:,} videos x {self.views} views + {self.val_videos:,} validation clips = "
-                f"{self.clips:,} views x {_size(self.view_bytes + self.record_bytes)} ({t}x{c}x{h}x{w} {self.dtype} "
-                f"latents = {self.view_bytes:,} B + ~{self.record_bytes} B of index) = about {_size(self.total)}"
-                + (f", {_size(self.written)} of it already written" if self.written else ""))
+        return (
+            f"{self.train_videos:,} videos x {self.views} views + {self.val_videos:,} validation clips = "
+            f"{self.clips:,} views x {_size(self.view_bytes + self.record_bytes)} ({t}x{c}x{h}x{w} {self.dtype} "
+            f"latents = {self.view_bytes:,} B + ~{self.record_bytes} B of index) = about {_size(self.total)}"
+            + (f", {_size(self.written)} of it already written" if self.written else "")
+        )
 
     def short(self) -> str:
         return f"{self.clips:,} views x {_size(self.view_bytes + self.record_bytes)}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in self.__dict__.items() if k != "entries"}, "shape": list(self.shape), "clips": self.clips, "needed": self.needed}
+        return {
+            **{k: v for k, v in self.__dict__.items() if k != "entries"},
+            "shape": list(self.shape),
+            "clips": self.clips,
+            "needed": self.needed,
+        }
 
 
 def _size(n: float) -> str:
@@ -82,27 +89,56 @@ def cache_size(config: dict[str, Any]) -> CacheSize | None:
     n = len(entries)
     val = held_out_count(n, config["validation_fraction"], config["max_validation_videos"])
     if n == 1 and config["validation_fraction"] > 0 and config["max_validation_videos"] > 0:
-        val = 1                                              # one video: trained on and validated on
+        val = 1  # one video: trained on and validated on
     train = n - val if n > 1 else n
     family = get_family(config["ref_vae_type"])
     s = family.space_stride
-    shape = (family.latent_frames(config["n_frames"]), config["latent_channels"], config["height"] // s,
-             config["width"] // s)
+    shape = (
+        family.latent_frames(config["n_frames"]),
+        config["latent_channels"],
+        config["height"] // s,
+        config["width"] // s,
+    )
     dtype = config["latent_cache_dtype"]
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"latent_cache_dtype={dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
     view_bytes = shape[0] * shape[1] * shape[2] * shape[3] * DTYPE_BYTES[dtype]
     rel_len = _mean_relative_length(entries, check_root(root, config["annotation_file"]))
-    record = len(json.dumps({"video": "x" * rel_len, "view": config["cache_views"] - 1, "bytes": 10**9,
-                             "frames": [99999] * config["n_frames"], "crop": [9999, 9999, 9999, 9999, False],
-                             "seek": True, "row": config["cache_shard_size"], "crc32": 4294967295},
-                            separators=(",", ":"))) + 1
+    record = (
+        len(
+            json.dumps(
+                {
+                    "video": "x" * rel_len,
+                    "view": config["cache_views"] - 1,
+                    "bytes": 10**9,
+                    "frames": [99999] * config["n_frames"],
+                    "crop": [9999, 9999, 9999, 9999, False],
+                    "seek": True,
+                    "row": config["cache_shard_size"],
+                    "crc32": 4294967295,
+                },
+                separators=(",", ":"),
+            )
+        )
+        + 1
+    )
     size = config["cache_shard_size"]
     shards = -(-train * config["cache_views"] // size) + -(-val // size)
     clips = train * config["cache_views"] + val
     total = clips * (view_bytes + record) + shards * SHARD_OVERHEAD + JOB_OVERHEAD + val * (rel_len + 3)
-    return CacheSize(train, val, config["cache_views"], shape, dtype, view_bytes, record, shards, total,
-                     _written(Path(config["latent_cache"]).expanduser()), entries)
+    return CacheSize(
+        train,
+        val,
+        config["cache_views"],
+        shape,
+        dtype,
+        view_bytes,
+        record,
+        shards,
+        total,
+        _written(Path(config["latent_cache"]).expanduser()),
+        entries,
+    )
 
 
 def _mean_relative_length(entries, root: str) -> int:
@@ -110,7 +146,7 @@ def _mean_relative_length(entries, root: str) -> int:
     n = len(entries)
     if not n:
         return 0
-    under = len(entries.prefix) - len(root.rstrip(os.sep)) - 1      # the part of the common folder below root
+    under = len(entries.prefix) - len(root.rstrip(os.sep)) - 1  # the part of the common folder below root
     return max(1, round(int(entries.buf.nbytes) / n + max(0, under)))
 
 
@@ -133,6 +169,8 @@ def space_problem(size: CacheSize, where: str) -> str:
     free, probe = free_space(where)
     if free >= size.needed:
         return ""
-    return (f"the latent cache needs about {_size(size.needed)} more ({size.short()}), but {probe} has "
-            f"{_size(free)} free: free space, lower --views or the clip size, or set latent_cache to a folder "
-            f"on a larger filesystem")
+    return (
+        f"the latent cache needs about {_size(size.needed)} more ({size.short()}), but {probe} has "
+        f"{_size(free)} free: free space, lower --views or the clip size, or set latent_cache to a folder "
+        f"on a larger filesystem"
+    )

@@ -22,12 +22,20 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
     return {
         "gpus": plan.gpus,
         "profile": plan.profile.name,
-        "topology": {"num_machines": topo.num_machines, "machine_rank": topo.machine_rank,
-                     "gpus_per_machine": topo.gpus_per_machine, "gpu_ids": topo.gpu_ids,
-                     "main_process_ip": topo.main_process_ip, "main_process_port": topo.main_process_port,
-                     "source": topo.source, "job_id": topo.job_id, "world_size": topo.world_size,
-                     "ranks": list(range(topo.machine_rank * topo.gpus_per_machine,
-                                         (topo.machine_rank + 1) * topo.gpus_per_machine))},
+        "topology": {
+            "num_machines": topo.num_machines,
+            "machine_rank": topo.machine_rank,
+            "gpus_per_machine": topo.gpus_per_machine,
+            "gpu_ids": topo.gpu_ids,
+            "main_process_ip": topo.main_process_ip,
+            "main_process_port": topo.main_process_port,
+            "source": topo.source,
+            "job_id": topo.job_id,
+            "world_size": topo.world_size,
+            "ranks": list(
+                range(topo.machine_rank * topo.gpus_per_machine, (topo.machine_rank + 1) * topo.gpus_per_machine)
+            ),
+        },
         "row_source": plan.row_source,
         "strategy": plan.strategy,
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.config.items()},
@@ -42,7 +50,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "memory": asdict(plan.memory),
         "predicted": asdict(p) if (p := prediction(plan)) else None,
         "resume": plan.options.resume,
-        "files": rendered.files,          # exactly what the launch writes into run_dir
+        "files": rendered.files,  # exactly what the launch writes into run_dir
         "notes": list(plan.notes),
     }
 
@@ -51,7 +59,7 @@ def dry_run(req: Request, as_json: bool) -> int:
     from ..plan.topology import check_listed_gpus
 
     plan = build_plan(req)
-    if plan.profile.device == "cuda":   # the launch's CUDA_VISIBLE_DEVICES check, without torch or a GPU here
+    if plan.profile.device == "cuda":  # the launch's CUDA_VISIBLE_DEVICES check, without torch or a GPU here
         check_listed_gpus(plan.topology, os.environ, profile=plan.profile.name)
     run_dir = plan.run_dir
     rendered = render(plan, run_dir)
@@ -64,7 +72,7 @@ def dry_run(req: Request, as_json: bool) -> int:
     else:
         print_plan(plan, rendered, run_dir, size)
         print("\n(dry run: nothing was written or started)")
-    if too_big:                      # the launch would refuse it: so does its dry run
+    if too_big:  # the launch would refuse it: so does its dry run
         print(f"error: {too_big}", file=sys.stderr)
         return EXIT_USAGE
     if plan.memory.fits is False and plan.options.task == "train":  # the launch would refuse it: so does its dry run
@@ -81,44 +89,61 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
     gpu_ids = topo.gpu_ids + (f" = CUDA_VISIBLE_DEVICES {listed}" if listed is not None else "")
     default = "NOT SET: --set ref_vae_path=... is required on GPUs"
     default_data = "NOT SET: --set data_root=... is required on GPUs"
-    cache = plan.options.task == "cache"     # a cache job encodes: no optimizer, checkpoints or validation
+    cache = plan.options.task == "cache"  # a cache job encodes: no optimizer, checkpoints or validation
     out = [
-        f"taehv-launch {'cache ' if cache else ''}{plan.gpus} {plan.profile.name}: "
-        f"{plan.profile.description}",
+        f"taehv-launch {'cache ' if cache else ''}{plan.gpus} {plan.profile.name}: {plan.profile.description}",
         f"  rows      {plan.row_source}",
         f"  topology  {topo.num_machines} node(s) x {topo.gpus_per_machine} "
         f"{'processes' if plan.profile.device == 'cpu' else 'GPUs'}, this is node {topo.machine_rank} "
         f"(GPU ids {gpu_ids}), master {topo.main_process_ip}:{topo.main_process_port}  [{topo.source}]",
-        *([f"  batch     {plan.batch_arithmetic()}",
-           f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
-           f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
-           *([f"  strategy  {plan.strategy}"] if plan.strategy else [])]
-          if not cache else
-          [f"  encode    micro-batch {c['micro_batch_size']} (clips per reference encode call) per process, "
-           f"{plan.world_size} in all; nothing is trained"]),
+        *(
+            [
+                f"  batch     {plan.batch_arithmetic()}",
+                f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
+                f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
+                *([f"  strategy  {plan.strategy}"] if plan.strategy else []),
+            ]
+            if not cache
+            else [
+                f"  encode    micro-batch {c['micro_batch_size']} (clips per reference encode call) per process, "
+                f"{plan.world_size} in all; nothing is trained"
+            ]
+        ),
         f"  clips     {c['n_frames']} frames of {c['height']}x{c['width']}, stride {c['min_frame_delta']}-"
         f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default}{' = built-in tiny demo VAE' if demo_vae and c['ref_vae_path'] == demo_vae else ''})",
         f"  data      {c['data_root'] or default_data}{' (built-in synthetic demo videos)' if demo_data and c['data_root'] == demo_data else ''}",
         *([] if cache else [f"  decode    {decode_line(plan)}"]),
-        f"  timeouts  process group {c['nccl_timeout']} s" + ("" if cache else
-                                                             f"; checkpoint every {c['checkpointing_steps']}, "
-                                                             f"validate every {c['validation_steps']}, "
-                                                             f"log every {c['log_every']}"),
+        f"  timeouts  process group {c['nccl_timeout']} s"
+        + (
+            ""
+            if cache
+            else f"; checkpoint every {c['checkpointing_steps']}, "
+            f"validate every {c['validation_steps']}, "
+            f"log every {c['log_every']}"
+        ),
         f"  run dir   {run_dir}",
-        "  env       " + (", ".join(f"{k}={v.value}" + (" (kept)" if v.kept else "")
-                                    for k, v in rendered.env.items()) or "-"),
+        "  env       "
+        + (", ".join(f"{k}={v.value}" + (" (kept)" if v.kept else "") for k, v in rendered.env.items()) or "-"),
         "  command   " + " ".join(rendered.argv),
     ]
     if c["latent_cache"]:
-        out.append(f"  cache     {c['latent_cache']}: " + (
-            f"write {c['cache_views']} views per video, {c['latent_cache_dtype']}, shards of {c['cache_shard_size']}"
-            if plan.options.task == "cache" else f"train on its latents (reference encode: {c['latent_cache_encode']})"))
+        out.append(
+            f"  cache     {c['latent_cache']}: "
+            + (
+                f"write {c['cache_views']} views per video, {c['latent_cache_dtype']}, shards of {c['cache_shard_size']}"
+                if plan.options.task == "cache"
+                else f"train on its latents (reference encode: {c['latent_cache_encode']})"
+            )
+        )
     if cache:
         from .cachesize import free_space
 
         free, probe = free_space(c["latent_cache"])
-        out.append(f"  size      {size.line()}; {free / 1e9:.2f} GB free at {probe}" if size is not None else
-                   "  size      not known yet: the videos are listed when the job starts (the demo makes its own)")
+        out.append(
+            f"  size      {size.line()}; {free / 1e9:.2f} GB free at {probe}"
+            if size is not None
+            else "  size      not known yet: the videos are listed when the job starts (the demo makes its own)"
+        )
     if (p := prediction(plan)) is not None:
         out.append(f"  predicted {p.line(plan.world_size, c['max_train_steps'])}")
     mem = plan.memory
@@ -144,7 +169,8 @@ def decode_line(plan: Plan) -> str:
     cpu = f"OpenCV on the CPU in {workers} DataLoader workers per process"
     if c["video_decoder"] == "opencv" or plan.profile.device == "cpu":
         return cpu
-    nv = (f"NVDEC on the GPU (PyNvVideoCodec, {c['video_decode_threads']} threads per process, H.264; other codecs "
-          f"and files NVDEC refuses on the CPU)")
+    nv = (
+        f"NVDEC on the GPU (PyNvVideoCodec, {c['video_decode_threads']} threads per process, H.264; other codecs "
+        f"and files NVDEC refuses on the CPU)"
+    )
     return nv if c["video_decoder"] == "nvdec" else f"{nv} where installed (the [nvdec] extra), else {cpu}"
-

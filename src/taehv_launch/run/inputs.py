@@ -33,8 +33,10 @@ def check_data_root(data_root: str) -> None:
         if any(f.lower().endswith(VIDEO_EXTENSIONS) and os.path.isfile(os.path.join(folder, f)) for f in files):
             return
         dirs.sort()
-    raise DataError(f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
-                    f"your videos or give an annotation_file")
+    raise DataError(
+        f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
+        f"your videos or give an annotation_file"
+    )
 
 
 def check_reference_folder(path: str, kind: str, latent_channels: int) -> None:
@@ -57,9 +59,12 @@ def check_reference_folder(path: str, kind: str, latent_channels: int) -> None:
     if found and found != family.class_name:
         other = family_of_class(found)
         hint = f"set ref_vae_type={other.name}" if other else f"use a {family.class_name} folder"
-        raise ModelError(f"{cfg_file.parent} is an {found}, not the {family.class_name} that ref_vae_type={kind} "
-                         f"needs: {hint}")
+        raise ModelError(
+            f"{cfg_file.parent} is an {found}, not the {family.class_name} that ref_vae_type={kind} needs: {hint}"
+        )
     channels = cfg.get(family.channels_key)
     if isinstance(channels, int) and channels != latent_channels:
-        raise ConfigError(f"the reference VAE at {path} has {channels} latent channels but "
-                          f"latent_channels={latent_channels}: set --set latent_channels={channels}")
+        raise ConfigError(
+            f"the reference VAE at {path} has {channels} latent channels but "
+            f"latent_channels={latent_channels}: set --set latent_channels={channels}"
+        )

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-import psutil   # accelerate depends on it; imported here, never inside a signal handler
+import psutil  # accelerate depends on it; imported here, never inside a signal handler
 
 from ..errors import EXIT_ABORTED, LaunchError
 from ..files import write_atomic
@@ -73,17 +73,20 @@ def prepare_run_dir(plan: Plan, run_dir: Path, lock: RunLock) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise LaunchError(f"cannot write to {run_dir}: {exc.strerror or exc}; "
-                          f"pass a writable --set output_dir=...") from None
+        raise LaunchError(
+            f"cannot write to {run_dir}: {exc.strerror or exc}; pass a writable --set output_dir=..."
+        ) from None
     free = shutil.disk_usage(run_dir).free
     if free < MIN_FREE_BYTES:
-        raise LaunchError(f"only {free / 2**30:.1f} GiB free under {run_dir}: checkpoints need more; "
-                          f"free space or choose another --set output_dir")
+        raise LaunchError(
+            f"only {free / 2**30:.1f} GiB free under {run_dir}: checkpoints need more; "
+            f"free space or choose another --set output_dir"
+        )
     lock.acquire()
     if plan.topology.machine_rank == 0:
-        for tmp in run_dir.glob(f"{WRITING_PREFIX}checkpoint-*"):      # a checkpoint a killed run never finished
+        for tmp in run_dir.glob(f"{WRITING_PREFIX}checkpoint-*"):  # a checkpoint a killed run never finished
             shutil.rmtree(tmp, ignore_errors=True)
-    if plan.topology.machine_rank == 0 and plan.options.task == "train":   # `latest` is the newest training run
+    if plan.topology.machine_rank == 0 and plan.options.task == "train":  # `latest` is the newest training run
         point_latest(output_dir, run_dir)
 
 
@@ -93,21 +96,33 @@ def check_port_free(plan: Plan) -> None:
     if topo.machine_rank != 0 or topo.world_size == 1:
         return
     if not port_free(topo.main_process_port):
-        raise LaunchError(f"port {topo.main_process_port} is in use on this node: pass --master-port "
-                          f"with a free port (or stop the process holding it)")
+        raise LaunchError(
+            f"port {topo.main_process_port} is in use on this node: pass --master-port "
+            f"with a free port (or stop the process holding it)"
+        )
 
 
 def env_record(plan: Plan, rendered: Rendered) -> str:
     topo = plan.topology
-    return json.dumps({
-        "exported": rendered.exported(),
-        "kept_from_environment": {k: v.value for k, v in rendered.env.items() if v.kept},
-        "reasons": {k: v.reason for k, v in rendered.env.items()},
-        "command": rendered.argv,
-        "topology": {"num_machines": topo.num_machines, "machine_rank": topo.machine_rank,
-                     "gpus_per_machine": topo.gpus_per_machine, "source": topo.source},
-        "python": sys.executable,
-    }, indent=2) + "\n"
+    return (
+        json.dumps(
+            {
+                "exported": rendered.exported(),
+                "kept_from_environment": {k: v.value for k, v in rendered.env.items() if v.kept},
+                "reasons": {k: v.reason for k, v in rendered.env.items()},
+                "command": rendered.argv,
+                "topology": {
+                    "num_machines": topo.num_machines,
+                    "machine_rank": topo.machine_rank,
+                    "gpus_per_machine": topo.gpus_per_machine,
+                    "source": topo.source,
+                },
+                "python": sys.executable,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def read_status(run_dir: Path, node: int) -> dict | None:
@@ -175,11 +190,11 @@ class SignalRelay:
         self.events.append((signum, time.monotonic()))
         try:
             os.write(self._write, b"s")
-        except OSError:       # the pipe is full: the thread has wake-ups enough queued
+        except OSError:  # the pipe is full: the thread has wake-ups enough queued
             pass
 
     def close(self) -> None:
-        os.close(self._write)   # the thread reads EOF and ends
+        os.close(self._write)  # the thread reads EOF and ends
         self._thread.join(timeout=5)
         os.close(self._read)
 
@@ -196,7 +211,7 @@ class SignalRelay:
         try:
             self.log.write(msg.encode())
             self.log.flush()
-        except (OSError, ValueError):    # the log is closed: the launch has ended
+        except (OSError, ValueError):  # the log is closed: the launch has ended
             pass
 
     def _act(self, i: int) -> None:
@@ -207,8 +222,10 @@ class SignalRelay:
             what = "cache job" if self.task == "cache" else "trainer"
             if pids:
                 save = "finish its shard" if self.task == "cache" else "save a checkpoint"
-                self._say(f"taehv-launch: got {name}: asking the {what} to {save} and stop (signal again to "
-                          f"abort at once; a repeat within {REPEAT_WINDOW_S:g} s counts as this one)\n")
+                self._say(
+                    f"taehv-launch: got {name}: asking the {what} to {save} and stop (signal again to "
+                    f"abort at once; a repeat within {REPEAT_WINDOW_S:g} s counts as this one)\n"
+                )
                 for pid in pids:
                     try:
                         os.kill(pid, RELAY_SIGNAL)
@@ -234,7 +251,7 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
     status_file.unlink(missing_ok=True)
     env = {**os.environ, **rendered.exported()}
     if sys.stdout.isatty():
-        env["TAEHV_TTY"] = "1"      # the trainer shows a progress bar only for a person at a terminal
+        env["TAEHV_TTY"] = "1"  # the trainer shows a progress bar only for a person at a terminal
     with open(log_path, "ab") as log:
         log.write(f"\n=== taehv-launch {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(rendered.argv)}\n".encode())
         log.flush()
@@ -242,11 +259,18 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
             if not shutil.which(rendered.argv[0]):
                 raise FileNotFoundError(errno.ENOENT, "not found")
             child_argv = [sys.executable, "-m", "taehv_launch.run.agent", *rendered.argv]
-            child = subprocess.Popen(child_argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            child = subprocess.Popen(
+                child_argv,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
-            raise LaunchError(f"cannot start {rendered.argv[0]}: {exc.strerror or exc}; "
-                              f"is accelerate installed in this environment?") from None
+            raise LaunchError(
+                f"cannot start {rendered.argv[0]}: {exc.strerror or exc}; is accelerate installed in this environment?"
+            ) from None
         relay = SignalRelay(child.pid, log, plan.options.task)
         previous = {s: signal.signal(s, relay.handler) for s in STOP_SIGNALS}
         try:
@@ -261,7 +285,7 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
         return EXIT_ABORTED
     code = int(status.get("code", code)) if status is not None else (code if code >= 0 else 128 - code)
     if code == 0 and plan.topology.machine_rank == 0:
-        (run_dir / REQUEUE).unlink(missing_ok=True)    # the requeued run has finished
+        (run_dir / REQUEUE).unlink(missing_ok=True)  # the requeued run has finished
     return code
 
 
@@ -276,7 +300,7 @@ def final_state(line: bytes) -> bytes:
     body = line.rstrip(b"\r\n")
     if b"\r" not in body:
         return line
-    return body.rsplit(b"\r", 1)[-1] + line[len(body):].replace(b"\r", b"")
+    return body.rsplit(b"\r", 1)[-1] + line[len(body) :].replace(b"\r", b"")
 
 
 # torchrun's agent logs a rank's non-zero exit as an error ("E1124 ... torch/distributed/elastic/...

@@ -38,17 +38,22 @@ class RunLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise LaunchError(f"cannot create the run lock {self.path}: {exc.strerror or exc}; pass a writable "
-                              f"--set output_dir=...") from None
+            raise LaunchError(
+                f"cannot create the run lock {self.path}: {exc.strerror or exc}; pass a writable --set output_dir=..."
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise LaunchError(f"cannot lock {self.path}: {exc.strerror or exc}; the filesystem does not "
-                                  f"support locks: use another --set output_dir") from None
-            raise LaunchError(f"{self.path.parent} is in use by another launch ({self._holder()}): wait for it "
-                              f"to end, or pass another --run-name") from None
+                raise LaunchError(
+                    f"cannot lock {self.path}: {exc.strerror or exc}; the filesystem does not "
+                    f"support locks: use another --set output_dir"
+                ) from None
+            raise LaunchError(
+                f"{self.path.parent} is in use by another launch ({self._holder()}): wait for it "
+                f"to end, or pass another --run-name"
+            ) from None
         self.fd = fd
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)

@@ -27,17 +27,17 @@ TRAINER_SCRIPT = Path(__file__).resolve().parent.parent / "train" / "main.py"
 class EnvVar:
     value: str
     reason: str
-    kept: bool = False          # True: the user or site already set it, we left it alone
+    kept: bool = False  # True: the user or site already set it, we left it alone
 
 
 @dataclass(frozen=True, kw_only=True)
 class Rendered:
-    files: dict[str, str]                      # run-dir relative name -> text
+    files: dict[str, str]  # run-dir relative name -> text
     accelerate: dict[str, Any]
     deepspeed: dict[str, Any] | None
-    env: dict[str, EnvVar]                     # what the launch exports (or found already set)
+    env: dict[str, EnvVar]  # what the launch exports (or found already set)
     argv: list[str]
-    node_suffix: str = ""                      # "" on node 0, ".node<k>" on the others
+    node_suffix: str = ""  # "" on node 0, ".node<k>" on the others
     notes: list[str] = field(default_factory=list)
 
     def exported(self) -> dict[str, str]:
@@ -52,13 +52,20 @@ def deepspeed_config(plan: Plan) -> dict[str, Any] | None:
         return None
     stage = c["zero_stage"]
     bucket = c["bucket_size_mb"] * 1_000_000 if c["bucket_size_mb"] else int(plan.row.bucket)
-    zero: dict[str, Any] = {"stage": stage, "overlap_comm": plan.profile.device == "cuda",
-                            "contiguous_gradients": True, "reduce_bucket_size": bucket}
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": plan.profile.device == "cuda",
+        "contiguous_gradients": True,
+        "reduce_bucket_size": bucket,
+    }
     if stage <= 2:
         zero |= {"allgather_partitions": True, "allgather_bucket_size": bucket, "reduce_scatter": True}
     else:
-        zero |= {"stage3_prefetch_bucket_size": bucket, "stage3_param_persistence_threshold": 100_000,
-                 "stage3_gather_16bit_weights_on_model_save": False}
+        zero |= {
+            "stage3_prefetch_bucket_size": bucket,
+            "stage3_param_persistence_threshold": 100_000,
+            "stage3_gather_16bit_weights_on_model_save": False,
+        }
     return {
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": c["micro_batch_size"],
@@ -68,7 +75,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any] | None:
         "fp16": {"enabled": c["mixed_precision"] == "fp16", "loss_scale": 0, "initial_scale_power": 16},
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,          # our own logging; DeepSpeed's would go to stdout
+        "steps_per_print": 10**9,  # our own logging; DeepSpeed's would go to stdout
         "wall_clock_breakdown": False,
     }
 
@@ -79,7 +86,7 @@ def accelerate_config(plan: Plan, run_dir: Path, env: Mapping[str, str]) -> dict
     if plan.uses_deepspeed:
         dist = "DEEPSPEED"
     elif topo.world_size > 1:
-        dist = "MULTI_GPU"       # on CPU too: with ACCELERATE_USE_CPU=1 this is real gloo DDP (PLATFORM.md)
+        dist = "MULTI_GPU"  # on CPU too: with ACCELERATE_USE_CPU=1 this is real gloo DDP (PLATFORM.md)
     else:
         dist = "NO"
     cfg: dict[str, Any] = {
@@ -104,7 +111,7 @@ def accelerate_config(plan: Plan, run_dir: Path, env: Mapping[str, str]) -> dict
         cfg["deepspeed_config"] = {
             "deepspeed_config_file": str(run_dir / "deepspeed.json"),
             "zero3_init_flag": False,
-            "deepspeed_multinode_launcher": "standard",   # one launcher per node, like torchrun
+            "deepspeed_multinode_launcher": "standard",  # one launcher per node, like torchrun
         }
     else:
         cfg["mixed_precision"] = c["mixed_precision"]
@@ -125,9 +132,13 @@ def environment(plan: Plan, env: Mapping[str, str], cpu_count: int) -> dict[str,
     else:
         want["PYTORCH_CUDA_ALLOC_CONF"] = (plan.profile.alloc_conf, f"{plan.profile.name} allocator settings")
         want["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = (
-            "1", "a failed collective aborts the job instead of hanging (replaces the seeds' BLOCKING_WAIT)")
-        want["NCCL_BUFFSIZE"] = (str(nccl_buffsize_for(topo.num_machines)),
-                                 f"{nccl_buffsize_for(topo.num_machines) >> 20} MiB for {topo.num_machines} node(s)")
+            "1",
+            "a failed collective aborts the job instead of hanging (replaces the seeds' BLOCKING_WAIT)",
+        )
+        want["NCCL_BUFFSIZE"] = (
+            str(nccl_buffsize_for(topo.num_machines)),
+            f"{nccl_buffsize_for(topo.num_machines) >> 20} MiB for {topo.num_machines} node(s)",
+        )
         if topo.num_machines > 1:
             want["NCCL_IB_DISABLE"] = ("0", "multi-node: use InfiniBand when present")
             want["NCCL_SOCKET_NTHREADS"] = ("8", "multi-node socket transport (seed value)")
@@ -150,8 +161,13 @@ def environment(plan: Plan, env: Mapping[str, str], cpu_count: int) -> dict[str,
     return out
 
 
-def render(plan: Plan, run_dir: Path, env: Mapping[str, str] | None = None,
-           cpu_count: int | None = None, accelerate_bin: str | None = None) -> Rendered:
+def render(
+    plan: Plan,
+    run_dir: Path,
+    env: Mapping[str, str] | None = None,
+    cpu_count: int | None = None,
+    accelerate_bin: str | None = None,
+) -> Rendered:
     env = dict(os.environ if env is None else env)
     cpu_count = cpu_count or os.cpu_count() or 1
     topo = plan.topology
@@ -160,13 +176,23 @@ def render(plan: Plan, run_dir: Path, env: Mapping[str, str] | None = None,
     suffix = node_suffix(topo.machine_rank)
     files = {
         "config.py": render_config_file(plan.config, header=_config_header(plan)),
-        "accelerate.yaml": yaml_text(acc),     # every string quoted, as accelerate reads it back
+        "accelerate.yaml": yaml_text(acc),  # every string quoted, as accelerate reads it back
     }
     if ds is not None:
         files["deepspeed.json"] = json.dumps(ds, indent=2) + "\n"
-    argv = [accelerate_bin or _accelerate_bin(), "launch", "--config_file", str(run_dir / "accelerate.yaml"),
-            "--machine_rank", str(topo.machine_rank), str(TRAINER_SCRIPT),
-            "--config", str(run_dir / "config.py"), "--run-dir", str(run_dir)]
+    argv = [
+        accelerate_bin or _accelerate_bin(),
+        "launch",
+        "--config_file",
+        str(run_dir / "accelerate.yaml"),
+        "--machine_rank",
+        str(topo.machine_rank),
+        str(TRAINER_SCRIPT),
+        "--config",
+        str(run_dir / "config.py"),
+        "--run-dir",
+        str(run_dir),
+    ]
     if plan.options.task != "train":
         argv += ["--task", plan.options.task]
     if plan.options.resume:
@@ -175,8 +201,9 @@ def render(plan: Plan, run_dir: Path, env: Mapping[str, str] | None = None,
         argv.append("--debug")
     if plan.options.profile_run:
         argv.append("--profile")
-    return Rendered(files=files, accelerate=acc, deepspeed=ds, env=environment(plan, env, cpu_count),
-                    argv=argv, node_suffix=suffix)
+    return Rendered(
+        files=files, accelerate=acc, deepspeed=ds, env=environment(plan, env, cpu_count), argv=argv, node_suffix=suffix
+    )
 
 
 def _accelerate_bin() -> str:
@@ -186,6 +213,8 @@ def _accelerate_bin() -> str:
 
 
 def _config_header(plan: Plan) -> str:
-    return (f"Resolved by taehv-launch for `{plan.gpus} {plan.profile.name}`: {plan.row_source}.\n"
-            f"{plan.batch_arithmetic()}.\n"
-            "Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust.")
+    return (
+        f"Resolved by taehv-launch for `{plan.gpus} {plan.profile.name}`: {plan.row_source}.\n"
+        f"{plan.batch_arithmetic()}.\n"
+        "Precedence: --set > --config > profile row > profile > defaults. Python: only run files you trust."
+    )

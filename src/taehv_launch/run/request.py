@@ -45,8 +45,9 @@ def parse_gpus(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(f"GPU count must be a whole number like 1, 8 or 16, got {text!r} "
-                          f"(usage: taehv-launch GPUS PROFILE)") from None
+        raise ConfigError(
+            f"GPU count must be a whole number like 1, 8 or 16, got {text!r} (usage: taehv-launch GPUS PROFILE)"
+        ) from None
 
 
 def build_plan(req: Request, env: dict[str, str] | None = None, local: bool = True) -> Plan:
@@ -56,34 +57,55 @@ def build_plan(req: Request, env: dict[str, str] | None = None, local: bool = Tr
     env = dict(os.environ if env is None else env)
     gpus = parse_gpus(req.gpus)
     for item in req.sets:
-        check_text("--set", item)       # a NUL byte breaks even a path lookup
+        check_text("--set", item)  # a NUL byte breaks even a path lookup
     if req.config:
         check_path("--config", req.config)
     file = load_config_file(req.config) if req.config else ConfigFile({}, [], {})
     set_values = parse_sets(req.sets)
-    get_profile(req.profile)   # an unknown profile is the first thing to report
+    get_profile(req.profile)  # an unknown profile is the first thing to report
     if "world_size" in file.launch and file.launch["world_size"] != gpus:
-        raise ConfigError(f"{req.config} says world_size={file.launch['world_size']} but the command asks for {gpus} "
-                          f"GPUs: run `taehv-launch {file.launch['world_size']} {req.profile} ...` or drop world_size")
+        raise ConfigError(
+            f"{req.config} says world_size={file.launch['world_size']} but the command asks for {gpus} "
+            f"GPUs: run `taehv-launch {file.launch['world_size']} {req.profile} ...` or drop world_size"
+        )
     master_port = req.master_port if req.master_port is not None else file.launch.get("master_port")
-    topology = detect_topology(gpus, env, num_nodes=req.num_nodes, node_rank=req.node_rank,
-                               master_addr=req.master_addr, master_port=master_port,
-                               gpus_per_node=req.gpus_per_node, profile=req.profile)
+    topology = detect_topology(
+        gpus,
+        env,
+        num_nodes=req.num_nodes,
+        node_rank=req.node_rank,
+        master_addr=req.master_addr,
+        master_port=master_port,
+        gpus_per_node=req.gpus_per_node,
+        profile=req.profile,
+    )
     env_values, notes = environment_values(env), list(file.notes)
     if env_values and "nccl_timeout" not in {**file.values, **set_values}:
         notes.append(f"NCCL_TIMEOUT={env['NCCL_TIMEOUT']} from the environment sets nccl_timeout")
     zero = {**file.values, **set_values}.get("zero_stage")
     if "bucket_size_mb" in {**file.values, **set_values} and not zero:
-        notes.append("bucket_size_mb sizes DeepSpeed's buckets: it has no effect on plain DDP (zero_stage=0), which "
-                     "this plan runs; add --set zero_stage=N to use DeepSpeed ZeRO-N")
-    plan = resolve(gpus, req.profile, topology, file_values=file.values, set_values=set_values,
-                   env_values=env_values, options=req.options, notes=tuple(notes))
+        notes.append(
+            "bucket_size_mb sizes DeepSpeed's buckets: it has no effect on plain DDP (zero_stage=0), which "
+            "this plan runs; add --set zero_stage=N to use DeepSpeed ZeRO-N"
+        )
+    plan = resolve(
+        gpus,
+        req.profile,
+        topology,
+        file_values=file.values,
+        set_values=set_values,
+        env_values=env_values,
+        options=req.options,
+        notes=tuple(notes),
+    )
     for key in PATH_KEYS:
         if plan.config[key]:
             check_path(key, str(plan.config[key]))
     if req.options.task == "cache" and not plan.config["latent_cache"]:
-        raise ConfigError("taehv-launch cache needs --set latent_cache=DIR: the folder the latents go to "
-                          "(training then reads it with the same --set)")
+        raise ConfigError(
+            "taehv-launch cache needs --set latent_cache=DIR: the folder the latents go to "
+            "(training then reads it with the same --set)"
+        )
     return settle(plan, env, local)
 
 
@@ -95,8 +117,9 @@ def environment_values(env: dict[str, str]) -> dict[str, int]:
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"NCCL_TIMEOUT={raw!r} is not a whole number of seconds: unset it or use "
-                          f"--set nccl_timeout=SECONDS") from None
+        raise ConfigError(
+            f"NCCL_TIMEOUT={raw!r} is not a whole number of seconds: unset it or use --set nccl_timeout=SECONDS"
+        ) from None
     if value < 1:
         raise ConfigError(f"NCCL_TIMEOUT={raw} must be at least 1 second: unset it or use --set nccl_timeout=SECONDS")
     return {"nccl_timeout": value}
@@ -121,21 +144,37 @@ def settle(plan: Plan, env: dict[str, str], local: bool = True) -> Plan:
             note = layout_change_note(ckpt, plan.world_size, config)
             notes += [n for n in (note, family_note) if n]
             if not explicit_run:
-                run_dir, source = ckpt.parent, "resumed run"     # continue the run the checkpoint belongs to
+                run_dir, source = ckpt.parent, "resumed run"  # continue the run the checkpoint belongs to
         options = replace(options, resume=str(ckpt) if ckpt else None)
     demo = ("", "")
     if plan.profile.device == "cpu":
         demo = demo_paths(demo_cache_dir(env), config["ref_vae_type"], config["latent_channels"])
-        config = {**config, "data_root": config["data_root"] or demo[0],
-                  "ref_vae_path": config["ref_vae_path"] or (demo[1] if config["use_ref_vae"] else "")}
+        config = {
+            **config,
+            "data_root": config["data_root"] or demo[0],
+            "ref_vae_path": config["ref_vae_path"] or (demo[1] if config["use_ref_vae"] else ""),
+        }
     if config["latent_cache"] and options.task == "train" and local:
         check_latent_cache(config)
-    if options.task == "cache" and local and Path(config["latent_cache"]).expanduser().exists() \
-            and not Path(config["latent_cache"]).expanduser().is_dir():
-        raise ConfigError(f"latent_cache={config['latent_cache']} is a file: give a folder (new, or the one an "
-                          f"earlier cache job of this config wrote)")
-    return replace(plan, run_dir=run_dir, run_id_source=source, options=options, config=config, notes=tuple(notes),
-                   demo_assets=demo)
+    if (
+        options.task == "cache"
+        and local
+        and Path(config["latent_cache"]).expanduser().exists()
+        and not Path(config["latent_cache"]).expanduser().is_dir()
+    ):
+        raise ConfigError(
+            f"latent_cache={config['latent_cache']} is a file: give a folder (new, or the one an "
+            f"earlier cache job of this config wrote)"
+        )
+    return replace(
+        plan,
+        run_dir=run_dir,
+        run_id_source=source,
+        options=options,
+        config=config,
+        notes=tuple(notes),
+        demo_assets=demo,
+    )
 
 
 def check_latent_cache(config: dict[str, Any]) -> None:
@@ -157,7 +196,7 @@ def prediction(plan: Plan) -> Prediction | None:
     from_step, own = 0, None
     if plan.options.resume:
         ckpt = Path(plan.options.resume)
-        from_step = int(read_state(ckpt).get("step", 0))     # settle() has read it once already: readable
+        from_step = int(read_state(ckpt).get("step", 0))  # settle() has read it once already: readable
         try:
             speed = json.loads((ckpt.parent / "speed.json").read_text())
             if int(speed.get("world_size", 0)) == plan.world_size:
@@ -165,5 +204,3 @@ def prediction(plan: Plan) -> Prediction | None:
         except (OSError, ValueError, KeyError, TypeError):
             pass
     return predict(plan.profile.name, plan.config, plan.world_size, plan.topology.num_machines, from_step, own)
-
-

@@ -22,8 +22,10 @@ def run_id_for(run_name: str | None, job_id: str | None, now: float | None = Non
     """(run id, where it came from): --run-name, else the scheduler's job id, else a timestamp."""
     if run_name:
         if not RUN_ID_RE.match(run_name):
-            raise ConfigError(f"--run-name {run_name!r} must be letters, digits, '.', '_' or '-' "
-                              f"(at most 128, not starting with a symbol)")
+            raise ConfigError(
+                f"--run-name {run_name!r} must be letters, digits, '.', '_' or '-' "
+                f"(at most 128, not starting with a symbol)"
+            )
         return run_name, "--run-name"
     if job_id:
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:120]
@@ -66,13 +68,17 @@ def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple
     incomplete is an error.
     """
     if resume == THIS_RUN and run_dir is None:
-        raise CheckpointError("--resume this-run needs a named run: pass --run-name NAME, or run under a "
-                              "scheduler job id (SLURM_JOB_ID, a Kubernetes Job name)")
+        raise CheckpointError(
+            "--resume this-run needs a named run: pass --run-name NAME, or run under a "
+            "scheduler job id (SLURM_JOB_ID, a Kubernetes Job name)"
+        )
     if resume in (THIS_RUN, "auto") and run_dir is not None:
         found, skipped = newest_complete(run_dir, verify=True) if run_dir.is_dir() else (None, [])
         if found is None:
-            skipped.append(f"--resume {resume}: no complete checkpoint in {run_dir} yet; starting from scratch "
-                           f"(a named run resumes only its own checkpoints)")
+            skipped.append(
+                f"--resume {resume}: no complete checkpoint in {run_dir} yet; starting from scratch "
+                f"(a named run resumes only its own checkpoints)"
+            )
         return found, skipped
     if resume == "auto":
         notes: list[str] = []
@@ -84,31 +90,42 @@ def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple
             found, skipped = newest_complete(candidate, verify=True)
             notes += skipped
             if found is not None:
-                return found, notes + [f"--resume auto: continuing run {found.parent.name} from {found.name} "
-                                       f"(in {found.parent})"]
+                return found, notes + [
+                    f"--resume auto: continuing run {found.parent.name} from {found.name} (in {found.parent})"
+                ]
         return None, notes + ["--resume auto: no complete checkpoint found; starting from scratch"]
     path = Path(resume).expanduser()
     if not path.exists():
-        raise CheckpointError(f"resume checkpoint {str(path)!r} does not exist: pass a checkpoint-<step> "
-                              f"folder, a run folder, or --resume auto")
+        raise CheckpointError(
+            f"resume checkpoint {str(path)!r} does not exist: pass a checkpoint-<step> "
+            f"folder, a run folder, or --resume auto"
+        )
     if not path.is_dir():
-        raise CheckpointError(f"--resume {str(path)!r} is a file, not a checkpoint: pass a checkpoint-<step> "
-                              f"folder, a run folder, or --resume auto")
-    if checkpoint_step(path) is None and path.is_dir():   # a run directory
+        raise CheckpointError(
+            f"--resume {str(path)!r} is a file, not a checkpoint: pass a checkpoint-<step> "
+            f"folder, a run folder, or --resume auto"
+        )
+    if checkpoint_step(path) is None and path.is_dir():  # a run directory
         found, skipped = newest_complete(path, verify=True)
         if found is None:
-            raise CheckpointError(f"run folder {path} has no complete checkpoint"
-                                  + (f" ({'; '.join(skipped)})" if skipped else "")
-                                  + ": pass another folder or start without --resume")
+            raise CheckpointError(
+                f"run folder {path} has no complete checkpoint"
+                + (f" ({'; '.join(skipped)})" if skipped else "")
+                + ": pass another folder or start without --resume"
+            )
         return found, skipped
     why = incomplete_reason(path)
     if why is not None:
-        raise CheckpointError(f"checkpoint {path} is incomplete ({why}): pass an older checkpoint or "
-                              f"--resume auto to take the newest complete one")
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete ({why}): pass an older checkpoint or "
+            f"--resume auto to take the newest complete one"
+        )
     why, note = checksum_problem(path)
     if why is not None:
-        raise CheckpointError(f"checkpoint {path} is damaged: {why}; pass an older checkpoint or "
-                              f"--resume auto to take the newest intact one")
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: {why}; pass an older checkpoint or "
+            f"--resume auto to take the newest intact one"
+        )
     return path, [note] if note else []
 
 
@@ -120,5 +137,3 @@ def point_latest(output_dir: Path, run_dir: Path) -> None:
         tmp.unlink()
     os.symlink(os.path.relpath(run_dir, output_dir), tmp)
     os.replace(tmp, link)
-
-

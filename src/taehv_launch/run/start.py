@@ -18,34 +18,36 @@ def launch(req: Request) -> int:
     from .lock import RunLock
     from .toolcheck import check_accelerate_yaml, check_deepspeed_config
 
-    plan = build_plan(req)      # resolves --resume and refuses a checkpoint that cannot continue
-    if plan.memory.fits is False and plan.options.task == "train":    # a cache job only encodes
+    plan = build_plan(req)  # resolves --resume and refuses a checkpoint that cannot continue
+    if plan.memory.fits is False and plan.options.task == "train":  # a cache job only encodes
         raise ConfigError(NO_FIT + plan.memory.detail)
     run_dir, notes = plan.run_dir, []
     if plan.topology.num_machines > 1 and plan.run_id_source == "timestamp" and plan.options.run_name is None:
-        raise LaunchError("a multi-node run needs one run name on every node: pass the same --run-name "
-                          "on each node (no scheduler job id was found)")
+        raise LaunchError(
+            "a multi-node run needs one run name on every node: pass the same --run-name "
+            "on each node (no scheduler job id was found)"
+        )
     if plan.profile.device == "cuda":
         check_local_gpus(plan.topology, visible_gpus(), profile=plan.profile.name)
-    check_inputs(plan.config, plan.demo_assets)    # what the trainer would refuse first, before writing
+    check_inputs(plan.config, plan.demo_assets)  # what the trainer would refuse first, before writing
     size, too_big = cache_size_check(plan)
     if too_big:
         raise ConfigError(too_big)
     rendered = render(plan, run_dir)
     if rendered.deepspeed is not None:
         check_deepspeed_config(rendered.deepspeed, plan.world_size)
-    edge.check_port_free(plan)     # before writing: a launch that cannot start must not repoint `latest`
+    edge.check_port_free(plan)  # before writing: a launch that cannot start must not repoint `latest`
     lock = RunLock(run_dir, plan.topology.machine_rank)
-    edge.prepare_run_dir(plan, run_dir, lock)      # refuses a run dir another launch holds
-    notes += edge.write_files(run_dir, rendered.files)   # identical on every node: safe on a shared filesystem
+    edge.prepare_run_dir(plan, run_dir, lock)  # refuses a run dir another launch holds
+    notes += edge.write_files(run_dir, rendered.files)  # identical on every node: safe on a shared filesystem
     if size is not None:
         from ..dataindex.index import keep_index
 
-        keep_index(size.entries)            # the job reads the videos listed here instead of listing them again
+        keep_index(size.entries)  # the job reads the videos listed here instead of listing them again
     notes += edge.write_files(run_dir, {f"env{rendered.node_suffix}.json": edge.env_record(plan, rendered)})
     check_accelerate_yaml(run_dir / "accelerate.yaml")
-    print_plan(plan, rendered, run_dir, size)     # with the plan's notes (config file, resume)
-    for note in notes:                      # and what writing the run's files found
+    print_plan(plan, rendered, run_dir, size)  # with the plan's notes (config file, resume)
+    for note in notes:  # and what writing the run's files found
         print(f"  note      {note}")
     sys.stdout.flush()
     try:
@@ -57,8 +59,11 @@ def launch(req: Request) -> int:
     print(f"taehv-launch: {what} exited with code {code}; run: {run_dir}; log: {log}", flush=True)
     status = edge.read_status(run_dir, plan.topology.machine_rank) or {}
     if code == EXIT_ABORTED:
-        kept = ("complete shards are kept: run the same command to continue" if plan.options.task == "cache" else
-                "--resume auto continues from the newest complete checkpoint")
+        kept = (
+            "complete shards are kept: run the same command to continue"
+            if plan.options.task == "cache"
+            else "--resume auto continues from the newest complete checkpoint"
+        )
         print(f"error: stopped at once by a second signal, nothing more was saved; {kept}", file=sys.stderr)
     elif code not in (0, EXIT_RESUMABLE):
         message = status.get("message") if status.get("code") == code else None

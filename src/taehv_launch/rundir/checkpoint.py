@@ -27,26 +27,26 @@ from typing import Any
 from ..errors import EXIT_FAILED, CheckpointError
 from ..files import write_atomic
 
-COMPLETE = "COMPLETE"                 # marker file inside a finished checkpoint
-CHECKSUM = "crc32"                    # zlib.crc32 of the whole file, 8 hex digits
+COMPLETE = "COMPLETE"  # marker file inside a finished checkpoint
+CHECKSUM = "crc32"  # zlib.crc32 of the whole file, 8 hex digits
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
-STATE_FILE = "trainer_state.json"     # step, samples seen, best PSNR, layout, config
-EMA_FILE = "ema.safetensors"          # EMA TAEHV weights (also what pretrained_model_path can load)
-MODEL_FILE = "model.safetensors"      # world-size-free fp32 weights (portable.py)
-OPTIMIZER_FILE = "optimizer.safetensors"   # world-size-free AdamW moments by parameter name (portable.py)
+STATE_FILE = "trainer_state.json"  # step, samples seen, best PSNR, layout, config
+EMA_FILE = "ema.safetensors"  # EMA TAEHV weights (also what pretrained_model_path can load)
+MODEL_FILE = "model.safetensors"  # world-size-free fp32 weights (portable.py)
+OPTIMIZER_FILE = "optimizer.safetensors"  # world-size-free AdamW moments by parameter name (portable.py)
 PORTABLE_FILES = (MODEL_FILE, OPTIMIZER_FILE)
-DEEPSPEED_DIR = "deepspeed"           # DeepSpeed's own files, under ZeRO (tag "state")
-WRITING_PREFIX = ".tmp-"              # .tmp-checkpoint-<step>: being written, never resumed from
-MOMENTS = ("exp_avg", "exp_avg_sq")   # OPTIMIZER_FILE's keys: `<moment>/<parameter name>`
-PORTABLE_FORMAT = "taehv-launch portable optimizer v1"   # OPTIMIZER_FILE's metadata "format"
+DEEPSPEED_DIR = "deepspeed"  # DeepSpeed's own files, under ZeRO (tag "state")
+WRITING_PREFIX = ".tmp-"  # .tmp-checkpoint-<step>: being written, never resumed from
+MOMENTS = ("exp_avg", "exp_avg_sq")  # OPTIMIZER_FILE's keys: `<moment>/<parameter name>`
+PORTABLE_FORMAT = "taehv-launch portable optimizer v1"  # OPTIMIZER_FILE's metadata "format"
 
 
 @dataclass
 class TrainState:
     """What trainer_state.json holds (STATE_FILE): the loop's counters, the layout and the config."""
 
-    step: int = 0                    # optimizer steps done
-    samples_seen: int = 0            # per rank: clips drawn from this rank's sampler
+    step: int = 0  # optimizer steps done
+    samples_seen: int = 0  # per rank: clips drawn from this rank's sampler
     best_psnr: float = -1.0
     best_step: int = -1
     bad_steps_total: int = 0
@@ -83,8 +83,15 @@ def seraena_file(rank: int) -> str:
     return f"seraena_rank{rank}.pt"
 
 
-def estimate_bytes(taehv_params: int, disc_params: int, *, deepspeed: bool, world_size: int, use_seraena: bool,
-                   seraena_buffer_bytes: int) -> int:
+def estimate_bytes(
+    taehv_params: int,
+    disc_params: int,
+    *,
+    deepspeed: bool,
+    world_size: int,
+    use_seraena: bool,
+    seraena_buffer_bytes: int,
+) -> int:
     """An upper bound on one checkpoint: the world-size-free state (fp32 weights + AdamW moments) and
     the EMA; under ZeRO also DeepSpeed's files (training-precision weights, fp32 master copy,
     moments); per rank, Seraena's discriminator with its AdamW and the replay buffer when saved."""
@@ -170,8 +177,13 @@ def write_complete(folder: Path, step: int) -> dict:
     """List every file of a finished checkpoint folder, with sizes and checksums, in its COMPLETE
     marker (written last, atomically). Returns the marker's content."""
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE)
-    meta = {"step": step, "files": files, "sizes": {f: _size(folder / f) for f in files},
-            "checksum": CHECKSUM, "checksums": _checksums(folder, files)}
+    meta = {
+        "step": step,
+        "files": files,
+        "sizes": {f: _size(folder / f) for f in files},
+        "checksum": CHECKSUM,
+        "checksums": _checksums(folder, files),
+    }
     write_atomic(folder / COMPLETE, json.dumps(meta))
     return meta
 
@@ -216,8 +228,7 @@ def layout_name(world: int, zero: int) -> str:
     return f"{world} process(es) with {'ZeRO-' + str(zero) if zero else 'DDP'}"
 
 
-def layout_change_problem(old_world: int, old_zero: int, new_world: int, new_zero: int,
-                          path: Path) -> str | None:
+def layout_change_problem(old_world: int, old_zero: int, new_world: int, new_zero: int, path: Path) -> str | None:
     """None when a checkpoint can resume on the new layout; else what to do instead.
 
     Same layout: always (DeepSpeed's own files). Another world size or ZeRO stage: through the
@@ -228,10 +239,12 @@ def layout_change_problem(old_world: int, old_zero: int, new_world: int, new_zer
     missing = [f for f in PORTABLE_FILES if not (path / f).is_file()]
     if not missing:
         return None
-    return (f"checkpoint {path.name} was written by {layout_name(old_world, old_zero)} and has no world-size-free "
-            f"state ({', '.join(missing)} missing); this run has {layout_name(new_world, new_zero)}: use the same "
-            f"GPU count and --set zero_stage={old_zero}, or start a new run from its weights with "
-            f"--set pretrained_model_path={path / EMA_FILE}")
+    return (
+        f"checkpoint {path.name} was written by {layout_name(old_world, old_zero)} and has no world-size-free "
+        f"state ({', '.join(missing)} missing); this run has {layout_name(new_world, new_zero)}: use the same "
+        f"GPU count and --set zero_stage={old_zero}, or start a new run from its weights with "
+        f"--set pretrained_model_path={path / EMA_FILE}"
+    )
 
 
 def rotate(run_dir: Path, keep: int, best_step: int) -> list[str]:
@@ -241,7 +254,7 @@ def rotate(run_dir: Path, keep: int, best_step: int) -> list[str]:
     removable = [(s, p) for s, p in complete if s not in protected]
     excess = len(complete) - keep
     removed = []
-    for _s, p in removable[:max(0, excess)]:
+    for _s, p in removable[: max(0, excess)]:
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p.name)
     return removed

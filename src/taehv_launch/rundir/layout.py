@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REQUEUE = "REQUEUE"                   # marker in the run dir: stopped by a signal after saving
-BEST_MODEL = "best_model"             # export at the best validation PSNR
-FINAL_MODEL = "final_model"           # export at the end of training
-EXPORT_SAFETENSORS = "taehv.safetensors"   # an export's EMA TAEHV weights (loads in public taehv.py)
-EXPORT_PTH = "taehv.pth"                   # the same weights as a torch state dict
-EXPORT_META = "export.json"                # step, val PSNR, model settings of an export
+REQUEUE = "REQUEUE"  # marker in the run dir: stopped by a signal after saving
+BEST_MODEL = "best_model"  # export at the best validation PSNR
+FINAL_MODEL = "final_model"  # export at the end of training
+EXPORT_SAFETENSORS = "taehv.safetensors"  # an export's EMA TAEHV weights (loads in public taehv.py)
+EXPORT_PTH = "taehv.pth"  # the same weights as a torch state dict
+EXPORT_META = "export.json"  # step, val PSNR, model settings of an export
 
 
 def node_suffix(node: int) -> str:
-    """"" on node 0, ".node<k>" on the others: per-node files (launch log, env, exit status)."""
+    """ "" on node 0, ".node<k>" on the others: per-node files (launch log, env, exit status)."""
     return "" if node == 0 else f".node{node}"
 
 

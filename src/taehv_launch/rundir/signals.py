@@ -12,7 +12,7 @@ import signal
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 RELAY_SIGNAL = signal.SIGUSR2
-REPEAT_WINDOW_S = 2.0          # the same signal again this soon after the first is the same stop
+REPEAT_WINDOW_S = 2.0  # the same signal again this soon after the first is the same stop
 
 
 def counts_once(first: tuple[int, float], signum: int, at: float) -> bool:

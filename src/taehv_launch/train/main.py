@@ -23,8 +23,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", default=None, help="a complete checkpoint-<step> folder")
     p.add_argument("--debug", action="store_true")
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--task", choices=("train", "cache"), default="train",
-                   help="train (default), or write the latent cache (taehv-launch cache)")
+    p.add_argument(
+        "--task",
+        choices=("train", "cache"),
+        default="train",
+        help="train (default), or write the latent cache (taehv-launch cache)",
+    )
     return p.parse_args(argv)
 
 
@@ -32,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from taehv_launch.train.durability.status import write_status
     from taehv_launch.train.durability.stop import install, worker_death_message
 
-    install()          # first: a stop signal during start-up is kept, not fatal
+    install()  # first: a stop signal during start-up is kept, not fatal
     args = parse_args(argv)
     run_dir = Path(args.run_dir)
     rank = os.environ.get("RANK", "0")
@@ -41,13 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from taehv_launch.plan.configfile import read_rendered_config
         from taehv_launch.plan.schema import make_config
+
         cfg = make_config(read_rendered_config(args.config))
         if args.task == "cache":
             from taehv_launch.train.reference.cachejob import run_cache_job
 
             code, message = run_cache_job(cfg, run_dir, args.debug), "ok"
         else:
-            from taehv_launch.train.loop.trainer import train
+            from taehv_launch.train.loop.run import train
 
             code, message = train(cfg, run_dir, args.resume, args.debug, args.profile), "ok"
     except UserError as err:
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
     except Exception as exc:  # a bug or a dead peer: full traceback, the job fails
         died = worker_death_message(exc)
-        if died:          # a DataLoader worker died (OOM killer, /dev/shm): say so in one line
+        if died:  # a DataLoader worker died (OOM killer, /dev/shm): say so in one line
             code, message = EXIT_FAILED, died
             print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
         else:

@@ -24,14 +24,15 @@ import torch
 from torch.utils.data import Dataset
 
 from ...errors import ConfigError, DataError
-from .decode import _decode_path, codec_of, count_frames, header_frame_count, header_info, read_prefix
+from .decode import _decode_path, codec_of, count_frames, header_frame_count, header_info
 from ...dataindex.flat import VideoEntry, as_flat
 
 log = logging.getLogger(__name__)
 
-HEADER_CACHE = 4096          # headers kept per worker when planning for the GPU decoder (bounded: millions of files)
-MIN_SIDE = 8                # frames smaller than this (test_video.mp4 is 1x1) hold nothing to learn: broken
+HEADER_CACHE = 4096  # headers kept per worker when planning for the GPU decoder (bounded: millions of files)
+MIN_SIDE = 8  # frames smaller than this (test_video.mp4 is 1x1) hold nothing to learn: broken
 # --- decoding ---------------------------------------------------------------------------
+
 
 def worker_init_fn(worker_id: int) -> None:
     """DataLoader workers: no OpenCV thread pool per worker (N workers x N threads thrash), and
@@ -75,8 +76,13 @@ class Crop:
 
 
 def plan_crop(
-    rng: np.random.Generator | None, src_h: int, src_w: int, height: int, width: int,
-    random_flip: bool = False, random_downscale: bool = True,
+    rng: np.random.Generator | None,
+    src_h: int,
+    src_w: int,
+    height: int,
+    width: int,
+    random_flip: bool = False,
+    random_downscale: bool = True,
 ) -> Crop:
     """Where to crop a src_h x src_w video for a height x width clip; rng None = validation.
 
@@ -110,7 +116,7 @@ def _to_rgb(frame: np.ndarray) -> np.ndarray:
 
 def _apply_crop(frame: np.ndarray, crop: Crop, height: int, width: int) -> np.ndarray:
     """HWC RGB uint8 -> height x width x 3 uint8."""
-    out = frame[crop.y: crop.y + crop.h, crop.x: crop.x + crop.w]
+    out = frame[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w]
     if out.shape[:2] != (height, width):
         shrink = crop.h * crop.w > height * width
         out = cv2.resize(out, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
@@ -141,7 +147,7 @@ class Ticket:
     src: tuple[int, int] | None = None
     video: int = -1
     item: int = -1
-    codec: str = ""             # the header's codec name (decode.codec_of), "" when unknown
+    codec: str = ""  # the header's codec name (decode.codec_of), "" when unknown
 
 
 def render_clip(frames: Sequence[np.ndarray], crop: Crop, height: int, width: int) -> torch.Tensor:
@@ -165,6 +171,7 @@ def read_view(path: str, view: View, height: int, width: int) -> torch.Tensor | 
 
 
 # --- the dataset ------------------------------------------------------------------------
+
 
 class VideoClipDataset(Dataset):
     """Clips of n_frames x height x width from a list of videos.
@@ -191,7 +198,7 @@ class VideoClipDataset(Dataset):
         *,
         random_downscale: bool = True,
     ):
-        self.entries = as_flat(entries)      # flat arrays: forked workers read it without copying it
+        self.entries = as_flat(entries)  # flat arrays: forked workers read it without copying it
         if not self.entries:
             raise DataError("the dataset has no videos: check data_root / annotation_file")
         _check_sizes(height, width, n_frames, min_frame_delta, max_frame_delta)
@@ -199,10 +206,10 @@ class VideoClipDataset(Dataset):
         self.min_frame_delta, self.max_frame_delta = min_frame_delta, max_frame_delta
         self.random_flip, self.random_downscale = random_flip, random_downscale
         self.seed, self.train, self.epoch = seed, train, 0
-        self._broken: dict[str, str] = {}   # path -> why; per worker process, saves re-decoding
+        self._broken: dict[str, str] = {}  # path -> why; per worker process, saves re-decoding
         self._lengths: dict[str, int] = {}  # counted lengths of files whose header has none
-        self.defer = False                  # True: items carry a Ticket, not frames (GPU decode)
-        self._headers: dict[str, tuple[int, int, int]] = {}   # deferred planning: a bounded header cache
+        self.defer = False  # True: items carry a Ticket, not frames (GPU decode)
+        self._headers: dict[str, tuple[int, int, int]] = {}  # deferred planning: a bounded header cache
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -225,9 +232,11 @@ class VideoClipDataset(Dataset):
                 if clip is not None:
                     return {"frames": clip, "skipped": skipped}
             skipped.append(path)
-        raise DataError(f"no usable video among {len(self.entries)} files: every one is unreadable, empty, "
-                        f"shorter than n_frames={self.n_frames} frames or smaller than {MIN_SIDE}x{MIN_SIDE} pixels "
-                        f"(e.g. {skipped[0]}): check data_root / annotation_file")
+        raise DataError(
+            f"no usable video among {len(self.entries)} files: every one is unreadable, empty, "
+            f"shorter than n_frames={self.n_frames} frames or smaller than {MIN_SIDE}x{MIN_SIDE} pixels "
+            f"(e.g. {skipped[0]}): check data_root / annotation_file"
+        )
 
     def _rng(self, i: int, video: int, stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed % 2**63, self.epoch % 2**63, i, video, stream])
@@ -264,12 +273,14 @@ class VideoClipDataset(Dataset):
         if length < self.n_frames:
             return self._mark_broken(path, f"{length} frames, fewer than n_frames={self.n_frames}")
         if min(w, h) < MIN_SIDE:
-            return self._mark_broken(path, f"{w}x{h} pixels, smaller than {MIN_SIDE}" if w and h
-                                     else "no frame size in its header")
+            return self._mark_broken(
+                path, f"{w}x{h} pixels, smaller than {MIN_SIDE}" if w and h else "no frame size in its header"
+            )
         rng = (lambda stream: self._rng(i, video, stream)) if self.train else None
         wanted = plan_frames(rng(0) if rng else None, length, self.n_frames, self.min_frame_delta, self.max_frame_delta)
-        crop = plan_crop(rng(1) if rng else None, h, w, self.height, self.width, self.random_flip,
-                         self.random_downscale)
+        crop = plan_crop(
+            rng(1) if rng else None, h, w, self.height, self.width, self.random_flip, self.random_downscale
+        )
         return Ticket(path, View(tuple(wanted), crop, path not in self._lengths), (h, w), video, i, codec_of(path))
 
     def recover(self, ticket: Ticket) -> torch.Tensor | None:
@@ -284,7 +295,7 @@ class VideoClipDataset(Dataset):
             count, w, h = header_info(path)
             if count < self.n_frames:
                 if path not in self._lengths:
-                    self._lengths[path] = count_frames(path)     # 0 when it cannot be opened
+                    self._lengths[path] = count_frames(path)  # 0 when it cannot be opened
                 count = self._lengths[path]
             if len(self._headers) >= HEADER_CACHE:
                 self._headers.pop(next(iter(self._headers)))
@@ -302,8 +313,9 @@ class VideoClipDataset(Dataset):
         src_h, src_w = frames[0].shape[:2]
         if min(src_h, src_w) < MIN_SIDE:
             return f"{src_w}x{src_h} pixels, smaller than {MIN_SIDE}"
-        crop = plan_crop(rng(1) if rng else None, src_h, src_w, self.height, self.width, self.random_flip,
-                         self.random_downscale)
+        crop = plan_crop(
+            rng(1) if rng else None, src_h, src_w, self.height, self.width, self.random_flip, self.random_downscale
+        )
         return render_clip(frames, crop, self.height, self.width), View(tuple(wanted), crop, seek)
 
     def _read(self, path: str, rng) -> tuple[list[np.ndarray] | None, list[int], bool, str]:
@@ -314,10 +326,11 @@ class VideoClipDataset(Dataset):
         if length == 0:
             return None, [], seek, "cannot be opened or has no frames"
         for _ in range(2):  # second pass only when the header count was too large
-            if length < self.n_frames:    # a frozen tail would teach stillness: skipped, like a broken file
+            if length < self.n_frames:  # a frozen tail would teach stillness: skipped, like a broken file
                 return None, [], seek, f"{length} frames, fewer than n_frames={self.n_frames}"
-            wanted = plan_frames(rng(0) if rng else None, length, self.n_frames, self.min_frame_delta,
-                                 self.max_frame_delta)
+            wanted = plan_frames(
+                rng(0) if rng else None, length, self.n_frames, self.min_frame_delta, self.max_frame_delta
+            )
             decoded, real_length = _decode_path(path, sorted(set(wanted)), seek)
             if decoded is not None:
                 return [decoded[k] for k in wanted], wanted, seek, ""
@@ -334,7 +347,7 @@ class VideoClipDataset(Dataset):
         hint = header_frame_count(path)
         if hint >= self.n_frames:
             return hint
-        self._lengths[path] = count_frames(path)     # 0 when it cannot be opened
+        self._lengths[path] = count_frames(path)  # 0 when it cannot be opened
         return self._lengths[path]
 
     def _mark_broken(self, path: str, why: str) -> None:
@@ -364,34 +377,3 @@ def collate(batch: list[dict]) -> dict:
     frames = torch.stack([item["frames"] for item in batch])
     assert frames.ndim == 5 and frames.shape[2] == 3 and frames.dtype == torch.uint8, frames.shape
     return {"frames": frames, "skipped": skipped}
-
-
-def probe_first_usable(entries: Sequence[VideoEntry], n_frames: int, max_tries: int = 16) -> tuple[int, list[str]]:
-    """Read the first videos until one gives a usable clip: (its position, unusable paths before it).
-
-    Run at startup so that a dataset of unreadable (or too short) files fails in seconds with one
-    line, not after the DataLoader workers have started. Each try reads at most n_frames frames
-    from the start: a video with fewer is skipped in training, so it is unusable here too.
-    """
-    broken: list[str] = []
-    for k, entry in enumerate(entries[: max(1, max_tries)]):
-        if _gives_usable_frame(entry.path, n_frames):
-            return k, broken
-        broken.append(entry.path)
-    if not broken:
-        raise DataError("the dataset has no videos: check data_root / annotation_file")
-    raise DataError(f"none of the first {len(broken)} videos gives a usable clip of n_frames={n_frames} frames "
-                    f"(e.g. {broken[0]}): check data_root / annotation_file, that the files are videos OpenCV can "
-                    f"read, and that they are at least {n_frames} frames long")
-
-
-def usable_entries(entries: Sequence[VideoEntry], n_frames: int) -> list[VideoEntry]:
-    """The entries that pass probe_first_usable's check (for the few held-out validation videos:
-    validation reads only those, so one broken file there would otherwise stop the run)."""
-    return [entry for entry in entries if _gives_usable_frame(entry.path, n_frames)]
-
-
-def _gives_usable_frame(path: str, n_frames: int) -> bool:
-    """n_frames decodable frames of at least MIN_SIDE pixels a side."""
-    frames = read_prefix(path, max(1, n_frames))
-    return len(frames) >= max(1, n_frames) and min(frames[0].shape[:2]) >= MIN_SIDE

@@ -16,7 +16,7 @@ import torch
 
 MAX_FRAME_HINT = 10_000_000  # a header count above this (or <= 0) is garbage, e.g. no_duration.webm's -1.4e17
 MAX_SCAN_FRAMES = 1_000_000  # bound on counting frames by decoding, so a strange file cannot stall a worker
-SEEK_MIN = 48               # start offsets below this are reached with grab(): exact, and as fast as a seek
+SEEK_MIN = 48  # start offsets below this are reached with grab(): exact, and as fast as a seek
 # FFmpeg decoding threads per opened file in a DataLoader worker. None: this process's share of
 # the node's cores (cores / (local ranks x workers), at least 1), so that every worker's FFmpeg
 # together uses the cores without oversubscribing them; FFmpeg's own default (one thread per
@@ -121,6 +121,7 @@ def _decode_path(path: str, wanted: list[int], allow_seek: bool = True) -> tuple
             return frames, length
     return None, 0
 
+
 def header_frame_count(path: str) -> int:
     """The container's frame count, or -1 when unknown or implausible. Reads the header only."""
     return header_info(path)[0]
@@ -133,8 +134,11 @@ def header_info(path: str) -> tuple[int, int, int]:
     if cap is None:
         return -1, 0, 0
     try:
-        return (_plausible(cap.get(cv2.CAP_PROP_FRAME_COUNT)), max(0, int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))),
-                max(0, int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))))
+        return (
+            _plausible(cap.get(cv2.CAP_PROP_FRAME_COUNT)),
+            max(0, int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))),
+            max(0, int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))),
+        )
     finally:
         cap.release()
 

@@ -27,14 +27,14 @@ import torch.nn.functional as F
 
 from .clips import Crop, Ticket
 
-CHUNK_BYTES = 256 << 20      # float32 frames resized at a time: bounds the 4K crop's working memory
-DECODER_CACHE = 2            # NVDEC sessions PyNvVideoCodec keeps per thread (one per stream shape)
+CHUNK_BYTES = 256 << 20  # float32 frames resized at a time: bounds the 4K crop's working memory
+DECODER_CACHE = 2  # NVDEC sessions PyNvVideoCodec keeps per thread (one per stream shape)
 # Codecs (OpenCV's header names) NVDEC decodes here: H.264 was checked frame for frame against a decode
 # from frame 0 on the H100 (docs/benchmarks.md). HEVC gave wrong frames for some clips, so it and
 # every codec not checked yet (VP8/VP9/AV1, ...) are decoded on the CPU.
 NVDEC_CODECS = frozenset({"h264", "avc1", "avc3"})
-FETCH_FAILURES = 3           # failed frame fetches after which a file goes to the CPU for good (HEVC fails on a
-                             # few clips of a file that NVDEC otherwise decodes: docs/benchmarks.md)
+FETCH_FAILURES = 3  # failed frame fetches after which a file goes to the CPU for good (HEVC fails on a
+# few clips of a file that NVDEC otherwise decodes: docs/benchmarks.md)
 
 
 class DecodeRefused(Exception):
@@ -51,7 +51,7 @@ def nvdec_available() -> str:
         return "no CUDA device"
     try:
         import PyNvVideoCodec  # noqa: F401
-    except Exception as err:        # ImportError, or its native library failing to load
+    except Exception as err:  # ImportError, or its native library failing to load
         return f"PyNvVideoCodec is not installed ({type(err).__name__}): pip install 'taehv-launch[nvdec]'"
     return ""
 
@@ -69,7 +69,7 @@ def yuv420_to_rgb(frame: torch.Tensor, h: int, w: int) -> torch.Tensor:
     """An NV12 frame ((h * 3 / 2) x w uint8: Y rows, then interleaved U/V rows) -> uint8 (3, h, w) RGB with
     the BT.601 limited-range matrix, as OpenCV's FFmpeg backend converts (so both paths give one colour)."""
     y = (frame[:h].float() - 16.0) * (255.0 / 219.0)
-    uv = frame[h: h + h // 2].reshape(h // 2, w // 2, 2).permute(2, 0, 1).float()
+    uv = frame[h : h + h // 2].reshape(h // 2, w // 2, 2).permute(2, 0, 1).float()
     uv = F.interpolate(uv[None], size=(h, w), mode="bilinear", align_corners=False)[0].sub_(128.0).mul_(255.0 / 224.0)
     u, v = uv[0], uv[1]
     rgb = torch.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u])
@@ -97,13 +97,18 @@ class NvdecDecoder:
             if self.dec is None:
                 colour = self.nvc.OutputColorType.RGBP if self.output == "rgbp" else self.nvc.OutputColorType.NATIVE
                 self.dec = self.nvc.SimpleDecoder(
-                    path, gpu_id=self.device.index or 0, cuda_stream=self.stream.cuda_stream,
-                    use_device_memory=True, decoder_cache_size=DECODER_CACHE, output_color_type=colour)
+                    path,
+                    gpu_id=self.device.index or 0,
+                    cuda_stream=self.stream.cuda_stream,
+                    use_device_memory=True,
+                    decoder_cache_size=DECODER_CACHE,
+                    output_color_type=colour,
+                )
             else:
                 self.dec.reconfigure_decoder(path)
             total = len(self.dec)
         except Exception as err:
-            self.dec = None                       # a failed session is not reused
+            self.dec = None  # a failed session is not reused
             raise DecodeRefused("NVDEC cannot open the stream", _first_line(err)) from None
         wanted = sorted(set(indices))
         if total and wanted[-1] >= total:
@@ -118,14 +123,18 @@ class NvdecDecoder:
             meta = self.dec.get_stream_metadata()
             h, w = int(meta.height), int(meta.width)
             if planes[0].dtype != torch.uint8 or planes[0].shape[0] < h * 3 // 2 or planes[0].shape[1] != w:
-                raise DecodeRefused("NVDEC's surfaces are not 8-bit 4:2:0 here",
-                                    f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}")
+                raise DecodeRefused(
+                    "NVDEC's surfaces are not 8-bit 4:2:0 here",
+                    f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}",
+                )
             planes = [yuv420_to_rgb(p, h, w) for p in planes]
         if len(planes) != len(wanted) or any(p.ndim != 3 or p.shape[0] != 3 for p in planes):
-            raise DecodeRefused("NVDEC returned frames of an unexpected layout",
-                                f"{len(planes)} of {len(wanted)}, shape {tuple(planes[0].shape) if planes else ()}")
+            raise DecodeRefused(
+                "NVDEC returned frames of an unexpected layout",
+                f"{len(planes)} of {len(wanted)}, shape {tuple(planes[0].shape) if planes else ()}",
+            )
         at = {k: n for n, k in enumerate(wanted)}
-        return torch.stack([planes[at[k]] for k in indices])   # copies out of the decoder's surfaces
+        return torch.stack([planes[at[k]] for k in indices])  # copies out of the decoder's surfaces
 
 
 class OpenCVFrames:
@@ -162,16 +171,22 @@ def finish(x: torch.Tensor, crop: Crop, src: tuple[int, int] | None, height: int
     t, _, h, w = x.shape
     if src is not None and src != (h, w):
         sy, sx = h / src[0], w / src[1]
-        crop = Crop(min(h - 1, round(crop.y * sy)), min(w - 1, round(crop.x * sx)), max(1, round(crop.h * sy)),
-                    max(1, round(crop.w * sx)), crop.flip)
-    x = x[:, :, crop.y: crop.y + crop.h, crop.x: crop.x + crop.w]
+        crop = Crop(
+            min(h - 1, round(crop.y * sy)),
+            min(w - 1, round(crop.x * sx)),
+            max(1, round(crop.h * sy)),
+            max(1, round(crop.w * sx)),
+            crop.flip,
+        )
+    x = x[:, :, crop.y : crop.y + crop.h, crop.x : crop.x + crop.w]
     if tuple(x.shape[-2:]) != (height, width):
         out = torch.empty((t, 3, height, width), dtype=torch.uint8, device=x.device)
         step = max(1, CHUNK_BYTES // (3 * x.shape[-2] * x.shape[-1] * 4))
         for k in range(0, t, step):
-            part = F.interpolate(x[k: k + step].float(), size=(height, width), mode="bilinear", antialias=True,
-                                 align_corners=False)
-            out[k: k + step] = part.round_().clamp_(0, 255).to(torch.uint8)
+            part = F.interpolate(
+                x[k : k + step].float(), size=(height, width), mode="bilinear", antialias=True, align_corners=False
+            )
+            out[k : k + step] = part.round_().clamp_(0, 255).to(torch.uint8)
         x = out
     if crop.flip:
         x = x.flip(-1)
@@ -190,17 +205,26 @@ class DecodeStage:
     thread (NvdecDecoder on GPUs). `dataset.recover(ticket)` cuts a refused file's clip on the CPU.
     Log lines from the threads are handed to `log` by the consuming thread."""
 
-    def __init__(self, loader, dataset, device: torch.device, height: int, width: int,
-                 make_decoder: Callable[[torch.device], Any], threads: int = 4, depth: int = 3,
-                 log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        loader,
+        dataset,
+        device: torch.device,
+        height: int,
+        width: int,
+        make_decoder: Callable[[torch.device], Any],
+        threads: int = 4,
+        depth: int = 3,
+        log: Callable[[str], None] = print,
+    ):
         self.it: Iterator[dict[str, Any]] = iter(loader)
         self.dataset, self.device, self.height, self.width = dataset, device, height, width
         self.make_decoder, self.log = make_decoder, log
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="video-decode")
         self.local = threading.local()
         self.lock = threading.Lock()
-        self.refused: dict[str, str] = {}       # path -> reason: decoded on the CPU from now on
-        self.failures: dict[str, int] = {}      # path -> failed frame fetches so far
+        self.refused: dict[str, str] = {}  # path -> reason: decoded on the CPU from now on
+        self.failures: dict[str, int] = {}  # path -> failed frame fetches so far
         self.reasons: set[str] = set()
         self.messages: list[str] = []
         self.counts = {"gpu": 0, "cpu": 0, "lost": 0}
@@ -226,17 +250,24 @@ class DecodeStage:
     def _clip(self, ticket: Ticket) -> torch.Tensor | None:
         """The ticket's clip on self.device, or None when no decoder can read the file."""
         if ticket.codec and ticket.codec not in NVDEC_CODECS and ticket.path not in self.refused:
-            self._refuse(ticket.path, DecodeRefused(f"NVDEC is not used for {ticket.codec} files",
-                                                    "only H.264 is checked frame for frame"))
+            self._refuse(
+                ticket.path,
+                DecodeRefused(f"NVDEC is not used for {ticket.codec} files", "only H.264 is checked frame for frame"),
+            )
         if ticket.path not in self.refused:
             dec = self._decoder()
             stream = torch.cuda.stream(dec.stream) if dec.stream is not None else contextlib.nullcontext()
             try:
                 with stream:
-                    clip = finish(dec.frames(ticket.path, ticket.view.frames), ticket.view.crop, ticket.src,
-                                  self.height, self.width)
+                    clip = finish(
+                        dec.frames(ticket.path, ticket.view.frames),
+                        ticket.view.crop,
+                        ticket.src,
+                        self.height,
+                        self.width,
+                    )
                 if dec.stream is not None:
-                    dec.stream.synchronize()       # this thread's stream only: the step's stream runs on
+                    dec.stream.synchronize()  # this thread's stream only: the step's stream runs on
                 self._count("gpu")
                 return clip
             except DecodeRefused as err:
@@ -252,7 +283,7 @@ class DecodeStage:
         self.local.copy = copy
         with torch.cuda.stream(copy):
             out = cpu.to(self.device)
-        copy.synchronize()                          # a pageable copy may still be in flight when .to returns
+        copy.synchronize()  # a pageable copy may still be in flight when .to returns
         return out
 
     def _count(self, what: str) -> None:
@@ -267,10 +298,15 @@ class DecodeStage:
                 self.refused[path] = err.reason
             if err.reason not in self.reasons:
                 self.reasons.add(err.reason)
-                what = "such files are" if err.for_good else \
-                    f"such clips are (and a file's every clip after {FETCH_FAILURES} failures)"
-                self.messages.append(f"data: {err.reason} of {path} ({err.detail or 'no detail'}); {what} decoded on "
-                                     f"the CPU (this line once per reason)")
+                what = (
+                    "such files are"
+                    if err.for_good
+                    else f"such clips are (and a file's every clip after {FETCH_FAILURES} failures)"
+                )
+                self.messages.append(
+                    f"data: {err.reason} of {path} ({err.detail or 'no detail'}); {what} decoded on "
+                    f"the CPU (this line once per reason)"
+                )
 
     def __next__(self) -> dict[str, Any]:
         skipped: list[str] = []
@@ -282,11 +318,11 @@ class DecodeStage:
             self._flush()
             good = [c for c in clips if c is not None]
             if good:
-                break                               # else: every file of the batch is unreadable; the next one
+                break  # else: every file of the batch is unreadable; the next one
         if self.device.type == "cuda":
             current = torch.cuda.current_stream(self.device)
             for c in good:
-                c.record_stream(current)            # made on a decode thread's stream, used and freed on this one
+                c.record_stream(current)  # made on a decode thread's stream, used and freed on this one
         filled = [c if c is not None else good[n % len(good)] for n, c in enumerate(clips)]
         out = {k: v for k, v in batch.items() if k != "tickets"}
         out.update(frames=torch.stack(filled), skipped=skipped)

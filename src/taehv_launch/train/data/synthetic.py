@@ -80,12 +80,14 @@ def write_demo_videos(folder: str, n_videos: int, height: int, width: int, n_fra
         path = os.path.join(folder, f"demo_{i:03d}.mp4")
         writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), DEMO_FPS, (width, height))
         if not writer.isOpened():
-            raise DataError(f"OpenCV cannot write the demo video {path}: reinstall opencv-python-headless "
-                            f"(its FFmpeg lacks the mp4v encoder) or pass --set data_root=/path/to/videos")
+            raise DataError(
+                f"OpenCV cannot write the demo video {path}: reinstall opencv-python-headless "
+                f"(its FFmpeg lacks the mp4v encoder) or pass --set data_root=/path/to/videos"
+            )
         for frame in synthetic_frames(i, height, width, n_frames):
             writer.write(frame)
         writer.release()
-        if not _whole_mp4(path):       # OpenCV's writer says nothing when the disk is full
+        if not _whole_mp4(path):  # OpenCV's writer says nothing when the disk is full
             raise OSError(errno.EIO, f"OpenCV could not finish writing {os.path.basename(path)}")
         paths.append(path)
     return paths
@@ -100,7 +102,7 @@ def _whole_mp4(path: str) -> bool:
         while pos + 8 <= size:
             f.seek(pos)
             n, kind = struct.unpack(">I4s", f.read(8))
-            if n == 1:                                    # a 64-bit size follows
+            if n == 1:  # a 64-bit size follows
                 n = struct.unpack(">Q", f.read(8))[0]
             if n < 8:
                 return False
@@ -180,7 +182,7 @@ def _build_once(final: str, build) -> None:
     parent = os.path.dirname(final)
     with disk_errors("the CPU demo's assets", parent, then=_THEN):
         os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)     # unique: a process without the lock may build too
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)  # unique: a process without the lock may build too
     with publish_dir(final, what="the CPU demo's assets", then=_THEN, tmp=tmp, marker=MARKER) as folder:
         build(str(folder))
 

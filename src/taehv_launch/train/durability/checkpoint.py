@@ -35,9 +35,21 @@ from safetensors.torch import load_file, save_file
 
 from ...errors import CheckpointError
 from ...files import disk_errors, publish_dir
-from ...rundir.checkpoint import (DEEPSPEED_DIR, EMA_FILE, STATE_FILE, CheckpointMismatch, CheckpointWriteError,
-                                  TrainState, checkpoint_dir, layout_change_problem, list_checkpoints, rng_file,
-                                  seraena_file, write_complete, writing_dir)
+from ...rundir.checkpoint import (
+    DEEPSPEED_DIR,
+    EMA_FILE,
+    STATE_FILE,
+    CheckpointMismatch,
+    CheckpointWriteError,
+    TrainState,
+    checkpoint_dir,
+    layout_change_problem,
+    list_checkpoints,
+    rng_file,
+    seraena_file,
+    write_complete,
+    writing_dir,
+)
 from ...rundir.layout import EXPORT_META, EXPORT_PTH, EXPORT_SAFETENSORS
 from . import portable
 
@@ -72,10 +84,10 @@ def torch_write_errors():
         yield
     except (RuntimeError, SafetensorError) as exc:
         if isinstance(exc, RuntimeError) and not any(s in str(exc) for s in _TORCH_WRITE_FAILURES):
-            raise            # not a write failure (e.g. a collective with a dead peer): the full error
-        if m := re.search(r"os error (\d+)", str(exc)):          # safetensors' I/O errors
+            raise  # not a write failure (e.g. a collective with a dead peer): the full error
+        if m := re.search(r"os error (\d+)", str(exc)):  # safetensors' I/O errors
             raise OSError(int(m.group(1)), os.strerror(int(m.group(1)))) from exc
-        err = OSError("a write failed")                          # torch.save hides the OS error
+        err = OSError("a write failed")  # torch.save hides the OS error
         err.strerror = "a write failed"
         raise err from exc
 
@@ -86,10 +98,13 @@ _TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "inline_containe
 
 def _then_resume(run_dir: Path) -> Callable[[], str]:
     """What to do once the disk has room, asked after the failed folder is removed."""
+
     def then() -> str:
         previous = [p.name for s, p, why in list_checkpoints(run_dir) if why is None]
-        return "then continue with --resume auto" + (f" from {previous[-1]}, which is complete" if previous
-                                                     else " (no complete checkpoint yet)")
+        return "then continue with --resume auto" + (
+            f" from {previous[-1]}, which is complete" if previous else " (no complete checkpoint yet)"
+        )
+
     return then
 
 
@@ -98,8 +113,9 @@ def _writing(run_dir: Path, tmp: Path, step: int):
     return disk_errors(f"checkpoint-{step}", run_dir, _then_resume(run_dir), remove=tmp, error=CheckpointWriteError)
 
 
-def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, state: TrainState,
-                    include_buffer: bool) -> Path:
+def save_checkpoint(
+    run_dir: Path, accelerator, model, optimizer, ema, seraena, state: TrainState, include_buffer: bool
+) -> Path:
     """Collective: every rank calls it. Returns the final checkpoint path.
 
     A write that fails (disk full ...) raises CheckpointWriteError on the rank that saw it; the
@@ -107,12 +123,12 @@ def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, 
     final = checkpoint_dir(run_dir, state.step)
     tmp = writing_dir(run_dir, state.step)
     rank = accelerator.process_index
-    if accelerator.is_main_process:     # makes tmp, and renames it to final once COMPLETE is in it
+    if accelerator.is_main_process:  # makes tmp, and renames it to final once COMPLETE is in it
         folder = publish_dir(final, then=_then_resume(run_dir), tmp=tmp, error=CheckpointWriteError)
-    else:                               # writes its files into tmp
+    else:  # writes its files into tmp
         folder = _writing(run_dir, tmp, state.step)
     with folder, torch_write_errors():
-        accelerator.wait_for_everyone()          # the main rank made tmp
+        accelerator.wait_for_everyone()  # the main rank made tmp
         if accelerator.state.deepspeed_plugin is not None:
             model.save_checkpoint(str(tmp / DEEPSPEED_DIR), tag="state", save_latest=False)
         full = portable.gather(accelerator, model, optimizer)
@@ -120,26 +136,27 @@ def save_checkpoint(run_dir: Path, accelerator, model, optimizer, ema, seraena, 
             portable.save(tmp, full)
         torch.save(rng_state(), tmp / rng_file(rank))
         if seraena is not None:
-            torch.save(seraena.state_dict_for_checkpoint(include_buffer=include_buffer),
-                       tmp / seraena_file(rank))
+            torch.save(seraena.state_dict_for_checkpoint(include_buffer=include_buffer), tmp / seraena_file(rank))
         if accelerator.is_main_process:
             save_file(_contiguous(ema.state_dict()), str(tmp / EMA_FILE))
             (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            write_complete(tmp, state.step)      # every file with its size and checksum
+            write_complete(tmp, state.step)  # every file with its size and checksum
     accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, world_size: int,
-                    zero_stage: int) -> TrainState:
+def load_checkpoint(
+    path: Path, accelerator, model, optimizer, ema, seraena, world_size: int, zero_stage: int
+) -> TrainState:
     """Collective. Restores everything save_checkpoint wrote; says clearly what does not fit."""
     try:
         state = TrainState(**json.loads((path / STATE_FILE).read_text()))
     except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint {path} has no readable {STATE_FILE} ({exc}): "
-                              f"pass another checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint {path} has no readable {STATE_FILE} ({exc}): pass another checkpoint"
+        ) from None
     problem = layout_change_problem(state.world_size, state.zero_stage, world_size, zero_stage, path)
     if problem:
         raise CheckpointError(problem)
@@ -151,16 +168,19 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
                 raise CheckpointError(f"DeepSpeed found no state in {path / DEEPSPEED_DIR}: the checkpoint is damaged")
         else:
             portable.load(path, accelerator, model, optimizer, zero_stage)
-        ema.load_state_dict(load_file(str(path / EMA_FILE)))   # copied onto the EMA model's device
+        ema.load_state_dict(load_file(str(path / EMA_FILE)))  # copied onto the EMA model's device
     except (OSError, SafetensorError) as exc:
-        raise CheckpointError(f"checkpoint {path} is damaged ({str(exc).splitlines()[0]}): pass an older "
-                              f"checkpoint of the run") from None
+        raise CheckpointError(
+            f"checkpoint {path} is damaged ({str(exc).splitlines()[0]}): pass an older checkpoint of the run"
+        ) from None
     except (CheckpointMismatch, RuntimeError) as exc:
         # DeepSpeed's own load reports a mismatch with torch's load_state_dict error (a RuntimeError)
         if not isinstance(exc, CheckpointMismatch) and "Error(s) in loading state_dict" not in str(exc):
-            raise           # not a shape mismatch (e.g. another rank failed): the full error
-        raise CheckpointMismatch(f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]}): "
-                                 f"resume with the config it was written with (see its {STATE_FILE})") from None
+            raise  # not a shape mismatch (e.g. another rank failed): the full error
+        raise CheckpointMismatch(
+            f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]}): "
+            f"resume with the config it was written with (see its {STATE_FILE})"
+        ) from None
     rank = accelerator.process_index
     rng_path = path / rng_file(rank)
     if rng_path.exists() and state.world_size == world_size:
@@ -171,9 +191,9 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, ema, seraena, wor
         # "cpu", not accelerate's torch.device("cpu", 0), which torch.load cannot map to
         where = "cpu" if accelerator.device.type == "cpu" else accelerator.device
         seraena.load_checkpoint_state(torch.load(ser_file, map_location=where, weights_only=True))
-    if state.world_size != world_size:     # the same number of clips seen, spread over the new ranks
+    if state.world_size != world_size:  # the same number of clips seen, spread over the new ranks
         state.samples_seen = state.samples_seen * state.world_size // world_size
-    state.world_size, state.zero_stage = world_size, zero_stage   # the next checkpoint is of this layout
+    state.world_size, state.zero_stage = world_size, zero_stage  # the next checkpoint is of this layout
     return state
 
 

@@ -34,7 +34,7 @@ def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:
     main = accelerator.is_main_process
     weights: dict[str, torch.Tensor] = {}
     moments: dict[str, torch.Tensor] = {}
-    cpu32 = (lambda t: t.detach().float().cpu().contiguous())
+    cpu32 = lambda t: t.detach().float().cpu().contiguous()
     if accelerator.state.deepspeed_plugin is None:
         if not main:
             return None
@@ -46,14 +46,14 @@ def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:
     else:
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-        base = model.optimizer.optimizer          # the engine's ZeRO optimizer wraps the torch AdamW
-        has_state = len(base.state) > 0          # AdamW creates its state at the first step
+        base = model.optimizer.optimizer  # the engine's ZeRO optimizer wraps the torch AdamW
+        has_state = len(base.state) > 0  # AdamW creates its state at the first step
         step = int(next(iter(base.state.values()))["step"]) if has_state else 0
         for name, p in net.named_parameters():
             weights[name] = cpu32(safe_get_full_fp32_param(p))
             for key in MOMENTS if has_state else ():
                 moments[f"{key}/{name}"] = cpu32(safe_get_full_optimizer_state(p, key))
-    weights |= {n: cpu32(b) for n, b in net.named_buffers()}       # never partitioned
+    weights |= {n: cpu32(b) for n, b in net.named_buffers()}  # never partitioned
     return (weights, moments, step) if main else None
 
 
@@ -69,8 +69,10 @@ def _read(folder: Path) -> tuple[dict, dict, int]:
     with safe_open(str(folder / OPTIMIZER_FILE), "pt") as f:
         meta = f.metadata() or {}
         if meta.get("format") != FORMAT:
-            raise CheckpointError(f"{folder / OPTIMIZER_FILE} has format {meta.get('format')!r}, not "
-                                  f"{FORMAT!r}: pass a checkpoint written by taehv-launch")
+            raise CheckpointError(
+                f"{folder / OPTIMIZER_FILE} has format {meta.get('format')!r}, not "
+                f"{FORMAT!r}: pass a checkpoint written by taehv-launch"
+            )
         moments = {k: f.get_tensor(k) for k in f.keys()}
     return model_sd, moments, int(meta.get("step", 0))
 
@@ -85,19 +87,22 @@ def load(folder: Path, accelerator, model, optimizer, zero_stage: int) -> None:
     if missing or unexpected:
         raise CheckpointMismatch(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
     for name, p in params.items():
-        shape = p.ds_shape if hasattr(p, "ds_shape") else p.shape      # ZeRO-3 holds a partition
+        shape = p.ds_shape if hasattr(p, "ds_shape") else p.shape  # ZeRO-3 holds a partition
         if tuple(weights[name].shape) != tuple(shape):
-            raise CheckpointMismatch(f"{name} has shape {tuple(weights[name].shape)} in the checkpoint, "
-                                     f"{tuple(shape)} in this model")
+            raise CheckpointMismatch(
+                f"{name} has shape {tuple(weights[name].shape)} in the checkpoint, {tuple(shape)} in this model"
+            )
     device = accelerator.device
     if accelerator.state.deepspeed_plugin is None:
         if moments:
             osd = optimizer.state_dict()
-            osd["state"] = {i: {"step": torch.tensor(float(step)), **{key: moments[f"{key}/{n}"] for key in MOMENTS}}
-                            for i, n in enumerate(params)}
+            osd["state"] = {
+                i: {"step": torch.tensor(float(step)), **{key: moments[f"{key}/{n}"] for key in MOMENTS}}
+                for i, n in enumerate(params)
+            }
             optimizer.load_state_dict(osd)
     else:
-        zero_opt = model.optimizer                # DeepSpeed's ZeRO optimizer (the engine's)
+        zero_opt = model.optimizer  # DeepSpeed's ZeRO optimizer (the engine's)
         if moments:
             _materialise_adam_state(zero_opt, step)
         for name, p in params.items():
@@ -116,10 +121,14 @@ def load(folder: Path, accelerator, model, optimizer, zero_stage: int) -> None:
 def _set_master(p: torch.nn.Parameter, full: torch.Tensor, key: str | None) -> None:
     """Write a full fp32 value (the master weight when key is None, else an AdamW moment) into
     this rank's part of DeepSpeed's partitioned state."""
-    from deepspeed.utils import (safe_set_full_fp32_param, safe_set_full_optimizer_state,
-                                 safe_set_local_fp32_param, safe_set_local_optimizer_state)
+    from deepspeed.utils import (
+        safe_set_full_fp32_param,
+        safe_set_full_optimizer_state,
+        safe_set_local_fp32_param,
+        safe_set_local_optimizer_state,
+    )
 
-    if not hasattr(p, "ds_id"):       # ZeRO-1/2: every rank holds the full parameter
+    if not hasattr(p, "ds_id"):  # ZeRO-1/2: every rank holds the full parameter
         safe_set_full_fp32_param(p, full) if key is None else safe_set_full_optimizer_state(p, full, key)
         return
     # ZeRO-3: cut this rank's slice ourselves. DeepSpeed 0.19's full-value setter slices past the
@@ -129,8 +138,8 @@ def _set_master(p: torch.nn.Parameter, full: torch.Tensor, key: str | None) -> N
     group = getattr(p, "ds_process_group", None)
     rank, world, part = dist.get_rank(group=group), dist.get_world_size(group=group), p.ds_tensor.numel()
     flat = torch.zeros(part * world, dtype=full.dtype, device=full.device)
-    flat[:full.numel()] = full.flatten()
-    local = flat[rank * part:(rank + 1) * part]
+    flat[: full.numel()] = full.flatten()
+    local = flat[rank * part : (rank + 1) * part]
     safe_set_local_fp32_param(p, local) if key is None else safe_set_local_optimizer_state(p, local, key)
 
 
@@ -142,8 +151,9 @@ def _materialise_adam_state(zero_opt, step: int) -> None:
     """
     base = zero_opt.optimizer
     # ZeRO-3 hands its flat fp32 partitions to AdamW one sub-group at a time; ZeRO-1/2 keep them in param_groups
-    flats = getattr(zero_opt, "fp32_partitioned_groups_flat", None) or \
-        [flat for group in base.param_groups for flat in group["params"]]
+    flats = getattr(zero_opt, "fp32_partitioned_groups_flat", None) or [
+        flat for group in base.param_groups for flat in group["params"]
+    ]
     for flat in flats:
         st = base.state[flat]
         for key in MOMENTS:
@@ -169,6 +179,9 @@ def carried_over(before: Path, after: Path, beta1: float, beta2: float) -> dict[
             g2 = (mb[f"exp_avg_sq/{name}"] - beta2 * ma[f"exp_avg_sq/{name}"]) / (1 - beta2)
             num += float((g * g - g2).abs().sum())
             den += float(g2.abs().sum())
-    return {"step_before": sa, "step_after": sb,
-            "max_weight_change": max(float((wa[k] - wb[k]).abs().max()) for k in wa),
-            "moment_mismatch": num / den if den else float("nan")}
+    return {
+        "step_before": sa,
+        "step_after": sb,
+        "max_weight_change": max(float((wa[k] - wb[k]).abs().max()) for k in wa),
+        "moment_mismatch": num / den if den else float("nan"),
+    }

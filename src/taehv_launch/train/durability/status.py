@@ -20,5 +20,5 @@ def write_status(run_dir: Path, code: int, message: str) -> None:
     path = status_path(run_dir, node_rank())
     try:
         write_exit_status(path, code, message)
-    except OSError as exc:      # the launcher then reports accelerate's code instead: say why
+    except OSError as exc:  # the launcher then reports accelerate's code instead: say why
         print(f"warning: cannot record the exit status in {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)

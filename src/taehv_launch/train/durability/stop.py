@@ -31,9 +31,9 @@ from ...errors import EXIT_ABORTED
 from ...rundir.signals import RELAY_SIGNAL, STOP_SIGNALS, counts_once
 
 
-_direct: list[int] = []        # stop signals sent to this process itself (repeats not counted)
-_first: list[tuple[int, float]] = []   # the first direct stop signal and when it came
-_relayed: list[int] = []       # RELAY_SIGNAL from the launcher
+_direct: list[int] = []  # stop signals sent to this process itself (repeats not counted)
+_first: list[tuple[int, float]] = []  # the first direct stop signal and when it came
+_relayed: list[int] = []  # RELAY_SIGNAL from the launcher
 _installed = False
 
 
@@ -50,8 +50,10 @@ def _handle(signum, _frame) -> None:
         _first.append((signum, now))
     _direct.append(signum)
     if len(_direct) > 1:
-        sys.stderr.write(f"[rank {os.environ.get('RANK', '0')}] second signal ({signal.Signals(signum).name}): "
-                         f"exiting without a checkpoint\n")
+        sys.stderr.write(
+            f"[rank {os.environ.get('RANK', '0')}] second signal ({signal.Signals(signum).name}): "
+            f"exiting without a checkpoint\n"
+        )
         sys.stderr.flush()
         os._exit(EXIT_ABORTED)
 
@@ -95,7 +97,7 @@ def guard_worker() -> None:
     other stop signal is dropped.
     """
     watched = {*STOP_SIGNALS, RELAY_SIGNAL}
-    signal.pthread_sigmask(signal.SIG_BLOCK, watched)    # before the thread: it inherits the mask
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)  # before the thread: it inherits the mask
     parent = os.getppid()
 
     def wait() -> None:
@@ -107,8 +109,10 @@ def guard_worker() -> None:
     threading.Thread(target=wait, name="stop-signal-guard", daemon=True).start()
 
 
-_WORKER_DIED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ?([^)]*)\) (is killed by signal: [^.]+|exited unexpectedly"
-                          r"(?: with exit code -?\d+)?)")
+_WORKER_DIED = re.compile(
+    r"DataLoader worker \(pids?(?:\(s\))? ?([^)]*)\) (is killed by signal: [^.]+|exited unexpectedly"
+    r"(?: with exit code -?\d+)?)"
+)
 
 
 def worker_death_message(exc: BaseException) -> str | None:
@@ -120,6 +124,8 @@ def worker_death_message(exc: BaseException) -> str | None:
     m = _WORKER_DIED.search(str(exc))
     if m is None:
         return None
-    return (f"a DataLoader worker (pid {m.group(1).strip()}) {m.group(2)}: usually the out-of-memory killer or a "
-            f"full /dev/shm; lower --set dataloader_num_workers or prefetch_factor, or give the job more memory "
-            f"(validate-env checks /dev/shm), then continue with --resume auto")
+    return (
+        f"a DataLoader worker (pid {m.group(1).strip()}) {m.group(2)}: usually the out-of-memory killer or a "
+        f"full /dev/shm; lower --set dataloader_num_workers or prefetch_factor, or give the job more memory "
+        f"(validate-env checks /dev/shm), then continue with --resume auto"
+    )

@@ -30,8 +30,16 @@ from ...files import write_atomic
 
 
 class Watchdog:
-    def __init__(self, run_dir: Path, rank: int, world: int, node: int, on_dead: Callable[[str], None],
-                 period_s: float = 5.0, stale_s: float = 30.0):
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        world: int,
+        node: int,
+        on_dead: Callable[[str], None],
+        period_s: float = 5.0,
+        stale_s: float = 30.0,
+    ):
         self.dir = run_dir / "heartbeat"
         self.rank, self.world, self.node = rank, world, node
         self.period_s, self.stale_s, self.on_dead = period_s, stale_s, on_dead
@@ -75,19 +83,22 @@ class Watchdog:
             mtime = beat.stat().st_mtime
             info = json.loads(beat.read_text())
         except (OSError, ValueError):
-            return None                      # not started yet, or mid-replace
+            return None  # not started yet, or mid-replace
         if mtime < self.started - 1:
-            return None                      # left over from an earlier launch of this run
+            return None  # left over from an earlier launch of this run
         age = now - mtime
         if age > self.stale_s:
-            return (f"rank {peer} (node {info.get('node')}, host {info.get('host')}, pid {info.get('pid')}) "
-                    f"stopped responding {age:.0f} s ago (killed, out of memory, or hung)")
+            return (
+                f"rank {peer} (node {info.get('node')}, host {info.get('host')}, pid {info.get('pid')}) "
+                f"stopped responding {age:.0f} s ago (killed, out of memory, or hung)"
+            )
         return None
 
     def _any_problem(self) -> str | None:
         now = self._fs_now()
-        return next((why for peer in range(self.world) if peer != self.rank and (why := self._problem(peer, now))),
-                    None)
+        return next(
+            (why for peer in range(self.world) if peer != self.rank and (why := self._problem(peer, now))), None
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -108,7 +119,7 @@ class Watchdog:
         while not (why := self._any_problem()) and time.time() < deadline:
             time.sleep(1.0)
             try:
-                self._beat()          # keeps our own mtime, the filesystem's "now", fresh
+                self._beat()  # keeps our own mtime, the filesystem's "now", fresh
             except OSError:
                 pass
         return why
@@ -135,10 +146,12 @@ def stop_message(why: str) -> str:
 
 def abort_job(write_status: Callable[[int, str], None], rank: int) -> Callable[[str], None]:
     """What a rank does when a peer died: say so, record it, exit without waiting on collectives."""
+
     def _abort(why: str) -> None:
         msg = stop_message(why)
         sys.stderr.write(f"[rank {rank}] error: {msg}\n")
         sys.stderr.flush()
         write_status(EXIT_FAILED, msg)
         os._exit(EXIT_FAILED)
+
     return _abort

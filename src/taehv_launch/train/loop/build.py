@@ -31,12 +31,13 @@ def make_accelerator(cfg: Config):
     if use_ds and not on_gpu:
         from ...compat import skip_deepspeed_shm_build
 
-        skip_deepspeed_shm_build()          # a 30 s JIT build that gloo on CPU does not need
+        skip_deepspeed_shm_build()  # a 30 s JIT build that gloo on CPU does not need
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    pg = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.nccl_timeout),
-                                backend=("nccl" if on_gpu else "gloo") if distributed else None)
+    pg = InitProcessGroupKwargs(
+        timeout=timedelta(seconds=cfg.nccl_timeout), backend=("nccl" if on_gpu else "gloo") if distributed else None
+    )
     kwargs: dict[str, Any] = {"kwargs_handlers": [pg]}
-    if not use_ds:   # under DeepSpeed the accumulation comes from deepspeed.json
+    if not use_ds:  # under DeepSpeed the accumulation comes from deepspeed.json
         kwargs["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
     return Accelerator(**kwargs)
 
@@ -53,19 +54,23 @@ def resolve_demo_paths(cfg: Config, device: torch.device, log) -> dict[str, Any]
     if device.type != "cpu":
         what = "data_root" if need_data else "ref_vae_path"
         raise (DataError if need_data else ModelError)(
-            f"{what} is empty: on GPUs set --set {what}=/path (the built-in demo assets are for the cpu profile)")
+            f"{what} is empty: on GPUs set --set {what}=/path (the built-in demo assets are for the cpu profile)"
+        )
     from ..data.synthetic import ensure_demo_assets
 
-    data_root, vae_path = ensure_demo_assets(str(demo_cache_dir()), latent_channels=cfg.latent_channels,
-                                             ref_vae_type=cfg.ref_vae_type)
+    data_root, vae_path = ensure_demo_assets(
+        str(demo_cache_dir()), latent_channels=cfg.latent_channels, ref_vae_type=cfg.ref_vae_type
+    )
     out = cfg
     if need_data:
         out = replace(out, data_root=data_root)
         log(f"demo: data_root is the built-in synthetic set ({data_root}): moving shapes, not real video")
     if need_vae:
         out = replace(out, ref_vae_path=vae_path)
-        log(f"demo: reference VAE is a tiny randomly initialised {cfg.ref_vae_type} ({vae_path}); "
-            f"its latents carry no meaning beyond this demo")
+        log(
+            f"demo: reference VAE is a tiny randomly initialised {cfg.ref_vae_type} ({vae_path}); "
+            f"its latents carry no meaning beyond this demo"
+        )
     return out
 
 
@@ -85,7 +90,7 @@ class ShardedInfiniteSampler(Sampler[int]):
         while True:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             perm = torch.randperm(self.n, generator=g).tolist()
-            shard = perm[self.rank::self.world] or perm[: 1]
+            shard = perm[self.rank :: self.world] or perm[:1]
             yield from (epoch * self.n + i for i in shard[offset:])
             offset, epoch = 0, epoch + 1
 
@@ -95,7 +100,8 @@ def build_datasets(cfg: Config, accelerator, log):
         from ..data.cached import build_cached_datasets
 
         return build_cached_datasets(cfg, accelerator, log)
-    from ..data.clips import VideoClipDataset, probe_first_usable, usable_entries
+    from ..data.clips import VideoClipDataset
+    from ..data.probe import probe_first_usable, usable_entries
     from ...dataindex.index import index_once, split_train_val
 
     entries = index_once(cfg, accelerator)
@@ -106,11 +112,18 @@ def build_datasets(cfg: Config, accelerator, log):
     val_ok = usable_entries(val_e, cfg.n_frames)
     if len(val_ok) < len(val_e):
         bad = next(e.path for e in val_e if e not in val_ok)
-        log(f"data: leaving out {len(val_e) - len(val_ok)} of {len(val_e)} validation videos, unreadable or unusable "
-            f"(e.g. {bad})" + ("" if val_ok else f"; validating on training video {train_e[first].path}"))
-    common = dict(height=cfg.height, width=cfg.width, n_frames=cfg.n_frames,
-                  min_frame_delta=cfg.min_frame_delta, max_frame_delta=cfg.max_frame_delta,
-                  seed=cfg.seed)
+        log(
+            f"data: leaving out {len(val_e) - len(val_ok)} of {len(val_e)} validation videos, unreadable or unusable "
+            f"(e.g. {bad})" + ("" if val_ok else f"; validating on training video {train_e[first].path}")
+        )
+    common = dict(
+        height=cfg.height,
+        width=cfg.width,
+        n_frames=cfg.n_frames,
+        min_frame_delta=cfg.min_frame_delta,
+        max_frame_delta=cfg.max_frame_delta,
+        seed=cfg.seed,
+    )
     train_ds = VideoClipDataset(train_e, random_flip=cfg.random_flip, train=True, **common)
     val_ds = VideoClipDataset(val_ok or [train_e[first]], random_flip=False, train=False, **common)
     log(f"data: {len(entries)} videos under {cfg.data_root} ({len(train_e)} train, {len(val_e)} validation)")
@@ -124,8 +137,17 @@ def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
     collate = collate_cached if cfg.latent_cache else collate
     workers = cfg.dataloader_num_workers
     extra = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True) if workers > 0 else {}
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
-                      worker_init_fn=worker_init_fn, pin_memory=torch.cuda.is_available(), drop_last=True, **extra)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        worker_init_fn=worker_init_fn,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=True,
+        **extra,
+    )
 
 
 # Test-only: "opencv" runs the GPU decode stage with OpenCV frames on any device (CPU CI), and
@@ -142,17 +164,26 @@ def use_decoder(cfg: Config, device: torch.device, dataset, log) -> str:
     if os.environ.get(TEST_STAGE_ENV):
         name, why = "nvdec", ""
     if cfg.video_decoder == "nvdec" and name != "nvdec":
-        raise ConfigError(f"video_decoder=nvdec, but {why}: install the extra (pip install 'taehv-launch[nvdec]') "
-                          f"or use --set video_decoder=auto")
+        raise ConfigError(
+            f"video_decoder=nvdec, but {why}: install the extra (pip install 'taehv-launch[nvdec]') "
+            f"or use --set video_decoder=auto"
+        )
     if name == "nvdec":
         dataset.defer = True
-        what = "a test stand-in (OpenCV frames)" if os.environ.get(TEST_STAGE_ENV) else \
-            f"NVDEC, PyNvVideoCodec {nvdec_version()}"
-        log(f"data: decoding training clips on the GPU ({what}, {cfg.video_decode_threads} threads per rank); "
-            f"files it cannot take are decoded on the CPU")
+        what = (
+            "a test stand-in (OpenCV frames)"
+            if os.environ.get(TEST_STAGE_ENV)
+            else f"NVDEC, PyNvVideoCodec {nvdec_version()}"
+        )
+        log(
+            f"data: decoding training clips on the GPU ({what}, {cfg.video_decode_threads} threads per rank); "
+            f"files it cannot take are decoded on the CPU"
+        )
     else:
-        log(f"data: decoding training clips on the CPU (OpenCV, {cfg.dataloader_num_workers} DataLoader workers "
-            f"per rank)" + (f"; not on the GPU: {why}" if why and device.type == "cuda" else ""))
+        log(
+            f"data: decoding training clips on the CPU (OpenCV, {cfg.dataloader_num_workers} DataLoader workers "
+            f"per rank)" + (f"; not on the GPU: {why}" if why and device.type == "cuda" else "")
+        )
     return name
 
 
@@ -171,20 +202,29 @@ def batches(loader, decoder: str, cfg: Config, device: torch.device, log):
                 if refuse and path.endswith(refuse):
                     raise DecodeRefused("the test decoder refuses this file", os.path.basename(path))
                 return super().frames(path, indices)
+
         make = Refusing
-    return DecodeStage(loader, loader.dataset, device, cfg.height, cfg.width, make, threads=cfg.video_decode_threads,
-                       log=log)
+    return DecodeStage(
+        loader, loader.dataset, device, cfg.height, cfg.width, make, threads=cfg.video_decode_threads, log=log
+    )
 
 
 def load_reference(cfg: Config, device: torch.device):
     if not cfg.use_ref_vae or (cfg.latent_cache and cfg.latent_cache_encode == "never"):
-        return None     # a latent cache holds the reference latents: the VAE is not loaded
+        return None  # a latent cache holds the reference latents: the VAE is not loaded
     from ..reference.refvae import load_reference_vae
 
     dtype = getattr(torch, cfg.ref_vae_dtype)
-    ref = load_reference_vae(cfg.ref_vae_type, cfg.ref_vae_path, dtype=dtype, device=device,
-                             chunk_size=cfg.ref_vae_chunk_size, latent_mean=cfg.ref_latent_mean,
-                             latent_std=cfg.ref_latent_std, expect_channels=cfg.latent_channels)
+    ref = load_reference_vae(
+        cfg.ref_vae_type,
+        cfg.ref_vae_path,
+        dtype=dtype,
+        device=device,
+        chunk_size=cfg.ref_vae_chunk_size,
+        latent_mean=cfg.ref_latent_mean,
+        latent_std=cfg.ref_latent_std,
+        expect_channels=cfg.latent_channels,
+    )
     return ref
 
 
@@ -194,6 +234,11 @@ def build_seraena(cfg: Config, device: torch.device, rank: int):
     from ..model.seraena import VideoSeraena
 
     autocast = torch.bfloat16 if (cfg.mixed_precision == "bf16" and device.type == "cuda") else None
-    return VideoSeraena(cfg.latent_channels, frames_per_group=cfg.n_seraena_frames, lr=cfg.seraena_lr,
-                        buffer_bytes=cfg.seraena_buffer_mb << 20, autocast_dtype=autocast,
-                        seed=cfg.seed + rank).to(device)
+    return VideoSeraena(
+        cfg.latent_channels,
+        frames_per_group=cfg.n_seraena_frames,
+        lr=cfg.seraena_lr,
+        buffer_bytes=cfg.seraena_buffer_mb << 20,
+        autocast_dtype=autocast,
+        seed=cfg.seed + rank,
+    ).to(device)

@@ -14,8 +14,9 @@ from .speed import eager_reference
 
 
 @torch.no_grad()
-def evaluate(ema: torch.nn.Module, ref, val_ds, cfg: Config, device: torch.device, rank: int,
-             world: int) -> tuple[float, float, list[tuple[torch.Tensor, torch.Tensor]]]:
+def evaluate(
+    ema: torch.nn.Module, ref, val_ds, cfg: Config, device: torch.device, rank: int, world: int
+) -> tuple[float, float, list[tuple[torch.Tensor, torch.Tensor]]]:
     """(PSNR, SSIM averaged over every rank's clips, this rank's first num_sample_clips (target, decoded)
     pairs). Collective when world > 1: every rank runs the same number of batches."""
     n_batches = max(1, min(cfg.max_validation_batches, math.ceil(len(val_ds) / world)))
@@ -26,10 +27,10 @@ def evaluate(ema: torch.nn.Module, ref, val_ds, cfg: Config, device: torch.devic
         idx = (b * world + rank) % len(val_ds)
         item = val_ds[idx]
         frames = item["frames"][None].to(device).float().div_(255.0)
-        if item.get("latents") is not None:      # a latent cache's validation clip
+        if item.get("latents") is not None:  # a latent cache's validation clip
             latents = item["latents"][None].to(device)
         else:
-            with eager_reference(ref):    # batch 1: no compile for a shape used only here
+            with eager_reference(ref):  # batch 1: no compile for a shape used only here
                 latents = ref.encode(frames) if ref is not None else ema.encode_video(frames)
         dec = ema.decode_video(latents.float(), trim=family.trims(latents.shape[1]), clamp=True)
         target = decoder_targets(frames, dec)
@@ -47,7 +48,7 @@ def gif_bytes(frames: torch.Tensor, fps: int = 8) -> bytes:
 
     from PIL import Image
 
-    arrays = (frames.mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy())
+    arrays = frames.mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     images = [Image.fromarray(a) for a in arrays]
     out = io.BytesIO()
     images[0].save(out, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)

@@ -91,8 +91,11 @@ class Prefetcher:
         if self.stream is None:
             return batch
         with torch.cuda.stream(self.stream):
-            moved = {k: batch[k].to(self.device, non_blocking=True) for k in ("frames", "latents")
-                     if isinstance(batch.get(k), torch.Tensor)}
+            moved = {
+                k: batch[k].to(self.device, non_blocking=True)
+                for k in ("frames", "latents")
+                if isinstance(batch.get(k), torch.Tensor)
+            }
         return {**batch, **moved}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -124,8 +127,10 @@ class Window:
     def means(self) -> dict[str, float]:
         out = {}
         for k, vals in self.values.items():
-            if vals:   # the first .cpu() waits for the step's work; the rest are copies
-                out[k] = float(torch.stack([torch.as_tensor(v).detach().double().cpu().reshape(()) for v in vals]).mean())
+            if vals:  # the first .cpu() waits for the step's work; the rest are copies
+                out[k] = float(
+                    torch.stack([torch.as_tensor(v).detach().double().cpu().reshape(()) for v in vals]).mean()
+                )
         return out
 
     def clear(self) -> None:

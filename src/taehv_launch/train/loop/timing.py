@@ -24,12 +24,16 @@ class PeakMemory:
     both measures: a reset for one (the interval, a --profile phase) loses nothing for the other.
     `read` and `reset` stand in for torch's calls in tests. Without CUDA every measure is None."""
 
-    def __init__(self, device: torch.device, read: Callable[[], tuple[int, int]] | None = None,
-                 reset: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        device: torch.device,
+        read: Callable[[], tuple[int, int]] | None = None,
+        reset: Callable[[], None] | None = None,
+    ):
         self.enabled = device.type == "cuda" or read is not None
         self._read = read or (lambda: (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)))
         self._reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(device))
-        self._interval = self._window = (0, 0)      # bytes (allocated, reserved) before the last reset
+        self._interval = self._window = (0, 0)  # bytes (allocated, reserved) before the last reset
 
     def restart(self) -> None:
         """Reset torch's counter, keeping what it held in the interval's and the window's peaks."""
@@ -80,7 +84,7 @@ class PhaseTimer:
         self.enabled, self.device = enabled, device
         self.totals: dict[str, float] = defaultdict(float)
         self.memory_log = int(os.environ.get("TAEHV_MEMORY_LOG", "0") or 0) if device.type == "cuda" else 0
-        self.steady: tuple[int, float] | None = None   # (first step of the steady window, its start time)
+        self.steady: tuple[int, float] | None = None  # (first step of the steady window, its start time)
         self.steady_end: tuple[int, float] | None = None
 
     def at_step(self, step: int, steady_from: int, last: int) -> None:
@@ -116,8 +120,11 @@ class PhaseTimer:
 
     def _memory(self, name: str) -> None:
         if self.memory_log > 0:
-            print(f"memory: {name:<28} allocated {torch.cuda.memory_allocated(self.device) / 2**30:6.2f} GiB, "
-                  f"peak in phase {torch.cuda.max_memory_allocated(self.device) / 2**30:6.2f} GiB", flush=True)
+            print(
+                f"memory: {name:<28} allocated {torch.cuda.memory_allocated(self.device) / 2**30:6.2f} GiB, "
+                f"peak in phase {torch.cuda.max_memory_allocated(self.device) / 2**30:6.2f} GiB",
+                flush=True,
+            )
             if name.startswith("backward"):
                 self.memory_log -= 1
 
@@ -151,7 +158,7 @@ class SpeedLog:
         self.begin_step = self.t0 = None
         self.last_step, self.t1 = None, None
         self.min_free_gib = float("inf")
-        self.memory = peak_memory(device)     # the log line's interval peak and this window's peak
+        self.memory = peak_memory(device)  # the log line's interval peak and this window's peak
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -171,7 +178,7 @@ class SpeedLog:
             free, _ = torch.cuda.mem_get_info(self.device)
             self.min_free_gib = min(self.min_free_gib, free / 2**30)
         self.last_step = step
-        if step == self.cfg.max_train_steps and self.t0 is not None:   # before the final validation
+        if step == self.cfg.max_train_steps and self.t0 is not None:  # before the final validation
             self._sync()
             self.t1 = time.perf_counter()
 
@@ -185,18 +192,30 @@ class SpeedLog:
         secs = self.t1 - self.t0
         steps = self.last_step - self.begin_step
         clips = steps * global_batch(self.cfg, self.world)
-        out: dict[str, Any] = {"steps": steps, "from_step": self.begin_step, "seconds": secs,
-                               "clips_per_s": clips / secs, "clips_per_s_per_gpu": clips / secs / self.world,
-                               "world_size": self.world, "device": str(self.device), "phases": phases}
+        out: dict[str, Any] = {
+            "steps": steps,
+            "from_step": self.begin_step,
+            "seconds": secs,
+            "clips_per_s": clips / secs,
+            "clips_per_s_per_gpu": clips / secs / self.world,
+            "world_size": self.world,
+            "device": str(self.device),
+            "phases": phases,
+        }
         if self.device.type == "cuda":
             stats = torch.cuda.memory_stats(self.device)
             _, total = torch.cuda.mem_get_info(self.device)
             peak_allocated, peak_reserved = self.memory.window_gib()
-            out |= {"gpu": torch.cuda.get_device_name(self.device), "torch": torch.__version__,
-                    "peak_allocated_gib": peak_allocated, "peak_reserved_gib": peak_reserved,
-                    "min_free_gib": None if self.min_free_gib == float("inf") else self.min_free_gib,
-                    "total_gib": total / 2**30, "alloc_retries": stats.get("num_alloc_retries", 0),
-                    "cuda_malloc_ooms": stats.get("num_ooms", 0)}
+            out |= {
+                "gpu": torch.cuda.get_device_name(self.device),
+                "torch": torch.__version__,
+                "peak_allocated_gib": peak_allocated,
+                "peak_reserved_gib": peak_reserved,
+                "min_free_gib": None if self.min_free_gib == float("inf") else self.min_free_gib,
+                "total_gib": total / 2**30,
+                "alloc_retries": stats.get("num_alloc_retries", 0),
+                "cuda_malloc_ooms": stats.get("num_ooms", 0),
+            }
         if self.main:
             with disk_errors("speed.json", self.run_dir, "then continue with --resume auto"):
                 write_atomic(self.run_dir / "speed.json", json.dumps(out, indent=2))
@@ -207,3 +226,19 @@ def hms(seconds: float) -> str:
     """Seconds as H:MM:SS (for ETAs)."""
     s = int(max(0, seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def profiler(run_dir, cfg, device):
+    """torch.profiler for --profile: a few steps traced into <run>/logs/profile (TensorBoard)."""
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    steps = cfg.profile_steps
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(run_dir / "logs" / "profile")),
+        record_shapes=False,
+        # CUDA memory only: on CPU it warns about every block allocated before the trace began
+        profile_memory=device.type == "cuda",
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ...compat import add_gif, uncount_micro_batch
-from ...errors import EXIT_OK, EXIT_RESUMABLE, PeerFailure, TooManyBadSteps, UserError
+from ...errors import EXIT_OK, EXIT_RESUMABLE, TooManyBadSteps
 from ...plan.families import get_family
 from ...plan.schema import Config, config_dict, global_batch
 from ...rundir.layout import REQUEUE
@@ -33,23 +32,9 @@ from .evaluate import evaluate, gif_bytes
 from ..model.losses import DistillNet, decoder_targets, psnr_t
 from ..model.seraena import seraena_crop
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, enable_compile_cache
-from ..durability.status import node_rank, write_status
 from ..durability.stop import StopFlag
-from .timing import PhaseTimer, SpeedLog, hms
-from ..durability.watchdog import Watchdog, abort_job, stop_message
-
-
-def lr_at(step: int, cfg: Config) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warmup, then the schedule."""
-    peak, warm, total = cfg.learning_rate, cfg.lr_warmup_steps, cfg.max_train_steps
-    if step < warm:
-        return peak * (step + 1) / warm
-    if cfg.lr_scheduler == "constant":
-        return peak
-    progress = min(1.0, (step - warm) / max(1, total - warm))
-    floor = peak * cfg.min_lr_ratio
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_scheduler == "cosine" else 1 - progress
-    return floor + (peak - floor) * shape
+from .schedule import lr_at
+from .timing import PhaseTimer, SpeedLog, hms, profiler
 
 
 class Trainer:
@@ -70,32 +55,41 @@ class Trainer:
         from ..model.taehv import build_taehv, count_params
 
         taehv = build_taehv(cfg)
-        self.log(f"model: TAEHV {count_params(taehv) / 1e6:.2f}M parameters, latent_channels {cfg.latent_channels}, "
-                 f"frames_to_trim {taehv.frames_to_trim}; processes {self.world}, "
-                 f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, "
-                 f"device {self.device}")
+        self.log(
+            f"model: TAEHV {count_params(taehv) / 1e6:.2f}M parameters, latent_channels {cfg.latent_channels}, "
+            f"frames_to_trim {taehv.frames_to_trim}; processes {self.world}, "
+            f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, "
+            f"device {self.device}"
+        )
         net = DistillNet(taehv, get_family(cfg.ref_vae_type))
-        self.ema = EMA(taehv, cfg.ema_decay, zero_stage=0)   # before partitioning: a full copy
+        self.ema = EMA(taehv, cfg.ema_decay, zero_stage=0)  # before partitioning: a full copy
         self.ema.model.to(self.device)
         self._compile(taehv)
         fused = self.device.type == "cuda" and cfg.fused_optimizer
-        optimizer = torch.optim.AdamW(net.parameters(), lr=lr_at(0, cfg), betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                      weight_decay=cfg.adam_weight_decay, **({"fused": True} if fused else {}))
+        optimizer = torch.optim.AdamW(
+            net.parameters(),
+            lr=lr_at(0, cfg),
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            weight_decay=cfg.adam_weight_decay,
+            **({"fused": True} if fused else {}),
+        )
         self.model, self.optimizer = self.acc.prepare(net, optimizer)
         self.ema.zero_stage = self.zero
         self.seraena = build.build_seraena(cfg, self.device, self.rank)
         self.state = TrainState(world_size=self.world, zero_stage=self.zero, config=config_dict(cfg))
         if resume:
-            self.state = load_checkpoint(Path(resume), self.acc, self.model, self.optimizer, self.ema, self.seraena,
-                                         self.world, self.zero)
+            self.state = load_checkpoint(
+                Path(resume), self.acc, self.model, self.optimizer, self.ema, self.seraena, self.world, self.zero
+            )
             self.state.config = config_dict(cfg)
             self.log(f"resumed from {resume} at step {self.state.step}")
         train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
         decoder = build.use_decoder(cfg, self.device, train_ds, self.log)
-        sampler = build.ShardedInfiniteSampler(len(train_ds), self.rank, self.world, cfg.seed,
-                                               start=self.state.samples_seen)
+        sampler = build.ShardedInfiniteSampler(
+            len(train_ds), self.rank, self.world, cfg.seed, start=self.state.samples_seen
+        )
         self.loader = build.make_loader(train_ds, cfg.micro_batch_size, sampler, cfg)
-        self.batches = build.batches(self.loader, decoder, cfg, self.device, self.log)   # GPU decode stage or loader
+        self.batches = build.batches(self.loader, decoder, cfg, self.device, self.log)  # GPU decode stage or loader
         self.writer = None
         if self.acc.is_main_process:
             from torch.utils.tensorboard import SummaryWriter
@@ -115,7 +109,7 @@ class Trainer:
         if self.ref is not None:
             compile_reference(self.ref, self.cfg.ref_channels_last)
             what.append(f"reference VAE encoder{' (channels-last)' if self.ref.channels_last else ''}")
-        if self.cfg.compile == "all" and self.zero == 3:   # compiled under ZeRO-3's hooks: measured no faster
+        if self.cfg.compile == "all" and self.zero == 3:  # compiled under ZeRO-3's hooks: measured no faster
             self.log("compile: TAEHV stays eager under ZeRO-3 (compiled it measured no faster: docs/benchmarks.md)")
         elif self.cfg.compile == "all":
             compile_taehv(taehv, self.cfg.channels_last)
@@ -151,7 +145,7 @@ class Trainer:
         cfg, t = self.cfg, self.timer
         with t("data (to device)"):
             frames = batch["frames"].to(self.device, non_blocking=True).float().div_(255.0)
-            latents = batch.get("latents")           # a latent cache's stored latents (zeros where online)
+            latents = batch.get("latents")  # a latent cache's stored latents (zeros where online)
             latents = latents.to(self.device, non_blocking=True).float() if latents is not None else None
         with t("reference VAE encode"):
             latents = self.reference_latents(frames, latents, batch.get("online"))
@@ -166,7 +160,7 @@ class Trainer:
             rec_loss = F.mse_loss(dec, target)
             enc_loss = F.mse_loss(enc.float(), latents) if (enc is not None and distilling) else dec.new_zeros(())
             if not self.all_finite(rec_loss, enc_loss):
-                uncount_micro_batch(self.acc)     # this micro-batch does not count towards accumulation
+                uncount_micro_batch(self.acc)  # this micro-batch does not count towards accumulation
                 return None
             ser_loss, disc_loss = dec.new_zeros(()), 0.0
             if self.seraena is not None:
@@ -174,19 +168,29 @@ class Trainer:
                     real, fake, ctx = seraena_crop(target, dec, latents, cfg.seraena_crop, self.seraena.gen)
                     corrected, stats = self.seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
                 ser_loss, disc_loss = F.mse_loss(fake, corrected), stats["disc_loss"]
-            loss = (cfg.reconstruction_loss_weight * rec_loss + cfg.encoder_loss_weight * enc_loss
-                    + cfg.seraena_loss_weight * ser_loss)
+            loss = (
+                cfg.reconstruction_loss_weight * rec_loss
+                + cfg.encoder_loss_weight * enc_loss
+                + cfg.seraena_loss_weight * ser_loss
+            )
             with t("backward + optimizer"):
                 self.acc.backward(loss)
                 if self.acc.sync_gradients and self.acc.state.deepspeed_plugin is None:
                     self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss.detach(), "reconstruction_loss": rec_loss.detach(), "encoder_loss": enc_loss.detach(),
-                "seraena_loss": ser_loss.detach(), "disc_loss": disc_loss, "psnr": psnr_t(dec, target)}
+        return {
+            "loss": loss.detach(),
+            "reconstruction_loss": rec_loss.detach(),
+            "encoder_loss": enc_loss.detach(),
+            "seraena_loss": ser_loss.detach(),
+            "disc_loss": disc_loss,
+            "psnr": psnr_t(dec, target),
+        }
 
-    def reference_latents(self, frames: torch.Tensor, stored: torch.Tensor | None,
-                          online: list[bool] | None) -> torch.Tensor | None:
+    def reference_latents(
+        self, frames: torch.Tensor, stored: torch.Tensor | None, online: list[bool] | None
+    ) -> torch.Tensor | None:
         """The reference latents of a micro-batch: the latent cache's, with the items it could not give
         (`online`) encoded here; all encoded here without a cache; None without a reference VAE."""
         if stored is None:
@@ -207,11 +211,13 @@ class Trainer:
         cfg, st = self.cfg, self.state
         micro, accum, total = cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.max_train_steps
         global_batch = micro * accum * self.world
-        self.log(f"training: steps {st.step} -> {total}, global batch {global_batch} = micro {micro} x "
-                 f"{self.world} processes x accumulation {accum}")
+        self.log(
+            f"training: steps {st.step} -> {total}, global batch {global_batch} = micro {micro} x "
+            f"{self.world} processes x accumulation {accum}"
+        )
         window = Window()
         t_window, samples_window = time.perf_counter(), 0
-        prof = self._profiler() if self.profile else contextlib.nullcontext()
+        prof = profiler(self.run_dir, self.cfg, self.device) if self.profile else contextlib.nullcontext()
         data_iter = Prefetcher(self.batches, self.device)
         vote = AsyncVote(self.device) if self.world > 1 else None
         self.speed.start(st.step)
@@ -233,19 +239,22 @@ class Trainer:
                     if out is None:
                         self.bad_in_a_row += 1
                         st.bad_steps_total += 1
-                        self.log(f"step {st.step}: non-finite loss on some rank; micro-batch skipped on all ranks "
-                                 f"({self.bad_in_a_row} in a row)")
+                        self.log(
+                            f"step {st.step}: non-finite loss on some rank; micro-batch skipped on all ranks "
+                            f"({self.bad_in_a_row} in a row)"
+                        )
                         if self.bad_in_a_row >= cfg.max_consecutive_bad_steps:
                             raise TooManyBadSteps(
                                 f"{self.bad_in_a_row} non-finite losses in a row at step {st.step}: lower "
-                                f"learning_rate or check the data; the last good checkpoint is intact")
+                                f"learning_rate or check the data; the last good checkpoint is intact"
+                            )
                         continue
                     self.bad_in_a_row = 0
                     done_micro += 1
                     samples_window += micro * self.world
                     window.add(out)
                 st.step += 1
-                self.ema.update(self.acc.unwrap_model(self.model).taehv, st.step)   # gathers under ZeRO-3
+                self.ema.update(self.acc.unwrap_model(self.model).taehv, st.step)  # gathers under ZeRO-3
                 if p is not None:
                     p.step()
                 if bar is not None:
@@ -263,7 +272,7 @@ class Trainer:
                     self.validate()
                 if vote is None:
                     stopping = self.stop.local
-                else:   # the vote cast after the previous step: no host sync while this step runs
+                else:  # the vote cast after the previous step: no host sync while this step runs
                     stopping = vote.result()
                     vote.cast(self.stop.local)
                 if stopping or st.step % cfg.checkpointing_steps == 0 or st.step == total:
@@ -286,60 +295,66 @@ class Trainer:
             self.bar = None
         if self.acc.is_main_process:
             (self.run_dir / REQUEUE).write_text(json.dumps({"step": self.state.step}))
-        self.log(f"stopped by a signal at step {self.state.step}; checkpoint saved. Resume with --resume auto "
-                 f"(exit code {EXIT_RESUMABLE})")
+        self.log(
+            f"stopped by a signal at step {self.state.step}; checkpoint saved. Resume with --resume auto "
+            f"(exit code {EXIT_RESUMABLE})"
+        )
         return EXIT_RESUMABLE
 
     def _progress(self, start: int, total: int):
         if not self.acc.is_main_process or self.debug or os.environ.get("TAEHV_TTY") != "1":
-            return None   # log lines carry loss, samples/s and ETA; the bar is for a person at a terminal
+            return None  # log lines carry loss, samples/s and ETA; the bar is for a person at a terminal
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stdout,
-                    mininterval=2.0)
+        return tqdm(
+            total=total, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stdout, mininterval=2.0
+        )
 
-    def _log_window(self, window: Window, samples_per_s: float, step: int, total: int,
-                    start_step: int) -> dict[str, float]:
-        means = window.means()     # the one host sync of the window
-        if self.world > 1:   # average across ranks (every rank must take part)
+    def _log_window(
+        self, window: Window, samples_per_s: float, step: int, total: int, start_step: int
+    ) -> dict[str, float]:
+        means = window.means()  # the one host sync of the window
+        if self.world > 1:  # average across ranks (every rank must take part)
             keys = sorted(means)
             t = torch.tensor([means[k] for k in keys], device=self.device, dtype=torch.float64)
             dist.all_reduce(t)
             means = dict(zip(keys, (t / self.world).tolist()))
         lr = self.optimizer.param_groups[0]["lr"]
-        mem = self.speed.memory.interval_gib() or 0.0      # GPU: peak since the last log line; CPU: 0
+        mem = self.speed.memory.interval_gib() or 0.0  # GPU: peak since the last log line; CPU: 0
         for k, v in means.items():
             self.scalar(f"train/{k}", v, step)
         self.scalar("train/learning_rate", lr, step)
         self.scalar("train/samples_per_second", samples_per_s, step)
         self.scalar("train/gpu_memory_gb", mem, step)
-        self.scalar("train/gpu_memory_usage", mem, step)     # the seeds' dashboards read this name
-        eta = (total - step) * global_batch(self.cfg, self.world) \
-            / max(samples_per_s, 1e-9)
-        self.log(f"step {step}/{total} | loss {means.get('loss', float('nan')):.4f} | rec "
-                 f"{means.get('reconstruction_loss', float('nan')):.4f} | enc {means.get('encoder_loss', float('nan')):.4f}"
-                 f" | seraena {means.get('seraena_loss', 0):.4f} | psnr {means.get('psnr', float('nan')):.2f} dB | "
-                 f"lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | ETA {hms(eta)}")
+        self.scalar("train/gpu_memory_usage", mem, step)  # the seeds' dashboards read this name
+        eta = (total - step) * global_batch(self.cfg, self.world) / max(samples_per_s, 1e-9)
+        self.log(
+            f"step {step}/{total} | loss {means.get('loss', float('nan')):.4f} | rec "
+            f"{means.get('reconstruction_loss', float('nan')):.4f} | enc {means.get('encoder_loss', float('nan')):.4f}"
+            f" | seraena {means.get('seraena_loss', 0):.4f} | psnr {means.get('psnr', float('nan')):.2f} dB | "
+            f"lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | ETA {hms(eta)}"
+        )
         return means
 
     # ------------------------------------------------------------------ validation, checkpoints
     @torch.no_grad()
     def validate(self) -> float:
         """EMA model on the held-out clips, sharded over ranks; every rank runs the same count."""
-        val_psnr, val_ssim, samples = evaluate(self.ema.model, self.ref, self.val_ds, self.cfg, self.device,
-                                               self.rank, self.world)
+        val_psnr, val_ssim, samples = evaluate(
+            self.ema.model, self.ref, self.val_ds, self.cfg, self.device, self.rank, self.world
+        )
         step = self.state.step
         self.scalar("val/psnr", val_psnr, step)
         self.scalar("val/ssim", val_ssim, step)
         if self.writer is not None:
-            for i, (real, fake) in enumerate(samples):    # rows: input frames, reconstruction
+            for i, (real, fake) in enumerate(samples):  # rows: input frames, reconstruction
                 grid = torch.cat([torch.cat(list(real), -1), torch.cat(list(fake), -1)], -2)
                 self.writer.add_image(f"val/clip_{i}", grid.clamp(0, 1), step)
-                side = torch.cat([real, fake], -1).clamp(0, 1)        # T x 3 x H x 2W: input | reconstruction
+                side = torch.cat([real, fake], -1).clamp(0, 1)  # T x 3 x H x 2W: input | reconstruction
                 add_gif(self.writer, f"val/video_{i}", gif_bytes(side), side.shape[-2], side.shape[-1], step)
             self.writer.flush()
         self.log(f"validation at step {step}: psnr {val_psnr:.2f} dB, ssim {val_ssim:.4f} (EMA model)")
-        if val_psnr > self.state.best_psnr and step > 0:     # step 0: the untrained baseline
+        if val_psnr > self.state.best_psnr and step > 0:  # step 0: the untrained baseline
             self.state.best_psnr, self.state.best_step = val_psnr, step
             self.export("best_model")
         return val_psnr
@@ -348,53 +363,26 @@ class Trainer:
         st = self.state
         st.skipped_files = sorted(self.skipped_seen)[:1000]
         include = self.seraena is not None and self.seraena.buffer_nbytes <= self.cfg.seraena_checkpoint_buffer_mb << 20
-        path = save_checkpoint(self.run_dir, self.acc, self.model, self.optimizer, self.ema, self.seraena, st,
-                               include_buffer=include)
+        path = save_checkpoint(
+            self.run_dir, self.acc, self.model, self.optimizer, self.ema, self.seraena, st, include_buffer=include
+        )
         if self.acc.is_main_process:
             removed = rotate(self.run_dir, self.cfg.checkpoints_total_limit, st.best_step)
             self.log(f"checkpoint: {path.name}" + (f" (removed {', '.join(removed)})" if removed else ""))
 
     def export(self, name: str) -> None:
         if self.acc.is_main_process:
-            meta = {"step": self.state.step, "val_psnr": self.state.best_psnr if name == "best_model" else None,
-                    "latent_channels": self.cfg.latent_channels, "patch_size": self.cfg.patch_size,
-                    "ref_vae_type": self.cfg.ref_vae_type, "ema_decay": self.cfg.ema_decay}
+            meta = {
+                "step": self.state.step,
+                "val_psnr": self.state.best_psnr if name == "best_model" else None,
+                "latent_channels": self.cfg.latent_channels,
+                "patch_size": self.cfg.patch_size,
+                "ref_vae_type": self.cfg.ref_vae_type,
+                "ema_decay": self.cfg.ema_decay,
+            }
             export_model(self.ema.state_dict(), self.run_dir / name, meta)
 
-    def _profiler(self):
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        steps = self.cfg.profile_steps
-        return profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
-                       on_trace_ready=tensorboard_trace_handler(str(self.run_dir / "logs" / "profile")),
-                       record_shapes=False,
-                       # CUDA memory only: on CPU it warns about every block allocated before the trace began
-                       profile_memory=self.device.type == "cuda")
-
     def close(self) -> None:
-        getattr(self.batches, "close", lambda: None)()     # the GPU decode threads
+        getattr(self.batches, "close", lambda: None)()  # the GPU decode threads
         if self.writer is not None:
             self.writer.close()
-
-
-def train(cfg: Config, run_dir: Path, resume: str | None, debug: bool, profile: bool) -> int:
-    trainer = Trainer(cfg, run_dir, resume, debug, profile)
-    dog = Watchdog(run_dir, trainer.rank, trainer.world, node_rank(),
-                   on_dead=abort_job(lambda code, msg: write_status(run_dir, code, msg), trainer.rank)).start()
-    clean = False
-    try:
-        code = trainer.fit()
-        clean = True
-        return code
-    except BaseException as exc:
-        why = None
-        if trainer.world > 1 and not isinstance(exc, (UserError, KeyboardInterrupt)):
-            why = dog.find_dead_peer(timeout_s=dog.stale_s + 2 * dog.period_s)   # a transport error from a dead peer?
-        dog.mark_dead(why or f"{type(exc).__name__}: {exc}")
-        if why:
-            raise PeerFailure(stop_message(why)) from None
-        raise
-    finally:
-        dog.stop(clean)
-        trainer.close()

@@ -34,9 +34,9 @@ class DistillNet(nn.Module):
         Returns (encoded latents, decoded frames NTCHW, unclamped: the loss sees gradients
         outside [0, 1]).
         """
-        dtype = self.taehv.encoder[0].weight.dtype    # bf16 when DeepSpeed holds the weights in bf16
+        dtype = self.taehv.encoder[0].weight.dtype  # bf16 when DeepSpeed holds the weights in bf16
         enc = self.taehv.encode_video(frames.to(dtype))
-        if latents is None:                             # use_ref_vae=False: decode our own encodings
+        if latents is None:  # use_ref_vae=False: decode our own encodings
             latents = enc.detach()
         dec = self.taehv.decode_video(latents.to(dtype), trim=self.trims(latents.shape[1]), clamp=False)
         return enc, dec
@@ -65,9 +65,9 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5)
     a = a.detach().float().clamp(0, 1).flatten(0, -4)
     b = b.detach().float().flatten(0, -4)
     c = a.shape[1]
-    window = min(window, a.shape[-1], a.shape[-2])       # tiny crops: a smaller window
+    window = min(window, a.shape[-1], a.shape[-2])  # tiny crops: a smaller window
     coords = torch.arange(window, dtype=torch.float32, device=a.device) - (window - 1) / 2
-    g = torch.exp(-(coords ** 2) / (2 * sigma ** 2))
+    g = torch.exp(-(coords**2) / (2 * sigma**2))
     g = g / g.sum()
     kernel = (g[:, None] * g[None, :]).expand(c, 1, window, window).contiguous()
 
@@ -75,9 +75,9 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5)
         return F.conv2d(x, kernel, groups=c)
 
     mu_a, mu_b = blur(a), blur(b)
-    var_a = blur(a * a) - mu_a ** 2
-    var_b = blur(b * b) - mu_b ** 2
+    var_a = blur(a * a) - mu_a**2
+    var_b = blur(b * b) - mu_b**2
     cov = blur(a * b) - mu_a * mu_b
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
-    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
+    c1, c2 = 0.01**2, 0.03**2
+    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
     return s.mean().item()

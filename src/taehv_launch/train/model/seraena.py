@@ -167,11 +167,12 @@ class VideoSeraena(nn.Module):
         """Inverse of _group: (N*G) x (F*C) x H x W -> NTCHW, padding frames dropped."""
         _NG, FC, H, W = x.shape
         x = x.reshape(N, -1, FC // self.frames_per_group, H, W)
-        return x[:, x.shape[1] - T:]
+        return x[:, x.shape[1] - T :]
 
     def _autocast(self, device: torch.device):
-        return torch.autocast(device.type, dtype=self.autocast_dtype or torch.float32,
-                              enabled=self.autocast_dtype is not None)
+        return torch.autocast(
+            device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
+        )
 
     # --- distributed ----------------------------------------------------------------------
 
@@ -198,7 +199,7 @@ class VideoSeraena(nn.Module):
         flat /= world
         offset = 0
         for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
         return bool(torch.isfinite(flat).all())
 
@@ -226,7 +227,7 @@ class VideoSeraena(nn.Module):
         # half fresh fakes, half replayed ones (fresh only while the buffer is empty)
         B = fake.shape[0]
         n_replay = B // 2 if self.buffer.items else 0
-        fakes, ctxs = fake[:B - n_replay], ctx[:B - n_replay]
+        fakes, ctxs = fake[: B - n_replay], ctx[: B - n_replay]
         if n_replay:
             old_fake, old_ctx = self.buffer.sample(n_replay, self.gen)
             fakes = torch.cat([fakes, old_fake.to(fake.dtype)])
@@ -304,8 +305,9 @@ class VideoSeraena(nn.Module):
         """
         assert real.ndim == 5 and real.shape[2] == 3, f"expected NTCHW RGB frames, got real {tuple(real.shape)}"
         assert fake.shape == real.shape, f"fake {tuple(fake.shape)} and real {tuple(real.shape)} must match"
-        assert latents.ndim == 5 and latents.shape[0] == real.shape[0] and latents.shape[2] == self.latent_channels, \
+        assert latents.ndim == 5 and latents.shape[0] == real.shape[0] and latents.shape[2] == self.latent_channels, (
             f"expected N x T' x {self.latent_channels} x h x w latents for {real.shape[0]} clips, got {tuple(latents.shape)}"
+        )
         param = next(self.disc.parameters())
         if self._world() > 1 and not self._synced:
             self._broadcast_from_rank0()
@@ -320,8 +322,11 @@ class VideoSeraena(nn.Module):
             disc_loss, skipped = self._disc_train_step(real_g, fake_g, ctx)
         correction = self._make_correction(real_g, fake_g, ctx)
         targets = self._ungroup(fake_g + correction, N, T).to(fake.dtype)
-        return targets, {"disc_loss": disc_loss, "disc_step_skipped": float(skipped),
-                         "replay_buffer_mb": self.buffer.nbytes / 2**20}
+        return targets, {
+            "disc_loss": disc_loss,
+            "disc_step_skipped": float(skipped),
+            "replay_buffer_mb": self.buffer.nbytes / 2**20,
+        }
 
     # --- checkpoints ----------------------------------------------------------------------
 
@@ -359,8 +364,9 @@ class VideoSeraena(nn.Module):
         self._synced = True  # every rank loads the same checkpoint
 
 
-def seraena_crop(target: torch.Tensor, dec: torch.Tensor, latents: torch.Tensor, crop: int,
-                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def seraena_crop(
+    target: torch.Tensor, dec: torch.Tensor, latents: torch.Tensor, crop: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(target, decoded, latents) as Seraena sees them: one random crop x crop window on the 8-pixel
     latent grid, the same for every clip of the micro-batch; the whole frames when crop is 0 or
     not smaller than the frame. target/dec NTCHW, latents NT'chw with h, w = H/8, W/8."""

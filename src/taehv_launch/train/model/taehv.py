@@ -53,8 +53,10 @@ class MemBlock(nn.Module):
         super().__init__()
         # In-place ReLUs act on fresh conv / sum outputs that nothing saves for backward.
         self.conv = nn.Sequential(
-            conv(n_in * 2, n_out), nn.ReLU(inplace=True),
-            conv(n_out, n_out), nn.ReLU(inplace=True),
+            conv(n_in * 2, n_out),
+            nn.ReLU(inplace=True),
+            conv(n_out, n_out),
+            nn.ReLU(inplace=True),
             conv(n_out, n_out),
         )
         self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
@@ -144,39 +146,55 @@ class TAEHV(nn.Module):
         super().__init__()
         if len(decoder_time_upscale) == 2:
             decoder_time_upscale = (False, *decoder_time_upscale)
-        for name, flags in [("encoder_time_downscale", encoder_time_downscale),
-                            ("decoder_time_upscale", decoder_time_upscale),
-                            ("decoder_space_upscale", decoder_space_upscale)]:
+        for name, flags in [
+            ("encoder_time_downscale", encoder_time_downscale),
+            ("decoder_time_upscale", decoder_time_upscale),
+            ("decoder_space_upscale", decoder_space_upscale),
+        ]:
             assert len(flags) == 3, f"{name} needs 3 entries (one per stage), got {tuple(flags)}"
         self.latent_channels = latent_channels
         self.patch_size = patch_size
         self.image_channels = 3
         self.gradient_checkpointing = gradient_checkpointing
-        self.channels_last = False   # NHWC frames: set for compiled GPU training (train/loop/speed.py)
+        self.channels_last = False  # NHWC frames: set for compiled GPU training (train/loop/speed.py)
 
         def enc_stage(down_t: bool) -> list[nn.Module]:
-            return [TPool(64, 2 if down_t else 1), conv(64, 64, stride=2, bias=False),
-                    MemBlock(64, 64), MemBlock(64, 64), MemBlock(64, 64)]
+            return [
+                TPool(64, 2 if down_t else 1),
+                conv(64, 64, stride=2, bias=False),
+                MemBlock(64, 64),
+                MemBlock(64, 64),
+                MemBlock(64, 64),
+            ]
 
         def dec_stage(n_in: int, n_out: int, up_t: bool, up_s: bool) -> list[nn.Module]:
-            return [MemBlock(n_in, n_in), MemBlock(n_in, n_in), MemBlock(n_in, n_in),
-                    nn.Upsample(scale_factor=2 if up_s else 1), TGrow(n_in, 2 if up_t else 1),
-                    conv(n_in, n_out, bias=False)]
+            return [
+                MemBlock(n_in, n_in),
+                MemBlock(n_in, n_in),
+                MemBlock(n_in, n_in),
+                nn.Upsample(scale_factor=2 if up_s else 1),
+                TGrow(n_in, 2 if up_t else 1),
+                conv(n_in, n_out, bias=False),
+            ]
 
         c_img = self.image_channels * patch_size**2
         self.encoder = nn.Sequential(
-            conv(c_img, 64), nn.ReLU(inplace=True),
+            conv(c_img, 64),
+            nn.ReLU(inplace=True),
             *enc_stage(encoder_time_downscale[0]),
             *enc_stage(encoder_time_downscale[1]),
             *enc_stage(encoder_time_downscale[2]),
             conv(64, latent_channels),
         )
         self.decoder = nn.Sequential(
-            Clamp(), conv(latent_channels, N_F[0]), nn.ReLU(inplace=True),
+            Clamp(),
+            conv(latent_channels, N_F[0]),
+            nn.ReLU(inplace=True),
             *dec_stage(N_F[0], N_F[1], decoder_time_upscale[0], decoder_space_upscale[0]),
             *dec_stage(N_F[1], N_F[2], decoder_time_upscale[1], decoder_space_upscale[1]),
             *dec_stage(N_F[2], N_F[3], decoder_time_upscale[2], decoder_space_upscale[2]),
-            nn.ReLU(inplace=True), conv(N_F[3], c_img),
+            nn.ReLU(inplace=True),
+            conv(N_F[3], c_img),
         )
         self.t_downscale = 2 ** sum(b.stride == 2 for b in self.encoder if isinstance(b, TPool))
         self.t_upscale = 2 ** sum(b.stride == 2 for b in self.decoder if isinstance(b, TGrow))
@@ -204,8 +222,9 @@ class TAEHV(nn.Module):
         """
         assert x.ndim == 5 and x.shape[2] == self.image_channels, f"expected NTCHW RGB frames, got {tuple(x.shape)}"
         step = 8 * self.patch_size
-        assert x.shape[-2] % step == 0 and x.shape[-1] % step == 0, \
+        assert x.shape[-2] % step == 0 and x.shape[-1] % step == 0, (
             f"frame size {tuple(x.shape[-2:])} must be a multiple of {step} (8 x patch_size)"
+        )
         if x.shape[1] % self.t_downscale:
             n_pad = self.t_downscale - x.shape[1] % self.t_downscale
             x = torch.cat([x, x[:, -1:].expand(-1, n_pad, -1, -1, -1)], 1)
@@ -220,14 +239,15 @@ class TAEHV(nn.Module):
         i of the encoded clip. clamp=True gives [0, 1] (out of place); training passes
         clamp=False so every pixel keeps its gradient.
         """
-        assert z.ndim == 5 and z.shape[2] == self.latent_channels, \
+        assert z.ndim == 5 and z.shape[2] == self.latent_channels, (
             f"expected NTCHW latents with {self.latent_channels} channels, got {tuple(z.shape)}"
+        )
         x = self._run_blocks(self.decoder, z)
         if self.patch_size > 1:
             x = F.pixel_shuffle(x, self.patch_size)
         if clamp:
             x = x.clamp(0, 1)
-        return x[:, self.frames_to_trim:] if trim else x
+        return x[:, self.frames_to_trim :] if trim else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Round trip: frames NTCHW in [0, 1] -> reconstruction (trimmed, unclamped)."""
@@ -236,26 +256,36 @@ class TAEHV(nn.Module):
 
 # --- weights ----------------------------------------------------------------------------
 
+
 def _read_state_dict(path: str) -> dict[str, torch.Tensor]:
     if not os.path.isfile(path):
-        raise ModelError(f"TAEHV weights not found: {path}; set pretrained_model_path to an existing "
-                         f".pth/.safetensors file, or to '' to train from scratch")
+        raise ModelError(
+            f"TAEHV weights not found: {path}; set pretrained_model_path to an existing "
+            f".pth/.safetensors file, or to '' to train from scratch"
+        )
     try:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
+
             sd = load_file(path, device="cpu")
         else:
             sd = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only=True refuses anything but tensors
-        raise ModelError(f"cannot read TAEHV weights {path}: it holds pickled Python objects, not just "
-                         f"tensors; re-save it as model.state_dict() (.pth) or as .safetensors") from e
+        raise ModelError(
+            f"cannot read TAEHV weights {path}: it holds pickled Python objects, not just "
+            f"tensors; re-save it as model.state_dict() (.pth) or as .safetensors"
+        ) from e
     except Exception as e:  # corrupt or truncated file, wrong format
         reason = (str(e).strip().splitlines() or [""])[0]  # keep the message to one line
-        raise ModelError(f"cannot read TAEHV weights {path} ({type(e).__name__}: {reason}); "
-                         f"expected a state dict saved as .pth or .safetensors") from e
+        raise ModelError(
+            f"cannot read TAEHV weights {path} ({type(e).__name__}: {reason}); "
+            f"expected a state dict saved as .pth or .safetensors"
+        ) from e
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ModelError(f"TAEHV weights {path} are not a flat state dict of tensors; "
-                         f"export the model's state_dict() (public taehv.pth format)")
+        raise ModelError(
+            f"TAEHV weights {path} are not a flat state dict of tensors; "
+            f"export the model's state_dict() (public taehv.pth format)"
+        )
     return dict(sd)
 
 
@@ -278,9 +308,12 @@ def _settings_in(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 def _mismatch_hint(model: TAEHV, sd: Mapping[str, torch.Tensor]) -> str:
     """What to change, from the settings the file implies (read after TGrow patching)."""
-    ours = {"latent_channels": model.latent_channels, "patch_size": model.patch_size,
-            "encoder_time_downscale": tuple(b.stride == 2 for b in model.encoder if isinstance(b, TPool)),
-            "decoder_time_upscale": tuple(b.stride == 2 for b in model.decoder if isinstance(b, TGrow))}
+    ours = {
+        "latent_channels": model.latent_channels,
+        "patch_size": model.patch_size,
+        "encoder_time_downscale": tuple(b.stride == 2 for b in model.encoder if isinstance(b, TPool)),
+        "decoder_time_upscale": tuple(b.stride == 2 for b in model.decoder if isinstance(b, TGrow)),
+    }
     diff = [f"{k}={v!r}" for k, v in _settings_in(sd).items() if v != ours[k]]
     if diff:
         return f"the file was made with {', '.join(diff)}: set {'/'.join(d.split('=')[0] for d in diff)} to match"
@@ -299,18 +332,23 @@ def load_taehv_state_dict(model: TAEHV, path: str) -> TAEHV:
     for i, b in enumerate(model.decoder):
         key = f"decoder.{i}.conv.weight"
         if isinstance(b, TGrow) and key in sd and sd[key].shape[0] > want[key].shape[0]:
-            sd[key] = sd[key][-want[key].shape[0]:]
+            sd[key] = sd[key][-want[key].shape[0] :]
     for key, ref in want.items():
         if key not in sd:
-            raise ModelError(f"TAEHV weights {path} lack {key} (model shape {tuple(ref.shape)}); "
-                             f"{_mismatch_hint(model, sd)}")
+            raise ModelError(
+                f"TAEHV weights {path} lack {key} (model shape {tuple(ref.shape)}); {_mismatch_hint(model, sd)}"
+            )
         if sd[key].shape != ref.shape:
-            raise ModelError(f"TAEHV weights {path}: {key} has shape {tuple(sd[key].shape)} in the file but "
-                             f"{tuple(ref.shape)} in the model; {_mismatch_hint(model, sd)}")
+            raise ModelError(
+                f"TAEHV weights {path}: {key} has shape {tuple(sd[key].shape)} in the file but "
+                f"{tuple(ref.shape)} in the model; {_mismatch_hint(model, sd)}"
+            )
     extra = [k for k in sd if k not in want]
     if extra:
-        raise ModelError(f"TAEHV weights {path} have a key the model lacks: {extra[0]} "
-                         f"(shape {tuple(sd[extra[0]].shape)}, {len(extra)} extra in all); {_mismatch_hint(model, sd)}")
+        raise ModelError(
+            f"TAEHV weights {path} have a key the model lacks: {extra[0]} "
+            f"(shape {tuple(sd[extra[0]].shape)}, {len(extra)} extra in all); {_mismatch_hint(model, sd)}"
+        )
     model.load_state_dict(sd, strict=True)
     return model
 

@@ -35,8 +35,16 @@ class ViewDataset(Dataset):
         from ...dataindex.index import VideoEntry
 
         self.work, self.root, self.seed = work, root, cfg.seed
-        self.clips = VideoClipDataset([VideoEntry(os.path.join(root, "_"))], cfg.height, cfg.width, cfg.n_frames,
-                                      cfg.min_frame_delta, cfg.max_frame_delta, cfg.random_flip, cfg.seed)
+        self.clips = VideoClipDataset(
+            [VideoEntry(os.path.join(root, "_"))],
+            cfg.height,
+            cfg.width,
+            cfg.n_frames,
+            cfg.min_frame_delta,
+            cfg.max_frame_delta,
+            cfg.random_flip,
+            cfg.seed,
+        )
 
     def __len__(self) -> int:
         return len(self.work)
@@ -51,8 +59,9 @@ class ViewDataset(Dataset):
             return {"frames": None, "view": {**record, "skipped": got}}
         clip, v = got
         c = v.crop
-        record.update(bytes=os.path.getsize(path), frames=list(v.frames), crop=[c.y, c.x, c.h, c.w, c.flip],
-                      seek=v.seek)
+        record.update(
+            bytes=os.path.getsize(path), frames=list(v.frames), crop=[c.y, c.x, c.h, c.w, c.flip], seek=v.seek
+        )
         return {"frames": clip, "view": record}
 
 
@@ -61,29 +70,41 @@ def collate_views(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"frames": torch.stack(ok) if ok else None, "views": [it["view"] for it in items]}
 
 
-def plan_work(cfg: Config, log, weights: str | None = None
-              ) -> tuple[dict[str, Any], list[tuple[str, range]], list[tuple[str, str, int]], str]:
+def plan_work(
+    cfg: Config, log, weights: str | None = None
+) -> tuple[dict[str, Any], list[tuple[str, range]], list[tuple[str, str, int]], str]:
     """The job record, the shards (name, work positions), the work items and the data root.
     weights: the reference VAE's digest if known (else it is computed: it reads every weight file)."""
     from ...dataindex.index import build_index, check_root, index_dir, split_train_val
 
-    entries = build_index(cfg.data_root, cfg.annotation_file, index_dir(cfg))   # rank 0 first: run_cache_job
+    entries = build_index(cfg.data_root, cfg.annotation_file, index_dir(cfg))  # rank 0 first: run_cache_job
     root = check_root(cfg.data_root, cfg.annotation_file)
     train_e, val_e = split_train_val(entries, cfg.validation_fraction, cfg.max_validation_videos, cfg.seed)
     train_rel = [lc.relative(e.path, root) for e in train_e]
     val_rel = [lc.relative(e.path, root) for e in val_e]
     weights = weights or weights_digest(cfg.ref_vae_path)
-    job = {"format": lc.FORMAT, "fingerprint": lc.fingerprint(cfg, weights), "views": cfg.cache_views,
-           "shard_size": cfg.cache_shard_size, "seed": cfg.seed, "videos": len(entries),
-           "index": lc.index_digest(train_rel + ["--"] + val_rel), "val": val_rel}
+    job = {
+        "format": lc.FORMAT,
+        "fingerprint": lc.fingerprint(cfg, weights),
+        "views": cfg.cache_views,
+        "shard_size": cfg.cache_shard_size,
+        "seed": cfg.seed,
+        "videos": len(entries),
+        "index": lc.index_digest(train_rel + ["--"] + val_rel),
+        "val": val_rel,
+    }
     work = [("train", rel, k) for rel in train_rel for k in range(cfg.cache_views)]
     n_train = len(work)
     work += [("val", rel, 0) for rel in val_rel]
     shards = lc.shard_plan(n_train, cfg.cache_shard_size, "train")
-    shards += [(name, range(n_train + p.start, n_train + p.stop))
-               for name, p in lc.shard_plan(len(val_rel), cfg.cache_shard_size, "val")]
-    log(f"cache: {len(train_rel)} training videos x {cfg.cache_views} views + {len(val_rel)} validation clips = "
-        f"{len(work)} clips in {len(shards)} shards of up to {cfg.cache_shard_size} -> {cfg.latent_cache}")
+    shards += [
+        (name, range(n_train + p.start, n_train + p.stop))
+        for name, p in lc.shard_plan(len(val_rel), cfg.cache_shard_size, "val")
+    ]
+    log(
+        f"cache: {len(train_rel)} training videos x {cfg.cache_views} views + {len(val_rel)} validation clips = "
+        f"{len(work)} clips in {len(shards)} shards of up to {cfg.cache_shard_size} -> {cfg.latent_cache}"
+    )
     return job, shards, work, root
 
 
@@ -102,12 +123,12 @@ def run_cache_job(cfg: Config, run_dir: Path, debug: bool) -> int:
     # the demo assets (cpu profile) with the reference VAE this job loads, whatever latent_cache_encode says
     cfg = replace(build.resolve_demo_paths(replace(cfg, latent_cache=""), device, log), latent_cache=cfg.latent_cache)
     out = Path(cfg.latent_cache).expanduser().resolve()
-    if acc.is_main_process:      # index once, and claim the folder; the other ranks then check the same job
+    if acc.is_main_process:  # index once, and claim the folder; the other ranks then check the same job
         job, shards, work, root = plan_work(cfg, log)
         if not lc.claim(out, job):
             log(f"cache: continuing the job in {out} (complete shards are kept)")
     acc.wait_for_everyone()
-    if not acc.is_main_process:      # the digest rank 0 wrote: one read of the weights per job, not per rank
+    if not acc.is_main_process:  # the digest rank 0 wrote: one read of the weights per job, not per rank
         weights = lc.read_job(out)["fingerprint"]["ref_vae_weights"]
         job, shards, work, root = plan_work(cfg, lambda _: None, weights)
         lc.claim(out, job)
@@ -115,36 +136,47 @@ def run_cache_job(cfg: Config, run_dir: Path, debug: bool) -> int:
     rounds = _max_over_ranks(len(todo), device, world)
     done_before = len(shards) - _sum_over_ranks(len(todo), device, world)
     log(f"cache: {done_before} of {len(shards)} shards already complete; {world} process(es) encode the rest")
-    ref = build.load_reference(replace(cfg, latent_cache=""), device)   # the job that fills the cache encodes
+    ref = build.load_reference(replace(cfg, latent_cache=""), device)  # the job that fills the cache encodes
     if cfg.compile != "none" and device.type == "cuda":
         from ..loop.speed import compile_reference, enable_compile_cache
 
         enable_compile_cache(cfg)
         compile_reference(ref, cfg.ref_channels_last)
         log("compile: reference VAE encoder (the first shard is slow while kernels are built)")
-    batches = [list(part[k: k + cfg.micro_batch_size]) for _, part in todo
-               for k in range(0, len(part), cfg.micro_batch_size)]
+    batches = [
+        list(part[k : k + cfg.micro_batch_size]) for _, part in todo for k in range(0, len(part), cfg.micro_batch_size)
+    ]
     loader = _loader(ViewDataset(work, root, cfg), batches, cfg)
     dtype = getattr(torch, cfg.latent_cache_dtype)
-    if acc.is_main_process and not debug and os.environ.get("TAEHV_TTY") == "1":   # a person at a terminal
+    if acc.is_main_process and not debug and os.environ.get("TAEHV_TTY") == "1":  # a person at a terminal
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(len(p) for _, p in todo), desc="cache (this rank)", unit="clip", dynamic_ncols=True,
-                   file=sys.stdout, mininterval=2.0)
+        bar = tqdm(
+            total=sum(len(p) for _, p in todo),
+            desc="cache (this rank)",
+            unit="clip",
+            dynamic_ncols=True,
+            file=sys.stdout,
+            mininterval=2.0,
+        )
     it, clock = iter(loader), Clock(bar)
-    pad = cfg.micro_batch_size if (cfg.compile != "none" and device.type == "cuda") else 0   # one shape: no recompile
+    pad = cfg.micro_batch_size if (cfg.compile != "none" and device.type == "cuda") else 0  # one shape: no recompile
     for r in range(rounds):
         if r < len(todo):
             name, part = todo[r]
             _encode_shard(out, name, part, it, ref, dtype, cfg.micro_batch_size, pad, clock)
             rate = clock.rate()
-            left = sum(len(p) for _, p in todo[r + 1:])
-            log(f"cache: shard {name} written ({r + 1}/{len(todo)} of this rank's); "
+            left = sum(len(p) for _, p in todo[r + 1 :])
+            log(
+                f"cache: shard {name} written ({r + 1}/{len(todo)} of this rank's); "
                 f"{rate:.1f} clips/s on this rank, {rate * world:.1f} on {world}; "
-                f"ETA {hms(left / rate) if rate > 0 else '-'}")
+                f"ETA {hms(left / rate) if rate > 0 else '-'}"
+            )
         if _max_over_ranks(int(stop.local), device, world):
-            log(f"cache: stopped by a signal; complete shards are kept: run the same command to continue "
-                f"(exit code {EXIT_RESUMABLE})")
+            log(
+                f"cache: stopped by a signal; complete shards are kept: run the same command to continue "
+                f"(exit code {EXIT_RESUMABLE})"
+            )
             return EXIT_RESUMABLE
     if bar is not None:
         bar.close()
@@ -155,8 +187,10 @@ def run_cache_job(cfg: Config, run_dir: Path, debug: bool) -> int:
         records = [lc.ShardRecord(**{k: v for k, v in ix.items() if k != "views"}) for ix in indexes]
         manifest = lc.write_manifest(out, job, records)
         _write_speed(run_dir, clock, world, device)
-        log(f"cache: done: {manifest['clips']} clips{_skipped_note(indexes, manifest['skipped_views'])}, "
-            f"{manifest['bytes'] / 2**30:.2f} GiB in {out}; train with --set latent_cache={out}")
+        log(
+            f"cache: done: {manifest['clips']} clips{_skipped_note(indexes, manifest['skipped_views'])}, "
+            f"{manifest['bytes'] / 2**30:.2f} GiB in {out}; train with --set latent_cache={out}"
+        )
     _end(world)
     return EXIT_OK
 
@@ -198,20 +232,33 @@ def _write_speed(run_dir: Path, clock: Clock, world: int, device: torch.device) 
     from ...files import write_atomic
 
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    write_atomic(run_dir / "cache_speed.json", json.dumps({
-        "clips_this_rank": clock.clips, "seconds": time.perf_counter() - clock.t0, "clips_per_s": clock.rate(),
-        "steady_clips_per_s": clock.steady(), "processes": world, "peak_allocated_gib": peak}, indent=1) + "\n")
+    write_atomic(
+        run_dir / "cache_speed.json",
+        json.dumps(
+            {
+                "clips_this_rank": clock.clips,
+                "seconds": time.perf_counter() - clock.t0,
+                "clips_per_s": clock.rate(),
+                "steady_clips_per_s": clock.steady(),
+                "processes": world,
+                "peak_allocated_gib": peak,
+            },
+            indent=1,
+        )
+        + "\n",
+    )
 
 
-def _encode_shard(out: Path, name: str, part: range, it, ref, dtype: torch.dtype, micro: int, pad: int,
-                  clock: Clock) -> None:
+def _encode_shard(
+    out: Path, name: str, part: range, it, ref, dtype: torch.dtype, micro: int, pad: int, clock: Clock
+) -> None:
     views, latents = [], []
     for _ in range(0, len(part), micro):
         batch = next(it)
         frames = batch["frames"]
         if frames is not None:
             n = len(frames)
-            if n < pad:      # a shard's last batch: repeat its last clip up to the compiled shape
+            if n < pad:  # a shard's last batch: repeat its last clip up to the compiled shape
                 frames = torch.cat([frames, frames[-1:].expand(pad - n, *frames.shape[1:])])
             z = ref.encode(frames.to(ref.device, non_blocking=True))[:n]
             latents.append(z.to(dtype).cpu())
@@ -229,8 +276,15 @@ def _loader(dataset: Dataset, batches: list[list[int]], cfg: Config) -> DataLoad
 
     workers = cfg.dataloader_num_workers
     extra = dict(prefetch_factor=cfg.prefetch_factor) if workers > 0 else {}
-    return DataLoader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate_views,
-                      worker_init_fn=worker_init_fn, pin_memory=torch.cuda.is_available(), **extra)
+    return DataLoader(
+        dataset,
+        batch_sampler=batches,
+        num_workers=workers,
+        collate_fn=collate_views,
+        worker_init_fn=worker_init_fn,
+        pin_memory=torch.cuda.is_available(),
+        **extra,
+    )
 
 
 def _end(world: int) -> None:
@@ -258,5 +312,5 @@ def _reduce(value: int, device: torch.device, world: int, op: str) -> int:
     return int(t.item())
 
 
-if __name__ == "__main__":     # pragma: no cover - run through train/main.py --task cache
+if __name__ == "__main__":  # pragma: no cover - run through train/main.py --task cache
     sys.exit("run `taehv-launch cache GPUS PROFILE`")

@@ -43,11 +43,11 @@ class ChannelsLastGroupNorm(nn.GroupNorm):
             return super().forward(x)
         n, c, d, h, w = x.shape
         g = self.num_groups
-        rows = x.permute(0, 2, 3, 4, 1).reshape(n, d * h * w, c)          # a view of the NDHWC memory
-        var_c, mean_c = torch.var_mean(rows.float(), dim=1, correction=0)   # per channel, (n, c)
+        rows = x.permute(0, 2, 3, 4, 1).reshape(n, d * h * w, c)  # a view of the NDHWC memory
+        var_c, mean_c = torch.var_mean(rows.float(), dim=1, correction=0)  # per channel, (n, c)
         mean_c, var_c = mean_c.view(n, g, c // g), var_c.view(n, g, c // g)
-        mean = mean_c.mean(-1, keepdim=True)                                 # equal counts per channel:
-        var = (var_c + (mean_c - mean).square()).mean(-1, keepdim=True)      # the exact group variance
+        mean = mean_c.mean(-1, keepdim=True)  # equal counts per channel:
+        var = (var_c + (mean_c - mean).square()).mean(-1, keepdim=True)  # the exact group variance
         scale = torch.rsqrt(var + self.eps).expand(n, g, c // g)
         shift = -mean * scale
         if self.affine:

@@ -34,6 +34,8 @@ _WEIGHT_FILES = (
     "diffusion_pytorch_model.safetensors.index.json",
     "diffusion_pytorch_model.bin.index.json",
 )
+
+
 class ChannelMismatch(ModelError):
     """The reference VAE's latent channel count differs from the config's latent_channels."""
 
@@ -95,20 +97,28 @@ def _from_pretrained(kind: str, path: str, subfolder: str | None, dtype: torch.d
     try:
         model, info = cls.from_pretrained(path, **kwargs)
     except Exception as err:  # diffusers raises OSError, ValueError, RuntimeError, KeyError ...
-        raise ModelError(f"cannot load the {kind} reference VAE from {path}: {_first_sentence(err)}: "
-                         f"check ref_vae_type, or re-download the VAE") from None
+        raise ModelError(
+            f"cannot load the {kind} reference VAE from {path}: {_first_sentence(err)}: "
+            f"check ref_vae_type, or re-download the VAE"
+        ) from None
     bad = list(info.get("missing_keys", [])) + [str(k[0]) for k in info.get("mismatched_keys", [])]
     if bad:
-        raise ModelError(f"{path}: {len(bad)} weights are missing or of the wrong shape (e.g. {bad[0]}): "
-                         f"check ref_vae_type={kind}, or re-download the VAE")
+        raise ModelError(
+            f"{path}: {len(bad)} weights are missing or of the wrong shape (e.g. {bad[0]}): "
+            f"check ref_vae_type={kind}, or re-download the VAE"
+        )
     return model
 
 
 def weight_files(path: str) -> list[str]:
     """config.json and the weight files of a reference VAE folder, sorted (what its latents depend on)."""
     folder, _ = _model_dir(path)
-    names = sorted(n for n in os.listdir(folder)
-                   if n == "config.json" or (n.startswith("diffusion_pytorch_model") and n.endswith((".safetensors", ".bin", ".json"))))
+    names = sorted(
+        n
+        for n in os.listdir(folder)
+        if n == "config.json"
+        or (n.startswith("diffusion_pytorch_model") and n.endswith((".safetensors", ".bin", ".json")))
+    )
     return [os.path.join(folder, n) for n in names]
 
 
@@ -149,8 +159,10 @@ def _per_channel(values: Sequence[float], channels: int, name: str) -> torch.Ten
     if not values:
         return None
     if len(values) != channels:
-        raise ConfigError(f"{name} has {len(values)} values but the reference VAE has {channels} latent "
-                          f"channels: give {channels} values or ()")
+        raise ConfigError(
+            f"{name} has {len(values)} values but the reference VAE has {channels} latent "
+            f"channels: give {channels} values or ()"
+        )
     if name.endswith("std") and min(float(v) for v in values) <= 0:
         raise ConfigError(f"{name} must be positive, got {tuple(values)}")
     return torch.tensor([float(v) for v in values], dtype=torch.float32).view(1, 1, channels, 1, 1)
@@ -167,7 +179,7 @@ class ReferenceVAE:
     chunk_size: int = 1
     latent_mean: torch.Tensor | None = None
     latent_std: torch.Tensor | None = None
-    channels_last: bool = False     # feed the encoder NDHWC (set by speed.compile_reference)
+    channels_last: bool = False  # feed the encoder NDHWC (set by speed.compile_reference)
 
     @property
     def family(self) -> Family:
@@ -269,10 +281,12 @@ def load_reference_vae(
     device = torch.device(device)
     model = freeze(_from_pretrained(kind, path, subfolder, torch_dtype).to(device))
     vae = ReferenceVAE(kind=kind, model=model, dtype=torch_dtype, device=device, chunk_size=int(chunk_size))
-    if expect_channels is not None and vae.latent_channels != expect_channels:   # the config's latent_channels
-        raise ChannelMismatch(f"the reference VAE at {path} has {vae.latent_channels} latent channels but "
-                              f"latent_channels={expect_channels}: set --set latent_channels={vae.latent_channels}",
-                              vae.latent_channels)
+    if expect_channels is not None and vae.latent_channels != expect_channels:  # the config's latent_channels
+        raise ChannelMismatch(
+            f"the reference VAE at {path} has {vae.latent_channels} latent channels but "
+            f"latent_channels={expect_channels}: set --set latent_channels={vae.latent_channels}",
+            vae.latent_channels,
+        )
     vae.latent_mean = _per_channel(latent_mean, vae.latent_channels, "ref_latent_mean")
     vae.latent_std = _per_channel(latent_std, vae.latent_channels, "ref_latent_std")
     return vae

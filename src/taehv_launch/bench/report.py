@@ -1,0 +1,53 @@
+"""`bench compare`'s report: the table it prints and the versions it records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"bench --compare  {report['date']}  {report['device']}  torch {report['torch']}  "
+        f"({', '.join(f'{k} {v}' for k, v in report['versions'].items())})",
+        f"  {report['shape']}, {report['ref_vae_type']} reference VAE; TFLOP/s = clips/s x FLOPs per clip of "
+        f"the reference encode and TAEHV forward+backward (torch's counter; Seraena not counted; the cache "
+        f"job: the encode only; training from the cache: TAEHV only)",
+        f"  {'row':<30} {'detail':<30} {'clips/s':>8} {'vs naive':>8} {'TFLOP/s':>8} {'peak GiB':>9} {'used GiB':>9}",
+    ]
+    for r in report["rows"]:
+        peak = r.get("peak_allocated_gib")
+        used = (
+            r.get("used_gib")
+            if "used_gib" in r
+            else (r["total_gib"] - r["min_free_gib"] if r.get("min_free_gib") is not None else None)
+        )
+        lines.append(
+            f"  {r['what']:<30} {r.get('detail', ''):<30} {r['clips_per_s']:8.2f} "
+            f"{r['ratio_vs_naive']:7.2f}x {r['tflops']:8.1f} {_gib(peak):>9} {_gib(used):>9}"
+        )
+    naive = report["rows"][0]
+    lines.append(
+        f"  naive per micro-batch: encode {naive['encode_s'] * 1000:.1f} ms, TAEHV + Seraena step "
+        f"{naive['step_s'] * 1000:.1f} ms"
+    )
+    ours = next(r for r in report["rows"] if r["what"] == "ours (real trainer)")
+    if ours.get("phases"):
+        lines.append("  ours, --profile phases:")
+        lines += ["    " + ln for ln in ours["phases"].splitlines()]
+    return "\n".join(lines)
+
+
+def _gib(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("accelerate", "deepspeed", "diffusers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "absent"
+    return out
