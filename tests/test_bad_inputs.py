@@ -346,6 +346,7 @@ TRAINER_CASES = [
         ("1", "cpu", *ANN),
         r"ann\.json is not valid JSON",
         setup=_annotated('{"list": [{"path": "a.mp4"},'),
+        slow=True,
     ),
     Case(
         "annotation-wrong-structure",

@@ -104,6 +104,7 @@ def test_human_output_has_one_line_per_check(tmp_path):
     assert "FAIL  gpus" in proc.stdout and "fix:" in proc.stdout and "failed," in proc.stdout
 
 
+@pytest.mark.slow
 def test_multi_node_master_checks(tmp_path):
     import socket
 

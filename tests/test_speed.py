@@ -88,6 +88,7 @@ def test_bench_compare_needs_a_gpu_for_gpu_profiles_and_gpus_profile():
     assert_one_line_error(run_cli("bench", "--loader"), "needs --data-root")
 
 
+@pytest.mark.slow
 def test_bench_loader_smoke(tmp_path, videos):
     proc = run_cli(
         "bench",

@@ -176,6 +176,7 @@ def test_profile_and_debug_and_accumulation(tmp_path):
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in proc.stdout
 
 
+@pytest.mark.slow
 def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path):
     """Weights with NaNs: every step is non-finite, skipped on all ranks, and the run stops clearly."""
     from safetensors.torch import save_file
