@@ -131,16 +131,13 @@ def decode_rate(name: str, plans: list[tuple[str, list[int]]], procs: int) -> fl
         return len(plans) / (time.perf_counter() - t0)
 
 
-def loader_rate(
-    files: list[str], cfg: dict[str, Any], workers: int, threads: int | None, seconds: float
-) -> tuple[float, float]:
-    """(Clips/s, CPU cores) of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
-    from ..train.data import clips as data, decode
+def _trainer_loader(files: list[str], cfg: dict[str, Any], workers: int, defer: bool):
+    """(dataset, DataLoader) as the trainer builds them (make_loader), planning tickets when `defer`."""
     from ..plan.schema import make_config
+    from ..train.data.clips import VideoClipDataset
     from ..train.loop.build import ShardedInfiniteSampler, make_loader
 
-    decode.WORKER_DECODE_THREADS = threads
-    ds = data.VideoClipDataset(
+    ds = VideoClipDataset(
         files,
         height=cfg["height"],
         width=cfg["width"],
@@ -151,8 +148,19 @@ def loader_rate(
         seed=0,
         train=True,
     )
+    ds.defer = defer
     sampler = ShardedInfiniteSampler(len(ds), 0, 1, seed=0)
-    loader = make_loader(ds, cfg["micro_batch_size"], sampler, make_config(cfg | {"dataloader_num_workers": workers}))
+    return ds, make_loader(ds, cfg["micro_batch_size"], sampler, make_config(cfg | {"dataloader_num_workers": workers}))
+
+
+def loader_rate(
+    files: list[str], cfg: dict[str, Any], workers: int, threads: int | None, seconds: float
+) -> tuple[float, float]:
+    """(Clips/s, CPU cores) of the trainer's dataset + DataLoader (the make_loader settings) with `workers` workers."""
+    from ..train.data import decode
+
+    decode.WORKER_DECODE_THREADS = threads
+    _, loader = _trainer_loader(files, cfg, workers, defer=False)
     it = iter(loader)
     try:
         return _timed(it, workers, seconds)
@@ -193,28 +201,9 @@ def stage_rate(
     DataLoader workers and the DecodeStage decoding them with NVDEC in `threads` threads."""
     import torch
 
-    from ..plan.schema import make_config
-    from ..train.data import clips as data, nvdec
-    from ..train.loop.build import ShardedInfiniteSampler, make_loader
+    from ..train.data import nvdec
 
-    ds = data.VideoClipDataset(
-        files,
-        height=cfg["height"],
-        width=cfg["width"],
-        n_frames=cfg["n_frames"],
-        min_frame_delta=cfg["min_frame_delta"],
-        max_frame_delta=cfg["max_frame_delta"],
-        random_flip=True,
-        seed=0,
-        train=True,
-    )
-    ds.defer = True
-    loader = make_loader(
-        ds,
-        cfg["micro_batch_size"],
-        ShardedInfiniteSampler(len(ds), 0, 1, seed=0),
-        make_config(cfg | {"dataloader_num_workers": workers}),
-    )
+    ds, loader = _trainer_loader(files, cfg, workers, defer=True)
     stage = nvdec.DecodeStage(
         loader, ds, torch.device("cuda"), cfg["height"], cfg["width"], nvdec.NvdecDecoder, threads=threads
     )
