@@ -66,7 +66,16 @@ args.mixed_precision = 'bf16'  # autocast dtype
 args.zero_stage = 0  # DeepSpeed ZeRO stage (0 = plain DDP)
 args.bucket_size_mb = 0  # DeepSpeed reduce/allgather bucket in MB (0 = the profile row's: 500-1000 MB)
 args.seed = 42  # global seed (each rank offsets it)
-args.max_consecutive_bad_steps = 20  # abort after this many non-finite steps in a row
+args.max_consecutive_bad_steps = 20  # bad micro-batches (non-finite, or a loss spike) skipped in a row before the run rolls back to its last complete checkpoint (or stops, when there is none)
+args.loss_spike_factor = 10.0  # a micro-batch whose loss is above this many times the running median is skipped (0 = off)
+args.loss_spike_window = 200  # micro-batches in the loss's running median (the spike check starts once full)
+args.rollback_lr_factor = 0.5  # after a rollback the learning rate is multiplied by this for rollback_lr_steps (1.0 = unchanged)
+args.rollback_lr_steps = 1000  # optimizer steps the lowered learning rate lasts after a rollback
+args.rollback_window = 2000  # a second rollback within this many optimizer steps of the previous one stops the run
+args.hang_timeout = 300  # seconds a rank may make no progress (step or phase) before the job is stopped as hung, every rank dumping its stacks into <run>/heartbeat/stacks (0 = off; the NCCL timeout stays the backstop)
+args.hang_timeout_slow = 1800  # the same limit during phases known to be long: set-up, compile warm-up, checkpoint, validation
+args.straggler_threshold = 0.2  # a rank whose step time is this fraction above the ranks' median is named at each log line
+args.max_requeues_without_progress = 3  # sbatch/k8s: requeues in a row that saved no new checkpoint before the job stops requeueing
 args.compile = 'all'  # torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)
 args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
 args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)

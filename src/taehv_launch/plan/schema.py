@@ -134,7 +134,39 @@ KEYS: dict[str, Key] = {
     "zero_stage": Key(2, int, "DeepSpeed ZeRO stage (0 = plain DDP)", (0, 1, 2, 3)),
     "bucket_size_mb": Key(0, int, "DeepSpeed reduce/allgather bucket in MB (0 = the profile row's: 500-1000 MB)"),
     "seed": Key(42, int, "global seed (each rank offsets it)"),
-    "max_consecutive_bad_steps": Key(20, int, "abort after this many non-finite steps in a row"),
+    "max_consecutive_bad_steps": Key(
+        20,
+        int,
+        "bad micro-batches (non-finite, or a loss spike) skipped in a row before the run rolls back to its "
+        "last complete checkpoint (or stops, when there is none)",
+    ),
+    # --- surviving a long run (docs/troubleshooting.md) ---------------------------------
+    "loss_spike_factor": Key(
+        10.0, float, "a micro-batch whose loss is above this many times the running median is skipped (0 = off)"
+    ),
+    "loss_spike_window": Key(200, int, "micro-batches in the loss's running median (the spike check starts once full)"),
+    "rollback_lr_factor": Key(
+        0.5, float, "after a rollback the learning rate is multiplied by this for rollback_lr_steps (1.0 = unchanged)"
+    ),
+    "rollback_lr_steps": Key(1000, int, "optimizer steps the lowered learning rate lasts after a rollback"),
+    "rollback_window": Key(
+        2000, int, "a second rollback within this many optimizer steps of the previous one stops the run"
+    ),
+    "hang_timeout": Key(
+        300,
+        int,
+        "seconds a rank may make no progress (step or phase) before the job is stopped as hung, every rank "
+        "dumping its stacks into <run>/heartbeat/stacks (0 = off; the NCCL timeout stays the backstop)",
+    ),
+    "hang_timeout_slow": Key(
+        1800, int, "the same limit during phases known to be long: set-up, compile warm-up, checkpoint, validation"
+    ),
+    "straggler_threshold": Key(
+        0.2, float, "a rank whose step time is this fraction above the ranks' median is named at each log line"
+    ),
+    "max_requeues_without_progress": Key(
+        3, int, "sbatch/k8s: requeues in a row that saved no new checkpoint before the job stops requeueing"
+    ),
     # --- speed (docs/benchmarks.md measures each) --------------------------------------
     "compile": Key(
         "none",
