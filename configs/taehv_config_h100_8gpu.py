@@ -82,6 +82,7 @@ args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)
 args.channels_last = True  # compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout transposes (only with compile='all' on GPU)
 args.ref_channels_last = True  # the compiled reference encoder keeps its activations channels-last (NDHWC, 8-18% faster encode measured for all three families; only with compile on GPU)
 args.output_dir = 'output'  # parent of run directories
+args.trackers = 'tensorboard'  # where scalars and validation clips go, comma-separated: tensorboard, wandb, mlflow, swanlab (all but tensorboard need their extra: pip install 'taehv-launch[wandb]')
 args.log_every = 25  # steps between log lines / scalars
 args.validation_steps = 1000  # steps between validations
 args.validation_at_start = False  # also validate before the first step of a fresh run: the untrained baseline in val/psnr

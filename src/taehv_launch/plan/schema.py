@@ -191,6 +191,12 @@ KEYS: dict[str, Key] = {
     ),
     # --- logging, validation, checkpoints ---------------------------------------------
     "output_dir": Key("output", str, "parent of run directories"),
+    "trackers": Key(
+        "tensorboard",
+        str,
+        "where scalars and validation clips go, comma-separated: tensorboard, wandb, mlflow, swanlab "
+        "(all but tensorboard need their extra: pip install 'taehv-launch[wandb]')",
+    ),
     "log_every": Key(50, int, "steps between log lines / scalars"),
     "validation_steps": Key(1000, int, "steps between validations"),
     "validation_at_start": Key(
