@@ -315,6 +315,7 @@ LAUNCHER_CASES = [
         ("1", "cpu", "--set", "latent_channels=16", "--set", "ref_vae_path='{cache}/demo/ref_vae/cogvideox_c4'"),
         r"has 4 latent channels but latent_channels=16: set --set latent_channels=4",
         setup=_demo_vae,
+        slow=True,  # loads a real VAE in the launcher's input check: 12 s
     ),
     Case(
         "data-root-without-videos",
@@ -455,7 +456,9 @@ SUBPROCESS_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", LAUNCHER_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in LAUNCHER_CASES]
+)
 def test_launcher_rejects(case: Case, tmp_path: Path) -> None:
     proc, before_all, before_old = run_case(case, tmp_path, here=True)
     check(case, proc, before_all, before_old, tmp_path / "output", launcher=True)

@@ -53,6 +53,7 @@ def test_a_subcommand_refuses_another_ones_option(args, option):
     assert option in proc.stderr
 
 
+@pytest.mark.slow
 def test_old_index_flag_still_works_and_says_the_new_form():
     old = run_cli("bench", "--index", "--files", "2000", "--workers", "1", "--no-baseline", "--json", timeout=300)
     assert old.returncode == 0, old.stderr[-2000:]

@@ -145,6 +145,7 @@ def test_cache_command_bad_inputs(tmp_path):
 # --- a real cache of real files ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_job_writes_every_view_once_and_skips_broken_videos(cache):
     manifest = json.loads((cache / lc.MANIFEST).read_text())
     job = json.loads((cache / lc.JOB).read_text())
@@ -158,6 +159,7 @@ def test_the_job_writes_every_view_once_and_skips_broken_videos(cache):
     assert manifest["fingerprint"]["latent_dtype"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_training_reads_the_stored_views_exactly(cache):
     """The dataset decodes each view's recorded frames and crop again: the clip the job encoded."""
     from taehv_launch.train.data.cached import CachedViewDataset
@@ -178,6 +180,7 @@ def test_training_reads_the_stored_views_exactly(cache):
         assert torch.equal(item["latents"], latents[rec["row"]].float()) and not item["online"]
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_skipped_and_counted_or_encoded_online(cache, tmp_path):
     from taehv_launch.train.data.cached import build_cached_datasets
 
@@ -203,6 +206,7 @@ def test_a_damaged_shard_is_skipped_and_counted_or_encoded_online(cache, tmp_pat
     assert item["online"] and item["latents"] is None  # encoded online instead
 
 
+@pytest.mark.slow
 def test_a_run_that_does_not_match_the_cache_is_refused_before_it_starts(cache, tmp_path):
     base = [
         "1",
@@ -326,6 +330,7 @@ def test_the_dry_run_states_the_size_a_real_cache_has(cache, tmp_path):
     assert not (tmp_path / "new").exists() and not (tmp_path / "output").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_path):
     """1e5 views of 2048x2048 clips need ~1.1 TB: the job, its dry run and validate-env --cache refuse it."""
     big = ("--views", "100000", "--set", "height=2048", "--set", "width=2048")

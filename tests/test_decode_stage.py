@@ -131,6 +131,7 @@ def test_a_failed_frame_fetch_sends_the_clip_to_the_cpu_and_the_file_after_repea
     assert len(lines) == 1 and "a file's every clip after" in lines[0], lines
 
 
+@pytest.mark.slow
 def test_broken_files_are_skipped_and_the_batch_stays_full(videos, tmp_path):
     src = videos / "smpte-2997.mp4"
     cut = tmp_path / "truncated.mp4"  # header says 251 frames; the data stops after 118
@@ -264,6 +265,7 @@ def test_codecs_nvdec_is_not_checked_on_go_to_the_cpu(videos):
     assert any("NVDEC is not used for vp90 files" in line for line in lines), lines
 
 
+@pytest.mark.slow
 def test_bench_loader_resolution_and_decoder_errors_are_one_line(videos):
     from conftest import assert_one_line_error, run_cli
 

@@ -44,6 +44,7 @@ def test_memory_plan_fails_when_the_micro_batch_cannot_fit(tmp_path):
     assert "micro_batch_size=4" in c["memory plan"]["detail"]
 
 
+@pytest.mark.slow
 def test_data_checks_decode_real_files(tmp_path, videos):
     mixed = tmp_path / "mixed"
     mixed.mkdir()
@@ -76,6 +77,7 @@ def test_model_checks_pass_on_a_real_folder(tmp_path):
     assert c["reference VAE"]["status"] == "PASS" and "(1, 3, 4, 8, 8)" in c["reference VAE"]["detail"]
 
 
+@pytest.mark.slow
 def test_model_checks_load_real_folders_and_name_the_fix(tmp_path):
     # both fail paths in one call: the reference VAE loads and has 4 channels, not 16; no TAEHV weights file
     code, c = checks(
@@ -93,6 +95,7 @@ def test_model_checks_load_real_folders_and_name_the_fix(tmp_path):
     assert c["pretrained TAEHV"]["status"] == "FAIL"
 
 
+@pytest.mark.slow
 def test_two_cpu_ranks_run_a_real_all_reduce(tmp_path):
     code, c = checks("2", "cpu", "--set", f"output_dir='{tmp_path}'")
     assert c["all-reduce"]["status"] == "PASS" and "2 CPU ranks over gloo" in c["all-reduce"]["detail"]

@@ -608,6 +608,7 @@ def test_listed_gpus_refuses_a_malformed_value(value, match):
         listed_gpus({"CUDA_VISIBLE_DEVICES": value})
 
 
+@pytest.mark.slow
 def test_the_dry_run_refuses_a_bad_cuda_visible_devices_as_the_launch_does(tmp_path):
     """`CUDA_VISIBLE_DEVICES=garbage taehv-launch 8 h100 --dry-run` showed "GPU ids 0..7" while the launch
     refused it (#29 item 9): now --dry-run, --dry-run --json and the launch give the same one line, exit 2,
