@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 25's "no slowdown" check: the same 2-rank trainer run, alternating between the tree before the
+# heartbeat / hang / straggler / rollback bookkeeping (BASE, unpacked into .gpuwork/base by
+#   mkdir -p .gpuwork/base && git archive d616d48 src | tar -x -C .gpuwork/base
+# on the development machine; carry .gpuwork/base and .whl) and this checkout, ROUNDS times each,
+# then each side's median clips/s from the trainer's speed.json (steady state, warm-up left out).
+#   bash scripts/survive_overhead.sh [GPUS PROFILE]     default: 2 cpu (two gloo ranks)
+set -uo pipefail
+GPUS=${1:-2}; PROFILE=${2:-cpu}; ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-60}
+W=${W:-/tmp/survive}; OUT=${OUT:-$W/out}; mkdir -p "$W" "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+if [ -d .whl ] && ! python3 -c "import deepspeed, diffusers" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+fi
+run() {  # SIDE SRC ROUND
+  local side=$1 src=$2 round=$3 name="$1-$3"
+  PYTHONPATH=/tmp/site:$src python3 -m taehv_launch.cli "$GPUS" "$PROFILE" --run-name "$name" \
+    --set output_dir="'$W/output'" --set max_train_steps="$STEPS" --set log_every=10 \
+    --set validation_steps=100000 --set checkpointing_steps=100000 > "$OUT/$name.log" 2>&1
+  local code=$?
+  python3 - "$W/output/$name/speed.json" "$side" "$round" "$code" <<'PY'
+import json, sys
+path, side, rnd, code = sys.argv[1:]
+try:
+    s = json.load(open(path))
+    print(f"{side:5s} round {rnd}: exit {code}, {s['clips_per_s']:.2f} clips/s")
+except (OSError, ValueError, KeyError) as exc:
+    print(f"{side:5s} round {rnd}: exit {code}, no speed.json ({exc})")
+PY
+}
+for r in $(seq 1 "$ROUNDS"); do
+  run base "$PWD/.gpuwork/base/src" "$r"
+  run ours "$PWD/src" "$r"
+done | tee "$OUT/rounds.txt"
+python3 - "$OUT/rounds.txt" <<'PY'
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"(\w+)\s+round \d+: exit 0, ([\d.]+) clips/s", line)
+    if m:
+        rows.setdefault(m[1], []).append(float(m[2]))
+if {"base", "ours"} <= rows.keys():
+    b, o = statistics.median(rows["base"]), statistics.median(rows["ours"])
+    spread = max(max(v) / min(v) - 1 for v in rows.values())
+    print(f"median clips/s: base {b:.2f}, ours {o:.2f}; ours/base {o / b:.3f}; "
+          f"largest spread within one side {spread * 100:.1f}% (the noise)")
+else:
+    print("incomplete: see the logs in", sys.argv[1].rsplit("/", 1)[0])
+PY
