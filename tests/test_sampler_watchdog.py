@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from taehv_launch.errors import EXIT_FAILED
 from taehv_launch.train.loop.build import ShardedInfiniteSampler
+from taehv_launch.train.durability.progress import Progress
 from taehv_launch.train.durability.watchdog import Watchdog, stop_message
 
 SEED = 1234
@@ -231,15 +232,28 @@ def test_single_rank_watchdog_does_nothing(tmp_path):
 def test_start_writes_a_heartbeat_and_clears_this_ranks_old_markers(tmp_path):
     hb = tmp_path / "heartbeat"
     hb.mkdir()
-    for name in ("rank1.dead", "rank1.done"):
+    for name in ("rank1.dead", "rank1.done", "rank1.hang"):
         (hb / name).write_text("from an earlier launch")
     (hb / "rank0.done").write_text("a peer's marker stays")
-    w = dog(tmp_path, 1, node=3).start()
+    progress = Progress()
+    progress.set_step(7)
+    progress.set_phase("data")
+    w = dog(tmp_path, 1, node=3, progress=progress).start()
     try:
-        assert not (hb / "rank1.dead").exists() and not (hb / "rank1.done").exists()
+        assert not any((hb / f"rank1{s}").exists() for s in (".dead", ".done", ".hang"))
         assert (hb / "rank0.done").exists()
         info = json.loads((hb / "rank1").read_text())
-        assert info == {"rank": 1, "node": 3, "host": socket.gethostname(), "pid": os.getpid()}
+        assert abs(info.pop("time") - time.time()) < 30 and 0 <= info.pop("progress_age_s") < 30
+        assert info == {
+            "rank": 1,
+            "node": 3,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "step": 7,
+            "phase": "data",
+            "collectives": 0,
+            "warmup": True,
+        }
     finally:
         w.stop(clean=False)
 

@@ -92,3 +92,71 @@ def deepspeed_world(world_size: int) -> Iterator[None]:
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
+
+
+# The flight recorder (torch's ring buffer of the last collectives, PyTorch 2.5+). Its environment
+# variables were renamed from TORCH_NCCL_* to TORCH_FR_* when it became backend-neutral; the old
+# buffer-size name still works but warns on every rank at each process group's creation (seen on
+# torch 2.13), so the buffer size goes under the name the installed torch reads first. The dump-file
+# prefix is read only when torch writes a dump: both of its names are set.
+FR_NEW_NAMES_FROM = (2, 11)  # checked: 2.13 (TORCH_NCCL_TRACE_BUFFER_SIZE warns "deprecated"); 2.11 GPU image
+
+
+def torch_version() -> tuple[int, int] | None:
+    """(major, minor) of the installed torch, read from its metadata without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = version("torch").split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    except (PackageNotFoundError, ValueError):
+        return None
+
+
+def flight_recorder_buffer_var(version: tuple[int, int] | None) -> str:
+    """The variable that sets the flight recorder's size in this torch (unknown: the old name, which
+    every release reads)."""
+    return (
+        "TORCH_FR_BUFFER_SIZE"
+        if version is not None and version >= FR_NEW_NAMES_FROM
+        else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    )
+
+
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_DUMP_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
+def flight_recorder_dumps(timeout_s: float = 20.0) -> dict[str, bytes]:
+    """This process's flight-recorder contents, as torch writes them at a timeout (a pickle):
+    {"nccl": ...} from `torch._C._distributed_c10d._dump_nccl_trace` (CUDA builds), {"fr": ...} from
+    `_dump_fr_trace` (torch's generic recorder, which gloo feeds; torch 2.8+). Private functions, checked
+    on torch 2.13 (CPU: _dump_fr_trace; CUDA builds add _dump_nccl_trace); a missing one is skipped,
+    as is a recorder with no entries. Runs in a helper thread given `timeout_s`: a dump that blocks
+    must not keep a hung job from stopping."""
+    import pickle
+    import threading
+
+    try:
+        import torch._C._distributed_c10d as c10d
+    except ImportError:  # torch without distributed
+        return {}
+    out: dict[str, bytes] = {}
+
+    def collect() -> None:
+        for kind, name in (("nccl", "_dump_nccl_trace"), ("fr", "_dump_fr_trace")):
+            fn = getattr(c10d, name, None)
+            if fn is None:
+                continue
+            try:
+                data = fn()
+                entries = pickle.loads(data).get("entries") if data else None
+            except Exception:  # no such process group, or a format this code does not know
+                continue
+            if entries:
+                out[kind] = data
+
+    worker = threading.Thread(target=collect, name="taehv-flight-recorder", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return dict(out)  # what was collected, also when one dump did not return in time

@@ -12,6 +12,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the trainer failed (exception, dead rank, non-finite losses)
 EXIT_USAGE = 2  # bad invocation or configuration: nothing was started
 EXIT_RESUMABLE = 75  # stopped by a signal after saving a checkpoint: requeue with --resume auto (EX_TEMPFAIL)
+EXIT_HUNG = 76  # a rank made no progress for hang_timeout: stacks dumped into <run>/heartbeat/stacks, job stopped
 EXIT_ABORTED = 130  # a second signal: stopped at once, no checkpoint
 
 

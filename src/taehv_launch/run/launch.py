@@ -12,6 +12,9 @@ the ranks down when a scheduler signals it too.
 accelerate's wrappers turn a trainer failure into their own traceback and exit code 1; the
 trainer records its real exit code in the run directory and we exit with that one, keeping
 accelerate's traceback in launch.log only.
+A hung job (EXIT_HUNG recorded: every live rank dumped its stacks and exits, train/durability/hang.py)
+is given HANG_GRACE_S to end by itself; what is left then (a frozen rank, torchrun's agent waiting
+for it) is killed, and we exit with EXIT_HUNG.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import psutil  # accelerate depends on it; imported here, never inside a signal handler
 
-from ..errors import EXIT_ABORTED, LaunchError
+from ..errors import EXIT_ABORTED, EXIT_HUNG, LaunchError
 from ..files import write_atomic
 from .host import port_free
 from .lock import RunLock
@@ -43,6 +46,7 @@ from ..rundir.signals import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts
 from ..rundir.status import read_exit_status, status_path
 
 MIN_FREE_BYTES = 2 << 30
+HANG_GRACE_S = 10.0  # after the trainer recorded a hang: the ranks have dumped their stacks and are exiting
 
 
 def write_files(run_dir: Path, files: dict[str, str]) -> list[str]:
@@ -273,10 +277,13 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
             ) from None
         relay = SignalRelay(child.pid, log, plan.options.task)
         previous = {s: signal.signal(s, relay.handler) for s in STOP_SIGNALS}
+        ended = threading.Event()
+        threading.Thread(target=_end_hung, args=(child, status_file, log, ended), name="hang-end", daemon=True).start()
         try:
             _tee(child, log, status_file)
             code = child.wait()
         finally:
+            ended.set()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             relay.close()
@@ -287,6 +294,24 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
     if code == 0 and plan.topology.machine_rank == 0:
         (run_dir / REQUEUE).unlink(missing_ok=True)  # the requeued run has finished
     return code
+
+
+def _end_hung(child: subprocess.Popen, status_file: Path, log, ended: threading.Event, poll_s: float = 1.0) -> None:
+    """Once the trainer recorded EXIT_HUNG, give the launch HANG_GRACE_S to end, then kill what is left:
+    a frozen rank (SIGSTOP) never exits, and torchrun's agent waits 30 s before it kills one."""
+    while not ended.wait(poll_s):
+        if _recorded_code(status_file) != EXIT_HUNG:
+            continue
+        if ended.wait(HANG_GRACE_S) or child.poll() is not None:
+            return
+        msg = f"taehv-launch: the trainer reported a hang; stopping the processes still running after {HANG_GRACE_S:g} s\n"
+        try:
+            log.write(msg.encode())
+            log.flush()
+        except (OSError, ValueError):
+            pass
+        kill_launch(child.pid)
+        return
 
 
 # torch.profiler's Kineto prints "USDT:... profiler_start/profiler_stop" under --profile whatever

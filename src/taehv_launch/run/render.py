@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..compat import FR_BUFFER_VARS, FR_DUMP_FILE_VARS, flight_recorder_buffer_var, torch_version
 from ..plan.configfile import render_config_file
 from ..plan.profiles import nccl_buffsize_for
 from ..plan.resolve import Plan
+from ..rundir.heartbeat import TIMEOUT_DUMP_PREFIX, stacks_dir
 from ..rundir.layout import node_suffix
 from ..yamltext import yaml_text
 
@@ -118,8 +120,12 @@ def accelerate_config(plan: Plan, run_dir: Path, env: Mapping[str, str]) -> dict
     return cfg
 
 
-def environment(plan: Plan, env: Mapping[str, str], cpu_count: int) -> dict[str, EnvVar]:
-    """Variables for the launch. Each is set only when the user or site has not set it."""
+FR_BUFFER = 2000  # collectives the flight recorder keeps (PyTorch's recommended size)
+
+
+def environment(plan: Plan, env: Mapping[str, str], cpu_count: int, run_dir: Path | None = None) -> dict[str, EnvVar]:
+    """Variables for the launch. Each is set only when the user or site has not set it (or, for the
+    flight recorder's renamed variables, either of its names)."""
     topo = plan.topology
     want: dict[str, tuple[str, str]] = {}
     procs = max(1, topo.gpus_per_machine)
@@ -144,6 +150,23 @@ def environment(plan: Plan, env: Mapping[str, str], cpu_count: int) -> dict[str,
             want["NCCL_SOCKET_NTHREADS"] = ("8", "multi-node socket transport (seed value)")
             want["NCCL_NSOCKS_PERTHREAD"] = ("4", "multi-node socket transport (seed value)")
             want["NCCL_NET_GDR_LEVEL"] = ("5", "GPUDirect RDMA across the system (seed value)")
+    want[flight_recorder_buffer_var(torch_version())] = (
+        str(FR_BUFFER),
+        "flight recorder: the last collectives, dumped into heartbeat/stacks when the job hangs",
+    )
+    if plan.profile.device == "cuda" and run_dir is not None:
+        prefix = str(stacks_dir(run_dir) / TIMEOUT_DUMP_PREFIX)
+        want["TORCH_NCCL_DUMP_ON_TIMEOUT"] = (
+            "1",
+            "at the NCCL timeout (the hang detector's backstop) dump the flight recorder",
+        )
+        for name in FR_DUMP_FILE_VARS:  # newer torch reads the first, older the second
+            want[name] = (prefix, "where that dump goes (torch appends the rank)")
+    for names in (FR_BUFFER_VARS, FR_DUMP_FILE_VARS):  # a value the user set under either name wins
+        if any(n in env for n in names):
+            for n in names:
+                if n not in env:
+                    want.pop(n, None)
     if plan.options.debug:
         want["TORCH_DISTRIBUTED_DEBUG"] = ("DETAIL", "--debug")
         want["TORCH_CPP_LOG_LEVEL"] = ("INFO", "--debug")
@@ -202,7 +225,12 @@ def render(
     if plan.options.profile_run:
         argv.append("--profile")
     return Rendered(
-        files=files, accelerate=acc, deepspeed=ds, env=environment(plan, env, cpu_count), argv=argv, node_suffix=suffix
+        files=files,
+        accelerate=acc,
+        deepspeed=ds,
+        env=environment(plan, env, cpu_count, run_dir),
+        argv=argv,
+        node_suffix=suffix,
     )
 
 

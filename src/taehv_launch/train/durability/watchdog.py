@@ -12,6 +12,14 @@ Ages are measured on the filesystem's clock, not this node's: "now" is the modif
 this rank's own heartbeat, just rewritten on the same filesystem. A shared filesystem whose server
 clock is off from a node's (NFS stamps writes with the server's time) would otherwise make that
 node see every peer as stale, or never stale.
+
+Hangs (hang.py): the heartbeat also carries this rank's step, phase and progress age (progress.py).
+With `hang_timeout` set, every tick first looks for a hang: a rank with no progress for the job's
+limit, or another rank's hang report; then every live rank dumps its stacks and the job stops with
+EXIT_HUNG. A stale heartbeat whose process still exists on this host (frozen: SIGSTOP, a debugger, a
+native call holding the GIL) is not a dead peer: the hang detector reports it, with its last step and
+phase, once the limit passes. On another host a silent rank cannot be told from a dead one: it is
+reported as stopped responding after `stale_s`, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +35,10 @@ from typing import Callable
 
 from ...errors import EXIT_FAILED
 from ...files import write_atomic
+from ...rundir.heartbeat import HANG_SUFFIX, read_heartbeat, read_hang_reports, stacks_dir
+from .hang import dump_stacks, dumps_since, hang_line, job_limit, name_culprits, process_state, rank_view
+from .hang import wait_for_dumps
+from .progress import PROGRESS, Progress
 
 
 class Watchdog:
@@ -39,22 +51,38 @@ class Watchdog:
         on_dead: Callable[[str], None],
         period_s: float = 5.0,
         stale_s: float = 30.0,
+        *,
+        hang_timeout: float = 0.0,
+        hang_timeout_slow: float = 0.0,
+        on_hang: Callable[[dict, bool], None] | None = None,
+        progress: Progress = PROGRESS,
     ):
-        self.dir = run_dir / "heartbeat"
+        self.run_dir, self.dir = run_dir, run_dir / "heartbeat"
         self.rank, self.world, self.node = rank, world, node
         self.period_s, self.stale_s, self.on_dead = period_s, stale_s, on_dead
+        self.hang_timeout = hang_timeout if on_hang is not None else 0.0  # 0: no hang detection
+        self.hang_timeout_slow, self.on_hang, self.progress = hang_timeout_slow, on_hang, progress
+        self.pid = os.getpid()
         self.started = time.time()
+        self.hanging = threading.Event()  # set while this rank reports a hang (it then ends the process)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="taehv-watchdog", daemon=True)
 
     def _path(self, rank: int, suffix: str = "") -> Path:
         return self.dir / f"rank{rank}{suffix}"
 
+    @property
+    def active(self) -> bool:
+        """Several ranks (dead peers), or the hang detector on (one rank can hang too)."""
+        return self.world > 1 or self.hang_timeout > 0
+
     def start(self) -> "Watchdog":
-        if self.world <= 1:
+        if not self.active:
             return self
         self.dir.mkdir(parents=True, exist_ok=True)
-        for suffix in ("", ".dead", ".done"):
+        if self.hang_timeout:
+            stacks_dir(self.run_dir).mkdir(exist_ok=True)  # also where torch dumps at the NCCL timeout
+        for suffix in ("", ".dead", ".done", HANG_SUFFIX):
             self._path(self.rank, suffix).unlink(missing_ok=True)
         self._beat()
         self.started = self._fs_now()
@@ -62,7 +90,8 @@ class Watchdog:
         return self
 
     def _beat(self) -> None:
-        info = {"rank": self.rank, "node": self.node, "host": socket.gethostname(), "pid": os.getpid()}
+        info = {"rank": self.rank, "node": self.node, "host": socket.gethostname(), "pid": self.pid}
+        info |= {**self.progress.snapshot(), "time": round(time.time(), 3)}
         write_atomic(self._path(self.rank), json.dumps(info))
 
     def _fs_now(self) -> float:
@@ -88,6 +117,8 @@ class Watchdog:
             return None  # left over from an earlier launch of this run
         age = now - mtime
         if age > self.stale_s:
+            if self.hang_timeout and process_state(info.get("host"), info.get("pid")) is not None:
+                return None  # frozen, not dead: the hang detector judges it
             return (
                 f"rank {peer} (node {info.get('node')}, host {info.get('host')}, pid {info.get('pid')}) "
                 f"stopped responding {age:.0f} s ago (killed, out of memory, or hung)"
@@ -104,11 +135,97 @@ class Watchdog:
         while not self._stop.wait(self.period_s):
             try:
                 self._beat()
+                if report := self.find_hang():
+                    self._respond(report)
+                    return
                 if why := self._any_problem():
                     self.on_dead(why)
                     return
-            except OSError:
+            except (OSError, ValueError, TypeError, KeyError):  # a file mid-write or gone: the next tick
                 continue
+
+    # ------------------------------------------------------------------ hangs (hang.py)
+    def _views(self, now: float) -> tuple[dict[int, dict], int]:
+        """Each running rank of this launch as the hang detector sees it, and how many have not beaten yet."""
+        views, unstarted = {}, 0
+        for r in range(self.world):
+            if self._path(r, ".done").exists():
+                continue
+            info = read_heartbeat(self._path(r))
+            if info is None or info["mtime"] < self.started - 1:
+                unstarted += 1
+            else:
+                views[r] = rank_view(info, now, self.period_s)
+        return views, unstarted
+
+    def find_hang(self) -> dict | None:
+        """A hang report to act on: the first rank's report of this launch, or a new one of ours when a
+        rank made no progress for the job's limit (written to rank<r>.hang); None while the job moves."""
+        if not self.hang_timeout:
+            return None
+        if reports := read_hang_reports(self.run_dir, since=self.started - 1):
+            return reports[min(reports)]
+        now = self._fs_now()
+        views, unstarted = self._views(now)
+        limit = job_limit(views, unstarted, self.hang_timeout, self.hang_timeout_slow)
+        if not views or all(v["progress_age_s"] <= limit[0] for v in views.values()):
+            return None
+        culprits, why = name_culprits(views)
+        report = {
+            "line": hang_line(views, culprits, why, limit, stacks_dir(self.run_dir)),
+            "by": self.rank,
+            "culprits": culprits,
+            "why": why,
+            "limit_s": limit[0],
+            "ranks": {str(r): v for r, v in views.items()},
+            "time": time.time(),
+        }
+        path = self._path(self.rank, HANG_SUFFIX)
+        write_atomic(path, json.dumps(report))
+        report["mtime"] = path.stat().st_mtime
+        return report
+
+    def _respond(self, report: dict) -> None:
+        """Dump this rank's stacks, wait (a few periods at most) until every live rank has, then hand
+        over to on_hang, which records the exit status and ends the process."""
+        assert self.on_hang is not None
+        self.hanging.set()
+        since = float(report.get("mtime", self._fs_now()))
+        snap = self.progress.snapshot()
+        header = (
+            f"rank {self.rank} of {self.world} (node {self.node}, host {socket.gethostname()}, pid {self.pid}): "
+            f"step {snap['step']}, phase {snap['phase']}, no progress for {snap['progress_age_s']:.0f} s\n"
+            f"hang reported by rank {report.get('by')}: {report.get('line')}"
+        )
+        try:
+            dump_stacks(self.run_dir, self.rank, header)
+        except OSError as exc:
+            sys.stderr.write(f"[rank {self.rank}] warning: cannot write the stack dump: {exc.strerror or exc}\n")
+        views, _ = self._views(self._fs_now())
+        live = [r for r, v in views.items() if not v["late"]]
+        missing = wait_for_dumps(self.run_dir, live, since, timeout_s=2 * self.period_s + 5.0)
+        decided = report.get("by") == self.rank
+        if decided:
+            report = {**report, "dumps": dumps_since(self.run_dir, since), "missing": missing}
+            report.pop("mtime", None)
+            try:
+                write_atomic(self._path(self.rank, HANG_SUFFIX), json.dumps(report))
+            except OSError:
+                pass
+        self.on_hang(report, decided)
+
+    def wait_if_hanging(self, timeout_s: float | None = None) -> bool:
+        """After an exception in the loop (a peer that stopped for a hang closes its connections):
+        when a hang is being reported, give the watchdog the time to dump and end the process.
+        Returns False at once when there is none; True if the wait ran out."""
+        if not self.hang_timeout:
+            return False
+        if not self.hanging.is_set() and not read_hang_reports(self.run_dir, since=self.started - 1):
+            return False
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else 4 * self.period_s + 15.0)
+        while time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.2)
+        return True
 
     def find_dead_peer(self, timeout_s: float) -> str | None:
         """After a communication error: wait (up to timeout_s) until a peer's heartbeat says

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from ...errors import PeerFailure, UserError
 from ...plan.schema import Config
+from ..durability.hang import end_hung_job
+from ..durability.progress import PROGRESS
 from ..durability.status import node_rank, write_status
 from ..durability.watchdog import Watchdog, abort_job, stop_message
 from .trainer import Trainer
@@ -19,13 +21,19 @@ def train(cfg: Config, run_dir: Path, resume: str | None, debug: bool, profile: 
         trainer.world,
         node_rank(),
         on_dead=abort_job(lambda code, msg: write_status(run_dir, code, msg), trainer.rank),
+        hang_timeout=cfg.hang_timeout,
+        hang_timeout_slow=cfg.hang_timeout_slow,
+        on_hang=end_hung_job(run_dir, trainer.rank),
     ).start()
+    if PROGRESS.phase_name == "setup":  # set up; the loop's own phases take over from here
+        PROGRESS.set_phase("train")
     clean = False
     try:
         code = trainer.fit()
         clean = True
         return code
     except BaseException as exc:
+        dog.wait_if_hanging()  # a peer stopped for a hang (our collective failed): our watchdog ends this process
         why = None
         if trainer.world > 1 and not isinstance(exc, (UserError, KeyboardInterrupt)):
             why = dog.find_dead_peer(timeout_s=dog.stale_s + 2 * dog.period_s)  # a transport error from a dead peer?
