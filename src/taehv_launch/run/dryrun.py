@@ -117,7 +117,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
         + (
             ""
             if cache
-            else f"; checkpoint every {c['checkpointing_steps']}, "
+            else f"; hang {hang_text(c)}; checkpoint every {c['checkpointing_steps']}, "
             f"validate every {c['validation_steps']}, "
             f"log every {c['log_every']}"
         ),
@@ -161,6 +161,13 @@ def cache_size_check(plan: Plan):
 
     size = cache_size(plan.config)
     return size, (space_problem(size, plan.config["latent_cache"]) if size is not None else "")
+
+
+def hang_text(c: dict) -> str:
+    """The hang detector's limits as the dry run states them (docs/troubleshooting.md, Hangs)."""
+    if not c["hang_timeout"]:
+        return "detection off (hang_timeout=0)"
+    return f"after {c['hang_timeout']} s without progress ({c['hang_timeout_slow']} s in set-up, checkpoints, validation, warm-up)"
 
 
 def decode_line(plan: Plan) -> str:
