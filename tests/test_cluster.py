@@ -161,6 +161,8 @@ def test_sbatch_requeues_itself_only_after_a_checkpointed_stop(tmp_path, code, r
     assert (
         ((out / "scontrol").read_text().split() == ["requeue", "77"]) if requeued else not (out / "scontrol").exists()
     )
+    # the requeue check ran (tests/test_requeue.py runs it on a run directory; /shared/taehv is not one here)
+    assert ("taehv-launch: requeueing job 77 (no run directory /shared/taehv/job-77" in proc.stdout) == requeued
 
 
 @pytest.mark.parametrize("gpus,nodes", [(16, 2), (64, 8)])
@@ -172,7 +174,13 @@ def test_k8s_job_parses_and_every_pod_resolves_its_node(tmp_path, gpus, nodes):
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", nodes, nodes)
     rules = spec["podFailurePolicy"]["rules"]
     assert {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}} in rules
+    assert rules[0] == {  # the requeue limit: pod 0's init container refused a restart
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "requeue-check", "operator": "In", "values": [1]},
+    }
     pod = spec["template"]["spec"]
+    (check,) = pod["initContainers"]
+    assert check["command"][:2] == ["taehv-launch", "requeue-check"] and "--at-start" in check["command"]
     assert pod["subdomain"] == name and pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] >= 120
     (container,) = pod["containers"]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}

@@ -2,9 +2,9 @@
 checkpoint, a stop signal makes both exit 75, and the job's next attempt resumes and finishes.
 
 What is real: `taehv-launch render slurm|k8s` output, unedited; the sbatch script run by bash
-(MASTER_PORT arithmetic, the srun line, the exit-75 test and its `scontrol requeue`); the pod's
-command with the environment the indexed Job's YAML gives it (JOB_COMPLETION_INDEX, NNODES,
-JOB_UID, JOB_NAME = <job>-$(JOB_UID)); two launchers per attempt that find their node rank, node
+(MASTER_PORT arithmetic, the srun line, the exit-75 test, the requeue check and its `scontrol
+requeue`); the pod's init container (the requeue check) and command with the environment the
+indexed Job's YAML gives it (JOB_COMPLETION_INDEX, NNODES, JOB_UID, JOB_NAME = <job>-$(JOB_UID)); two launchers per attempt that find their node rank, node
 count, main node, port and run directory from those variables alone; the trainer, its checkpoints,
 the signals, the resume. What is stood in, and why:
 - the GPUs: `render` makes GPU jobs only (the cpu profile "runs here"), so the job is rendered for
@@ -218,6 +218,14 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
     assert 2 < saved < STEPS, saved  # a new checkpoint
     assert json.loads((run / "REQUEUE").read_text())["step"] == saved
     assert "--cpus-per-task=2" in (out / "srun_options").read_text()
+    requeues = json.loads((run / "requeue.json").read_text())  # the requeue check's count (#25)
+    assert requeues | {"stopped": None} == {
+        "count": 1,
+        "without_progress": 0,
+        "last_checkpoint": f"checkpoint-{saved}",
+        "stopped": None,
+        "job": str(job_id),
+    }
 
     second = attempt(1)  # the requeued job: same id, SLURM_RESTART_COUNT=1
     assert second.wait(timeout=300) == 0, (tmp_path / f"slurm-{job_id}.1.out").read_text()[-3000:]
@@ -248,6 +256,7 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
     )
     assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (2, 2)
     (container,) = job["spec"]["template"]["spec"]["containers"]
+    (check,) = job["spec"]["template"]["spec"]["initContainers"]
     argv = container["command"]
     assert argv[:3] == ["taehv-launch", "2", "h100"] and argv[-2:] == ["--resume", "this-run"]
     bin_dir = _bin(tmp_path)
@@ -256,7 +265,13 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
 
     def pods(attempt: int) -> list[subprocess.Popen]:
         procs = []
-        for index in (0, 1):
+        for index in (0, 1):  # each pod's init container first: pod 0 counts the run's restarts (#25)
+            env = clean_env(**_pod_env(check, uid, index))
+            init = [env["JOB_NAME"] if a == "$(JOB_NAME)" else a for a in check["command"]]
+            done = subprocess.run([str(bin_dir / "taehv-launch"), *init[1:]], env=env, capture_output=True, text=True)
+            assert done.returncode == 0, done.stdout + done.stderr
+            if index == 0:
+                assert ("first start of this run" if attempt == 0 else "restart 1 of this run") in done.stdout
             env = clean_env(
                 **_pod_env(container, uid, index),
                 HOSTNAME=f"taehv-2-h100-{index}-p{attempt}",
@@ -300,4 +315,10 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
         resumed = f"checkpoint-{saved} at step {saved}" if index == 0 else f"--resume {run / f'checkpoint-{saved}'}"
         assert resumed in text, text[-3000:]  # node 0: the trainer's line; node 1: its plan's command
     assert not (run / "REQUEUE").exists()
+    requeues = json.loads((run / "requeue.json").read_text())
+    assert (requeues["count"], requeues["without_progress"], requeues["last_checkpoint"]) == (
+        1,
+        0,
+        f"checkpoint-{saved}",
+    )
     _every_step_once(run)

@@ -38,11 +38,19 @@ class ClusterJob:
     port: int
 
     run_name: str | None = None  # --run-name: the run every node continues; else each job is a run of its own
+    max_requeues: int = 3  # max_requeues_without_progress: the requeue check's limit (0: none)
 
     @property
     def rendered_by(self) -> str:
         """The render command line, shell-quoted on one line, for the template's header."""
         return " ".join(one_line_word(a) for a in self.render_argv)
+
+    def requeue_check(self, job_id: str, *, at_start: bool = False) -> list[str]:
+        """The requeue check's command (cluster/requeue.py) for this job; `job_id` is the scheduler's
+        job id as the file refers to it (a shell or Kubernetes variable), the caller's to quote."""
+        argv = ["taehv-launch", "requeue-check", "--limit", str(self.max_requeues), "--job-id", job_id]
+        argv += ["--output-dir", self.output_dir] + (["--run-name", self.run_name] if self.run_name else [])
+        return argv + ["--at-start"] * at_start
 
 
 def one_line_word(text: str) -> str:
@@ -100,6 +108,12 @@ def cluster_job(
             f"{' and '.join(missing)} must be set for a cluster job: add "
             + " ".join(f"--set {k}=/path/on/the/nodes" for k in missing)
         )
+    max_requeues = c["max_requeues_without_progress"]
+    if max_requeues < 0:
+        raise ConfigError(
+            f"max_requeues_without_progress={max_requeues}: use 0 (requeue without limit) or more; "
+            f"the default 3 stops a job after 3 requeues in a row that saved no new checkpoint"
+        )
     name = name or f"taehv-{plan.gpus}-{plan.profile.name}"
     if not JOB_NAME_RE.match(name):
         raise ConfigError(
@@ -130,4 +144,5 @@ def cluster_job(
         shm_gib=max(1, math.ceil(shm_bytes(c, topo.gpus_per_machine) / 2**30)),
         port=topo.main_process_port,
         run_name=run_name,
+        max_requeues=max_requeues,
     )

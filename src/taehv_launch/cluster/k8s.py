@@ -8,7 +8,10 @@ volume: a pod replaced within the Job keeps the run, the Job applied again (same
 starts a new one, as a new SLURM job does. A stop signal makes the ranks save a checkpoint and
 exit 75; the podFailurePolicy treats 75 (and evictions, preemption) as not the pod's fault, so the
 pod is replaced without counting against backoffLimit, and its `--resume this-run` continues the
-run. /dev/shm is a memory-backed emptyDir sized from the plan. Pure: returns the text.
+run. Pod 0's init container `taehv-launch requeue-check --at-start` (cluster/requeue.py) counts
+those restarts in the run's requeue.json and exits 1 at the max_requeues_without_progress-th in a
+row with no newer complete checkpoint: a FailJob rule on that exit fails the Job instead of
+replacing pods forever. /dev/shm is a memory-backed emptyDir sized from the plan. Pure: returns the text.
 podFailurePolicy and the Job's uid label on its pods need Kubernetes 1.27 or newer.
 """
 
@@ -18,11 +21,12 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
-from ..errors import EXIT_RESUMABLE, ConfigError
+from ..errors import EXIT_FAILED, EXIT_RESUMABLE, ConfigError
 from ..yamltext import yaml_text
 from .job import ClusterJob, one_line_word
 
 JOB_UID = "metadata.labels['batch.kubernetes.io/controller-uid']"  # the Job's uid, on each of its pods
+CHECK = "requeue-check"  # the init container that counts restarts
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _NAMES = {  # option: (pattern, what Kubernetes accepts)
     "namespace": (re.compile(rf"^{_LABEL}$"), "a DNS label: lowercase letters, digits and '-', at most 63"),
@@ -78,23 +82,33 @@ def render_k8s(
         },
     }
     env = {"NNODES": str(job.nodes), "MASTER_ADDR": f"{job.name}-0.{job.name}", "MASTER_PORT": str(job.port)}
+    job_env = [  # JOB_NAME, the run's job id: unique per Job
+        {"name": "JOB_UID", "valueFrom": {"fieldRef": {"fieldPath": JOB_UID}}},
+        {"name": "JOB_NAME", "value": f"{job.name}-$(JOB_UID)"},
+    ]
+    shared = {"name": "shared", "mountPath": mount}
+    check = {  # pod 0 counts the run's restarts; the others let their pod start (cluster/requeue.py)
+        "name": CHECK,
+        "image": image,
+        "command": job.requeue_check("$(JOB_NAME)", at_start=True),
+        "env": job_env,
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # its one line in `kubectl describe pod`
+        "volumeMounts": [shared],
+    }
     container = {
         "name": "trainer",
         "image": image,
         "command": list(job.argv),
-        "env": [{"name": k, "value": v} for k, v in env.items()]  # JOB_NAME, the run's job id: unique per Job
-        + [
-            {"name": "JOB_UID", "valueFrom": {"fieldRef": {"fieldPath": JOB_UID}}},
-            {"name": "JOB_NAME", "value": f"{job.name}-$(JOB_UID)"},
-        ],
+        "env": [{"name": k, "value": v} for k, v in env.items()] + job_env,
         "ports": [{"containerPort": job.port, "name": "rendezvous"}],
         "resources": {"limits": {"nvidia.com/gpu": job.gpus_per_node}},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "shared", "mountPath": mount}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, shared],
     }
     pod = {
         "subdomain": job.name,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": grace_period,
+        "initContainers": [check],
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{job.shm_gib}Gi"}},
@@ -112,6 +126,10 @@ def render_k8s(
             "backoffLimit": restarts * job.nodes,
             "podFailurePolicy": {
                 "rules": [
+                    {  # the requeue check refused a restart: stop the whole Job, not only this pod
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": CHECK, "operator": "In", "values": [EXIT_FAILED]},
+                    },
                     {
                         "action": "Ignore",
                         "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [EXIT_RESUMABLE]},
@@ -141,6 +159,20 @@ def render_k8s(
         f"Exit {EXIT_RESUMABLE} (checkpoint saved after SIGTERM) and evictions replace the pod without counting",
         f"against backoffLimit ({restarts} failures per pod); each pod has {grace_period} s after SIGTERM to finish",
         "its step and save the checkpoint. Needs Kubernetes 1.27 or newer (podFailurePolicy, the Job uid label).",
+        *(
+            [
+                f"Pod 0's init container {CHECK} counts its restarts in the run's requeue.json: once pod 0 has",
+                f"restarted {job.max_requeues} times in a row with no newer checkpoint saved in between "
+                f"(max_requeues_without_progress), it exits {EXIT_FAILED}",
+                "and the Job fails (the FailJob rule);",
+                f"why, in one line: kubectl logs <pod 0> -c {CHECK}, or the run's requeue.json.",
+            ]
+            if job.max_requeues
+            else [
+                f"Pod 0's init container {CHECK} counts its restarts in the run's requeue.json "
+                "(max_requeues_without_progress=0: no limit)."
+            ]
+        ),
     ]
     return (
         "\n".join(f"# {line}" for line in head)

@@ -105,7 +105,9 @@ def _ckpt(name: str | None) -> str:
 def _progress_words(d: Decision, since: str, verb: str) -> str:
     """since: 'last requeue' or 'last start'; verb: 'requeueing' or 'restarting'."""
     if d.progress:
-        return f"{_ckpt(d.newest)} is new since the {since}" if d.previous else f"newest checkpoint {_ckpt(d.newest)}"
+        if d.previous:
+            return f"{_ckpt(d.newest)} is newer than {_ckpt(d.previous)}, the newest at the {since}"
+        return f"newest checkpoint {_ckpt(d.newest)}"
     what = f"no checkpoint newer than {_ckpt(d.previous)} since the {since}" if d.previous else "no checkpoint yet"
     limit = f"; {verb} stops at {d.limit}: {KEY}" if d.limit > 0 else f"; {KEY}=0: no limit"
     return f"{what} ({d.without_progress} in a row{limit})"
