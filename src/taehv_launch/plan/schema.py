@@ -165,7 +165,10 @@ KEYS: dict[str, Key] = {
         0.2, float, "a rank whose step time is this fraction above the ranks' median is named at each log line"
     ),
     "max_requeues_without_progress": Key(
-        3, int, "sbatch/k8s: requeues in a row that saved no new checkpoint before the job stops requeueing"
+        3,
+        int,
+        "sbatch/k8s: the job stops requeueing when this many attempts in a row ended with no newer complete "
+        "checkpoint (0 = no limit)",
     ),
     # --- speed (docs/benchmarks.md measures each) --------------------------------------
     "compile": Key(
