@@ -16,6 +16,7 @@ def launch(req: Request) -> int:
     from .host import visible_gpus
     from .inputs import check_inputs
     from .lock import RunLock
+    from .manifest import record_launch
     from .toolcheck import check_accelerate_yaml, check_deepspeed_config
 
     plan = build_plan(req)  # resolves --resume and refuses a checkpoint that cannot continue
@@ -46,6 +47,7 @@ def launch(req: Request) -> int:
         keep_index(size.entries)  # the job reads the videos listed here instead of listing them again
     notes += edge.write_files(run_dir, {f"env{rendered.node_suffix}.json": edge.env_record(plan, rendered)})
     check_accelerate_yaml(run_dir / "accelerate.yaml")
+    notes += record_launch(plan, rendered, run_dir)  # manifest.jsonl; on a later launch, what changed
     print_plan(plan, rendered, run_dir, size)  # with the plan's notes (config file, resume)
     for note in notes:  # and what writing the run's files found
         print(f"  note      {note}")

@@ -1,20 +1,52 @@
 """<run>/manifest.jsonl: the reproducibility manifest, one JSON record per launch of the run (appended,
-never rewritten). Written by the launcher (run/), read by `taehv-launch status`/`diff` and attached
-to the trackers as the run's config.
+never rewritten); node k > 0 of a multi-node run keeps its own, manifest.node<k>.jsonl, like its
+launch log. Written by the launcher (run/manifest.py collects the facts), read by `taehv-launch
+status`/`diff` and attached to the trackers as the run's config.
+
+A record (format 1):
+  time, node (this node's rank), launch (1, 2, ...: this node's launches of the run), run_id,
+  run_id_source, task ("train" or "cache"), resume (the checkpoint continued, or null)
+  command      {"argv": the full command line, "cwd"}
+  plan         {"gpus", "profile", "row_source", "world_size", "num_machines", "gpus_per_machine",
+                "strategy" ("DDP", "ZeRO-2", "single process"), "global_batch", "hash"}
+  config       every resolved config key
+  data         {"index": the data index's fingerprint (the dataset index cache file's key hash:
+                index-<index>.npz), "key": what it hashes, "cache_file", "note"}
+  environment  {"host", "exported" (what the launch sets), "kept" (found already set),
+                "gpu": {"model", "count", "driver", "memory_mib"} or null, "cuda_driver"}
+  versions     {"taehv-launch", "git": {"commit", "dirty"} or null, "python", "torch_cuda", "nccl",
+                "packages": {name: version or null}}
+
+plan.hash = plan_hash(): a stable hash of the resolved config, the topology (nodes, processes per
+node) and the strategy. flatten() turns a record into the rows `diff` compares (grouped config / plan
+/ environment / versions); differences() compares two; manifest_notes() says in a few short lines
+what changed since a run's previous launch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+from typing import Any
+
+from .layout import node_suffix
 
 MANIFEST_FILE = "manifest.jsonl"
+FORMAT = 1
+GROUPS = ("config", "plan", "environment", "versions")
+RUN_PLACEHOLDER = "<run>"  # the run directory inside recorded values (env vars name it): runs compare equal
+NOTE_ITEMS = 4  # changes named per group in a resume note
 
 
-def read_manifest(run_dir: Path) -> list[dict]:
+def manifest_path(run_dir: Path, node: int = 0) -> Path:
+    return Path(run_dir) / f"manifest{node_suffix(node)}.jsonl"
+
+
+def read_manifest(run_dir: Path, node: int = 0) -> list[dict]:
     """Every launch's record, oldest first; [] when there is none. Unreadable lines are skipped."""
     try:
-        lines = (Path(run_dir) / MANIFEST_FILE).read_text().splitlines()
+        lines = manifest_path(run_dir, node).read_text().splitlines()
     except OSError:
         return []
     out = []
@@ -26,3 +58,151 @@ def read_manifest(run_dir: Path) -> list[dict]:
         if isinstance(rec, dict):
             out.append(rec)
     return out
+
+
+def manifest_nodes(run_dir: Path) -> list[int]:
+    """The nodes that left a manifest in run_dir (0 first)."""
+    nodes = [0] if manifest_path(run_dir).is_file() else []
+    for path in Path(run_dir).glob("manifest.node*.jsonl"):
+        k = path.name[len("manifest.node") : -len(".jsonl")]
+        if k.isdigit():
+            nodes.append(int(k))
+    return sorted(set(nodes))
+
+
+def append_manifest(run_dir: Path, record: dict, node: int = 0) -> None:
+    """Append one record as one line (one write); OSError is the caller's."""
+    with open(manifest_path(run_dir, node), "a") as f:
+        f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+
+def canonical(value: Any) -> str:
+    """JSON with sorted keys and tuples as lists: equal values give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def strategy_name(zero_stage: int, world_size: int) -> str:
+    if zero_stage:
+        return f"ZeRO-{zero_stage}"
+    return "DDP" if world_size > 1 else "single process"
+
+
+def plan_hash(config: dict, topology: dict, strategy: str) -> str:
+    """A stable hash (16 hex digits) of what the run trains with: the resolved config, the topology
+    ({"num_machines", "gpus_per_machine", "world_size"}) and the strategy. Paths in the config count
+    (another dataset is another plan); the rendezvous address and port, the node's rank, the run's name
+    and the time do not."""
+    text = canonical({"config": config, "topology": topology, "strategy": strategy})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _norm(value: Any, run_dir: str | None) -> Any:
+    if run_dir and isinstance(value, str) and run_dir in value:
+        return value.replace(run_dir, RUN_PLACEHOLDER)
+    return value
+
+
+def flatten(record: dict, hosts: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """{group: {row name: value}} of a record, the rows `diff` compares. hosts: every node's host (a
+    run's manifests), else the record's own. The run directory inside values becomes <run>."""
+    run_dir = record.get("run_dir")
+    plan = dict(record.get("plan") or {})
+    plan.pop("hash", None)
+    data = record.get("data") or {}
+    if "index" in data:
+        plan["data index"] = data.get("index")
+    env = record.get("environment") or {}
+    environment: dict[str, Any] = {}
+    for name, value in (env.get("exported") or {}).items():
+        environment[name] = _norm(value, run_dir)
+    for name, value in (env.get("kept") or {}).items():
+        environment[f"{name} (kept)"] = _norm(value, run_dir)
+    if "host" in env or hosts:
+        environment["hosts"] = ", ".join(hosts or [env.get("host") or "?"])
+    if "gpu" in env:
+        gpu = env.get("gpu") or {}
+        environment["gpu"] = f"{gpu.get('count')} x {gpu.get('model')}" if gpu else None
+        environment["gpu driver"] = gpu.get("driver") if gpu else None
+        environment["cuda (driver)"] = env.get("cuda_driver")
+    ver = record.get("versions") or {}
+    versions: dict[str, Any] = {}
+    if ver:
+        versions["taehv-launch"] = ver.get("taehv-launch")
+        git = ver.get("git")
+        versions["git commit"] = (
+            (git.get("commit", "?")[:12] + (" (dirty)" if git.get("dirty") else "")) if git else None
+        )
+        versions["python"] = ver.get("python")
+        versions["cuda (torch)"] = ver.get("torch_cuda")
+        versions["nccl"] = ver.get("nccl")
+        for name, value in sorted((ver.get("packages") or {}).items()):
+            versions[name] = value
+    out = {
+        "config": {k: _norm(v, run_dir) for k, v in (record.get("config") or {}).items()},
+        "plan": plan,
+        "environment": environment,
+        "versions": versions,
+    }
+    return {g: {k: (list(v) if isinstance(v, tuple) else v) for k, v in rows.items()} for g, rows in out.items()}
+
+
+MISSING = object()  # a row one side does not have
+FIRST_ROWS = ("gpus", "profile", "world_size", "num_machines", "gpus_per_machine", "strategy", "global_batch")
+ROW_ORDER = {r: i for i, r in enumerate((*FIRST_ROWS, "hosts", "gpu"))}  # named first, the rest alphabetically
+
+
+def differences(
+    a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], skip: tuple[str, ...] = ()
+) -> list[tuple[str, str, Any, Any]]:
+    """(group, row, value in a, value in b) for every row that differs between two flatten()ed records,
+    in group order; MISSING where a side lacks the row. `skip`: rows ("group" or "group.row") not
+    compared (what one side cannot know)."""
+    out = []
+    for group in GROUPS:
+        if group in skip:
+            continue
+        ra, rb = a.get(group, {}), b.get(group, {})
+        for row in sorted(set(ra) | set(rb), key=lambda r: (ROW_ORDER.get(r, len(ROW_ORDER)), r)):
+            if f"{group}.{row}" in skip:
+                continue
+            va, vb = ra.get(row, MISSING), rb.get(row, MISSING)
+            if (va is MISSING) != (vb is MISSING) or canonical(va) != canonical(vb):
+                out.append((group, row, va, vb))
+    return out
+
+
+def short(value: Any, width: int = 40) -> str:
+    """A value as a person reads it, cut at `width` characters."""
+    if value is MISSING:
+        text = "(none)"
+    elif value is None:
+        text = "-"
+    elif isinstance(value, str):
+        text = value if value else "''"
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    else:
+        text = json.dumps(value, default=str) if isinstance(value, (list, dict)) else str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def manifest_notes(previous: dict | None, record: dict) -> list[str]:
+    """What changed since this node's previous launch of the run, in short lines (one per group that
+    changed, a few changes named in each); one line when nothing did. [] on a first launch."""
+    if previous is None:
+        return []
+    since = f"launch {previous.get('launch', '?')}"
+    diffs = differences(flatten(previous), flatten(record))
+    if not diffs:
+        return [
+            f"manifest: launch {record.get('launch')} of this run; config, plan, environment and versions as at {since}"
+        ]
+    lines = []
+    for group in GROUPS:
+        rows = [d for d in diffs if d[0] == group]
+        if not rows:
+            continue
+        named = ", ".join(f"{row} {short(va, 24)} -> {short(vb, 24)}" for _g, row, va, vb in rows[:NOTE_ITEMS])
+        more = f" and {len(rows) - NOTE_ITEMS} more (manifest.jsonl has both)" if len(rows) > NOTE_ITEMS else ""
+        lines.append(f"manifest: {group} changed since {since}: {named}{more}")
+    return lines

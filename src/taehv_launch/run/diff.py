@@ -1,0 +1,282 @@
+"""`taehv-launch diff A B`: what differs between two runs, a run and a plan, or two plans: config, plan
+(GPUs, topology, strategy, batch, data index), environment (the variables the launch sets, hosts, GPUs)
+and versions, only the rows that differ. Exit 0 identical, 1 different (like diff(1)), 2 bad input.
+
+Each side is one of:
+  a run          a run directory (its manifest.jsonl's newest record, node 0's; every node's host), or
+                 `latest` / a run id under ./output
+  a plan         "GPUS PROFILE [--set KEY=VALUE ...] [--config FILE] [--num-nodes N] [--gpus-per-node G]"
+                 as ONE argument (quoted): resolved as `taehv-launch GPUS PROFILE --dry-run` would, here
+                 and now; nothing is written. Its environment and versions are this machine's.
+  a config file  FILE.py: the plan `GPUS PROFILE --config FILE`, GPUS PROFILE from the file's own
+                 "Resolved by taehv-launch for `16 h100`" header (the shipped configs/ and every run's
+                 config.py have one), else from the other side.
+A plan cannot know the hosts and GPUs it will run on: those rows are compared between runs only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..rundir.manifest import GROUPS, MISSING, differences, flatten, manifest_nodes, read_manifest, short
+from .watch import is_run_dir
+
+PLAN_SPEC = re.compile(r"\s*\d+\s+\S.*", re.S)
+HEADER = re.compile(r"Resolved by taehv-launch for `(\d+) (\w+)`")
+MACHINE_ROWS = ("environment.hosts", "environment.gpu", "environment.gpu driver", "environment.cuda (driver)")
+WIDE = 40  # a value longer than this goes on its own line
+SPEC_HELP = (
+    'a run directory, a config file (.py) or a plan "GPUS PROFILE [--set KEY=VALUE ...] [--config FILE] '
+    '[--num-nodes N] [--gpus-per-node G]" as one quoted argument'
+)
+
+
+@dataclass
+class Side:
+    label: str  # as given
+    kind: str  # "run", "plan", "config file"
+    title: str  # what it is, in words
+    rows: dict[str, dict[str, Any]]
+    skip: tuple[str, ...] = ()  # rows it cannot know
+    words: tuple[str, str] | None = None  # its GPUS PROFILE
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load(text: str, output_dir: str = "output", other: Side | None = None) -> Side:
+    """One side of a diff, or ConfigError naming what is wrong."""
+    if PLAN_SPEC.fullmatch(text):
+        return plan_side(text)
+    path = Path(text).expanduser()
+    if not path.exists() and "/" not in text and (Path(output_dir) / text).exists():
+        path = Path(output_dir) / text
+    if path.is_dir():
+        if not is_run_dir(path):
+            raise ConfigError(f"{text} is not a run directory (no config.py, env.json or launch.log): give {SPEC_HELP}")
+        return run_side(text, path.resolve())
+    if path.is_file() and path.suffix == ".py":
+        m = HEADER.search(path.read_text(errors="replace")[:2000])
+        words = (m.group(1), m.group(2)) if m else (other.words if other else None)
+        if words is None:
+            raise ConfigError(
+                f"{text} does not say which GPUS PROFILE it is for: give the plan as one argument, "
+                f'"GPUS PROFILE --config {text}"'
+            )
+        spec = f"{words[0]} {words[1]} --config {shlex.quote(str(path))}"
+        side = plan_side(spec, label=text, kind="config file")
+        side.title = (
+            f"config file {text} as `{words[0]} {words[1]}` resolved here now (environment, versions: this machine)"
+        )
+        return side
+    if path.exists():
+        raise ConfigError(f"{text} is a file but not a config file (.py): give {SPEC_HELP}")
+    raise ConfigError(f"no run, config file or plan {text!r}: give {SPEC_HELP}")
+
+
+def parse_spec(text: str):
+    """ "GPUS PROFILE [options]" -> Request."""
+    from .request import Request
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"cannot read the plan {text!r}: {exc}") from None
+    gpus, profile, rest = words[0], words[1], words[2:]
+    sets: list[str] = []
+    opts: dict[str, Any] = {}
+    names = {"--config": "config", "--num-nodes": "num_nodes", "--gpus-per-node": "gpus_per_node"}
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        name, eq, value = word.partition("=")
+        if name not in ("--set", *names):
+            raise ConfigError(
+                f"{word!r} in the plan {text!r}: a plan takes --set KEY=VALUE, --config FILE, --num-nodes N "
+                f"and --gpus-per-node G"
+            )
+        if not eq:
+            if i + 1 >= len(rest):
+                raise ConfigError(f"{word} needs a value in the plan {text!r}")
+            value, i = rest[i + 1], i + 1
+        i += 1
+        if name == "--set":
+            sets.append(value)
+        elif name == "--config":
+            opts["config"] = value
+        else:
+            try:
+                opts[names[name]] = int(value)
+            except ValueError:
+                raise ConfigError(f"{name} must be a whole number, got {value!r} in the plan {text!r}") from None
+    return Request(gpus=gpus, profile=profile, sets=sets, **opts)
+
+
+def plan_side(text: str, label: str | None = None, kind: str = "plan") -> Side:
+    from .manifest import build_record
+    from .render import render
+    from .request import build_plan
+
+    req = parse_spec(text)
+    plan = build_plan(req)
+    rendered = render(plan, plan.run_dir)
+    record = build_record(plan, rendered, plan.run_dir, argv=shlex.split(text))
+    return Side(
+        label=label or text,
+        kind=kind,
+        title=f"plan `{text.strip()}` resolved here now (environment, versions: this machine)",
+        rows=flatten(record),
+        skip=MACHINE_ROWS,
+        words=(str(plan.gpus), plan.profile.name),
+        extra={"plan_hash": record["plan"]["hash"]},
+    )
+
+
+def run_side(label: str, run_dir: Path) -> Side:
+    records = read_manifest(run_dir)
+    if records:
+        rec = records[-1]
+        hosts = []
+        for node in manifest_nodes(run_dir):
+            last = read_manifest(run_dir, node)[-1:] if node else [rec]
+            host = ((last[0].get("environment") or {}).get("host")) if last else None
+            if host and host not in hosts:
+                hosts.append(host)
+        plan = rec.get("plan") or {}
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.get("time", 0)))
+        return Side(
+            label=label,
+            kind="run",
+            title=f"run {run_dir} (launch {rec.get('launch', len(records))} of {len(records)}, {when})",
+            rows=flatten(rec, hosts),
+            words=(str(plan.get("gpus")), str(plan.get("profile"))) if plan.get("gpus") else None,
+            extra={"plan_hash": plan.get("hash")},
+        )
+    return old_run_side(label, run_dir)
+
+
+def old_run_side(label: str, run_dir: Path) -> Side:
+    """A run launched before manifest.jsonl: its config.py and env.json; versions and machine facts unknown."""
+    from ..plan.configfile import read_rendered_config
+    from ..rundir.manifest import strategy_name
+
+    try:
+        config = read_rendered_config(run_dir / "config.py")
+        m = HEADER.search((run_dir / "config.py").read_text()[:2000])
+    except OSError:
+        raise ConfigError(f"{label} has neither manifest.jsonl nor a readable config.py: nothing to compare") from None
+    env = {}
+    try:
+        env = json.loads((run_dir / "env.json").read_text())
+    except (OSError, ValueError):
+        pass
+    topo = env.get("topology") or {}
+    nodes, per = topo.get("num_machines"), topo.get("gpus_per_machine")
+    world = nodes * per if isinstance(nodes, int) and isinstance(per, int) else None
+    record = {
+        "run_dir": str(run_dir),
+        "plan": {
+            "gpus": int(m.group(1)) if m else world,
+            "profile": m.group(2) if m else None,
+            "num_machines": nodes,
+            "gpus_per_machine": per,
+            "world_size": world,
+            "strategy": strategy_name(config.get("zero_stage", 0), world or 1),
+        },
+        "config": json.loads(json.dumps(config, default=str)),
+        "environment": {"exported": env.get("exported") or {}, "kept": env.get("kept_from_environment") or {}},
+    }
+    return Side(
+        label=label,
+        kind="run",
+        title=f"run {run_dir} (before manifest.jsonl: its config.py and env.json only)",
+        rows=flatten(record),
+        skip=("versions", *MACHINE_ROWS, "plan.row_source", "plan.global_batch", "plan.data index"),
+        words=(m.group(1), m.group(2)) if m else None,
+    )
+
+
+def both(a_text: str, b_text: str) -> tuple[Side, Side]:
+    """Load the sides; a config file without its own GPUS PROFILE takes the other side's."""
+    a = None if Path(a_text).suffix == ".py" and not PLAN_SPEC.fullmatch(a_text) else load(a_text)
+    b = load(b_text, other=a)
+    return (a or load(a_text, other=b)), b
+
+
+def compare(a: Side, b: Side, only: tuple[str, ...] = ()) -> list[tuple[str, str, Any, Any]]:
+    skip = (*a.skip, *b.skip, *(g for g in GROUPS if only and g not in only))
+    return differences(a.rows, b.rows, tuple(dict.fromkeys(skip)))
+
+
+def not_compared(a: Side, b: Side, only: tuple[str, ...]) -> list[str]:
+    out = []
+    for side, name in ((a, "A"), (b, "B")):
+        if "versions" in side.skip and (not only or "versions" in only):
+            out.append(f"versions: not recorded for {name} (a run from before manifest.jsonl)")
+    if (a.kind != "run" or b.kind != "run") and (not only or "environment" in only):
+        out.append("hosts and GPUs: compared between runs only (a plan runs where it is launched)")
+    return out
+
+
+def render_text(a: Side, b: Side, diffs: list, notes: list[str], only: tuple[str, ...]) -> str:
+    out = [f"A: {a.title}", f"B: {b.title}"]
+    groups = [g for g in GROUPS if not only or g in only]
+    fits = [
+        (row, short(va, 10**6))
+        for _g, row, va, vb in diffs
+        if max(len(short(va, 10**6)), len(short(vb, 10**6))) <= WIDE
+    ]
+    name_w = min(32, max((len(row) for row, _ta in fits), default=0))
+    a_w = max((len(ta) for _row, ta in fits), default=0)
+    for group in groups:
+        rows = [d for d in diffs if d[0] == group]
+        if not rows:
+            continue
+        out.append(f"{group} ({len(rows)} differ{'s' if len(rows) == 1 else ''})")
+        for _g, row, va, vb in rows:
+            ta, tb = short(va, 10**6), short(vb, 10**6)
+            if len(ta) > WIDE or len(tb) > WIDE:
+                out += [f"  {row}", f"    A  {ta}", f"    B  {tb}"]
+            else:
+                out.append(f"  {row:<{name_w}}  {ta:<{a_w}}  {tb}".rstrip())
+    skipped = {*a.skip, *b.skip}
+    same = [g for g in groups if g not in skipped and not any(d[0] == g for d in diffs)]
+    if same:
+        out.append(("identical: " if not diffs else "same: ") + ", ".join(same))
+    out += [f"note: {n}" for n in notes]
+    return "\n".join(out)
+
+
+def diff(a_text: str, b_text: str, as_json: bool = False, only: str = "") -> int:
+    groups = tuple(g.strip() for g in only.split(",") if g.strip())
+    bad = [g for g in groups if g not in GROUPS]
+    if bad:
+        raise ConfigError(f"--only {only!r}: groups are {', '.join(GROUPS)} (comma-separated)")
+    a, b = both(a_text, b_text)
+    diffs = compare(a, b, groups)
+    notes = not_compared(a, b, groups)
+    if as_json:
+        doc = {
+            "a": {"label": a.label, "kind": a.kind, "title": a.title, **a.extra},
+            "b": {"label": b.label, "kind": b.kind, "title": b.title, **b.extra},
+            "identical": not diffs,
+            "differences": [
+                {
+                    "group": g,
+                    "row": row,
+                    **({"a": va} if va is not MISSING else {}),
+                    **({"b": vb} if vb is not MISSING else {}),
+                }
+                for g, row, va, vb in diffs
+            ],
+            "not_compared": notes,
+        }
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(render_text(a, b, diffs, notes, groups))
+    return 1 if diffs else 0

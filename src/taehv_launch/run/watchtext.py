@@ -1,0 +1,181 @@
+"""`taehv-launch status` for people: one run as a block of labelled lines, several as a table (one row
+a run). The facts are watch.collect()'s; times are said as ages ("3 min ago") and clock times."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+MAX_RANK_LINES = 8  # more ranks than this: only the ones that look wrong get a line (--json has all)
+
+
+def duration(seconds: float) -> str:
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min" if s % 3600 >= 60 else f"{s // 3600} h"
+    return f"{s // 86400} d {s % 86400 // 3600} h" if s % 86400 >= 3600 else f"{s // 86400} d"
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return "just now" if seconds < 1 else f"{duration(seconds)} ago"
+
+
+def clock(at: float, now: float) -> str:
+    same_day = time.localtime(at)[:3] == time.localtime(now)[:3]
+    return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", time.localtime(at))
+
+
+def rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """[0, 1, 2, 3, 6] -> 'ranks 0-3, 6'."""
+    if not ranks:
+        return "no rank"
+    spans, start, prev = [], ranks[0], ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(spans)}"
+
+
+def step_text(f: dict) -> str:
+    if f["step"] is None:
+        return "-"
+    if f["total"]:
+        return f"{f['step']}/{f['total']} ({100 * f['step'] / f['total']:.0f}%)"
+    return str(f["step"])
+
+
+def state_text(f: dict) -> str:
+    state = f["state"]
+    code = f["exit_code"]
+    message = next((e.get("message") for e in f["exit"] if e["node"] == 0), None)
+    if state == "running":
+        return f"running (heartbeat {ago(f['heartbeat_age_s'])})" if f["heartbeat_age_s"] is not None else "running"
+    if state == "starting":
+        return f"starting (launch log written {ago(f['log_age_s'])}; no rank heartbeat yet)"
+    if state == "ended":
+        return f"ended {ago(f['log_age_s'])}: exit 0 ({message or 'ok'})"
+    if state == "stopped":
+        how = "requeue it, or run it again with --resume auto" if code == 75 else "run it again with --resume auto"
+        return f"stopped {ago(f['log_age_s'])}: exit {code} ({message or 'stopped by a signal'}); {how}"
+    if state == "failed":
+        return f"failed {ago(f['log_age_s'])}: exit {code}" + (f" ({message})" if message else "")
+    if state == "lost":
+        last = f["heartbeat_age_s"] if f["heartbeat_age_s"] is not None else f["log_age_s"]
+        return (
+            f"lost: no exit status, nothing written for {duration(last or 0)} (killed, or its node was lost); "
+            f"--resume auto continues from the newest complete checkpoint"
+        )
+    return f"{state}: rendered, never launched" if state == "not started" else state
+
+
+def run_block(f: dict[str, Any]) -> list[str]:
+    now = f["now"]
+    out = [f"run {f['run']}  {f['run_dir']}", f"  state      {state_text(f)}"]
+    if f["hang"]:
+        out.append(f"  hang       {f['hang']}")
+    if f["step"] is not None:
+        when = f", logged {ago(now - f['progress_time'])}" if f["progress_time"] else ""
+        out.append(f"  step       {step_text(f)}{when}")
+    if f["clips_per_s"] is not None:
+        avg = ""
+        if f["clips_per_s_avg"] is not None:
+            since = f" since this launch started {ago(now - f['launch_started'])}" if f["launch_started"] else ""
+            avg = f", {rate(f['clips_per_s_avg'])} average{since}"
+        out.append(f"  speed      {rate(f['clips_per_s'])} clips/s now{avg}")
+    if f["eta_s"] is not None:
+        out.append(f"  ETA        {duration(f['eta_s'])}, at {clock(f['ends_at'], now)}")
+    ck = f["checkpoint"]
+    out.append(f"  checkpoint {ck['name']}, saved {ago(ck['age_s'])}" if ck else "  checkpoint none complete yet")
+    if f["nodes"] is not None:
+        procs = f", {f['processes']} process{'es' if f['processes'] != 1 else ''}" if f["processes"] else ""
+        out.append(f"  nodes      {f['nodes']} node{'s' if f['nodes'] != 1 else ''}{procs}")
+    ranks = f["heartbeat_ranks"]
+    live = f["state"] in ("running", "starting")
+    beats = live or f["state"] == "lost" or any(r["dead"] for r in ranks)  # ended: the heartbeats say nothing
+    for n in f["heartbeat_nodes"] if beats else []:
+        spread = f" (oldest {ago(n['oldest_age_s'])})" if n["oldest_age_s"] - n["newest_age_s"] > 10 else ""
+        out.append(
+            f"  node {n['node']!s:<5} {n['host']}: {ranks_text(n['ranks'])}, heartbeat {ago(n['newest_age_s'])}{spread}"
+        )
+    shown = (
+        []
+        if not beats
+        else ranks
+        if len(ranks) <= MAX_RANK_LINES
+        else [r for r in ranks if r["dead"] or (live and r["stale"] and not r["done"])]
+    )
+    for r in shown:
+        what = [f"step {r['step']}" if r["step"] is not None else None, r["phase"]]
+        if r["done"]:
+            what.append("done")
+        if r["dead"]:
+            what.append(f"dead: {r['dead']}")
+        words = ", ".join(w for w in what if w)
+        out.append(f"  rank {r['rank']!s:<5} node {r['node']} ({r['host']}): {words}; heartbeat {ago(r['age_s'])}")
+    if beats and len(shown) < len(ranks):
+        out.append(
+            f"  ranks      {len(ranks)} with heartbeats, {len(ranks) - len(shown)} not listed (all fresh): --json lists each"
+        )
+    if len(f["exit"]) > 1 or (f["exit"] and f["exit"][0]["node"] != 0):
+        for e in f["exit"]:
+            out.append(f"  exit       node {e['node']}: {e['code']} ({e['message']})")
+    messages = [e["message"] for e in f["exit"] if e.get("message")]
+    said = f["last_error"] and any(f["last_error"].endswith(f"error: {m}") for m in messages)
+    if f["last_error"] and f["state"] not in ("ended", "running", "starting") and not said:
+        out.append(f"  error      {f['last_error']}")
+    rq = f["requeues"]
+    line = str(rq["count"])
+    if rq["without_progress"]:
+        line += f", {rq['without_progress']} in a row without a new checkpoint"
+    if rq["stopped"]:
+        line += f"; stopped: {rq['stopped']}"
+    out.append(f"  requeues   {line}")
+    if f["launches"]:
+        first = f", first {clock(f['first_launch'], now)}" if f["first_launch"] else ""
+        out.append(f"  launches   {f['launches']}{first} (manifest.jsonl; plan {f['plan_hash']})")
+    return out
+
+
+def table(facts: list[dict[str, Any]]) -> list[str]:
+    head = ("RUN", "STATE", "STEP", "CLIPS/S NOW/AVG", "ETA", "CHECKPOINT", "HEARTBEAT", "REQUEUES")
+    rows = [head]
+    for f in facts:
+        state = f["state"] + (f" ({f['exit_code']})" if f["state"] in ("failed", "stopped") else "")
+        speed = "-" if f["clips_per_s"] is None else f"{rate(f['clips_per_s'])}/{rate(f['clips_per_s_avg'])}"
+        ck = f["checkpoint"]
+        rows.append(
+            (
+                f["run"],
+                state,
+                step_text(f),
+                speed,
+                duration(f["eta_s"]) if f["eta_s"] is not None else "-",
+                f"{ck['name']}, {ago(ck['age_s'])}" if ck else "-",
+                ago(f["heartbeat_age_s"]) if f["state"] in ("running", "starting") else "-",
+                str(f["requeues"]["count"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def render(facts: list[dict[str, Any]], now: float) -> str:
+    if len(facts) == 1:
+        return "\n".join(run_block(facts[0]))
+    return "\n".join([*table(facts), "", "(taehv-launch status RUN: one run in full)"])
