@@ -125,7 +125,9 @@ def _check_two_ranks(run, proc):
     assert a.keys() == b.keys()
     for k in a:  # parameters and BatchNorm buffers alike
         assert torch.equal(a[k], b[k]), k
-    assert all(math.isfinite(v) for _, v in scalars(run)["train/loss"])
+    tb = scalars(run)
+    assert all(math.isfinite(v) for _, v in tb["train/loss"])
+    assert [s for s, _ in tb["train/straggler_ratio"]] == [3, 4]  # each log line but the first two steps
 
 
 @pytest.mark.slow
@@ -178,7 +180,8 @@ def test_profile_and_debug_and_accumulation(tmp_path):
 
 @pytest.mark.slow
 def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path):
-    """Weights with NaNs: every step is non-finite, skipped on all ranks, and the run stops clearly."""
+    """Weights with NaNs: every step is non-finite, skipped on all ranks, and with no checkpoint to roll back to
+    (tests/test_divergence.py has the rollbacks) the run stops clearly."""
     from safetensors.torch import save_file
 
     from taehv_launch.train.model.taehv import TAEHV
@@ -199,6 +202,11 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path):
         run_name="nan",
     )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("non-finite loss on some rank; micro-batch skipped") == 3
-    assert_one_line_error(proc, "3 non-finite losses in a row", code=1)
+    assert proc.stdout.count("step 0: non-finite loss on rank 0; micro-batch skipped on all ranks") == 3
+    assert_one_line_error(
+        proc,
+        r"3 bad micro-batches in a row \(the last: non-finite loss on rank 0\) at step 0, and the run has no "
+        "complete checkpoint to roll back to: lower learning_rate",
+        code=1,
+    )
     assert not list(run.glob("checkpoint-*"))

@@ -43,6 +43,7 @@ from ...rundir.checkpoint import (
     CheckpointWriteError,
     TrainState,
     checkpoint_dir,
+    checksum_problem,
     layout_change_problem,
     list_checkpoints,
     rng_file,
@@ -52,6 +53,7 @@ from ...rundir.checkpoint import (
 )
 from ...rundir.layout import EXPORT_META, EXPORT_PTH, EXPORT_SAFETENSORS
 from . import portable
+from .progress import PROGRESS
 
 
 def rng_state() -> dict[str, torch.Tensor]:
@@ -195,6 +197,44 @@ def load_checkpoint(
         state.samples_seen = state.samples_seen * state.world_size // world_size
     state.world_size, state.zero_stage = world_size, zero_stage  # the next checkpoint is of this layout
     return state
+
+
+def rollback_checkpoint(run_dir: Path, accelerator, at_most: int) -> tuple[Path | None, list[str]]:
+    """Collective, for a rollback in-process: the newest complete checkpoint of step <= at_most, the same on
+    every rank (rank 0 verifies the checksums, falling back past damaged ones, and broadcasts its step),
+    and a line for each newer one skipped."""
+    step, notes = -1, []
+    if accelerator.is_main_process:
+        for s, path, why in reversed(list_checkpoints(run_dir)):
+            if s > at_most:
+                continue
+            note = None
+            if why is None:
+                why, note = checksum_problem(path)
+            if why is None:
+                step, notes = s, notes + ([note] if note else [])
+                break
+            notes.append(f"skipping {path.name}: {why}")
+    if accelerator.num_processes > 1:
+        import torch.distributed as dist
+
+        t = torch.tensor([step], dtype=torch.int64, device=accelerator.device)
+        PROGRESS.count_collective()
+        dist.broadcast(t, src=0)
+        step = int(t.item())
+    return (checkpoint_dir(run_dir, step) if step >= 0 else None), notes
+
+
+def export_meta(cfg, state: TrainState, name: str) -> dict[str, Any]:
+    """export.json of an export (best_model carries its validation PSNR)."""
+    return {
+        "step": state.step,
+        "val_psnr": state.best_psnr if name == "best_model" else None,
+        "latent_channels": cfg.latent_channels,
+        "patch_size": cfg.patch_size,
+        "ref_vae_type": cfg.ref_vae_type,
+        "ema_decay": cfg.ema_decay,
+    }
 
 
 def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from ...files import disk_errors, write_atomic
 from ...plan.schema import Config, global_batch
+from ...rundir.progress import write_progress
 
 
 class PeakMemory:
@@ -168,8 +169,12 @@ class SpeedLog:
         remaining = self.cfg.max_train_steps - step
         self.begin_step = step + (10 if remaining >= 20 else max(1, remaining // 2))
 
-    def step(self, step: int) -> None:
+    def restart(self, step: int) -> None:
+        """After a rollback to `step`: the window starts again, after the same warm-up."""
+        self.t0 = self.t1 = None
+        self.start(step)
 
+    def step(self, step: int) -> None:
         if step == self.begin_step:
             self._sync()
             self.t0 = time.perf_counter()
@@ -183,7 +188,6 @@ class SpeedLog:
             self.t1 = time.perf_counter()
 
     def write(self, phases: str | None) -> dict[str, Any] | None:
-
         if self.t0 is None or self.last_step is None or self.last_step <= self.begin_step:
             return None
         if self.t1 is None:
@@ -220,6 +224,59 @@ class SpeedLog:
             with disk_errors("speed.json", self.run_dir, "then continue with --resume auto"):
                 write_atomic(self.run_dir / "speed.json", json.dumps(out, indent=2))
         return out
+
+
+class ProgressFile:
+    """<run>/progress.json (rundir/progress.py), rewritten by rank 0 at each log line: one small file, no
+    sync. `started` and samples_per_s_avg count from the start of this launch's training loop."""
+
+    def __init__(self, run_dir: Path, main: bool, global_batch: int):
+        self.run_dir, self.main, self.global_batch = run_dir, main, global_batch
+        self.started, self.t0, self.samples = time.time(), time.perf_counter(), 0
+
+    def write(self, step: int, total: int, samples_per_s: float, samples: int) -> float:
+        """Adds the window's samples; returns the ETA in seconds (at the window's rate, as the log line)."""
+        self.samples += samples
+        eta = (total - step) * self.global_batch / max(samples_per_s, 1e-9)
+        if self.main:
+            record = {
+                "step": step,
+                "total": total,
+                "samples_per_s": samples_per_s,
+                "samples_per_s_avg": self.samples / max(time.perf_counter() - self.t0, 1e-9),
+                "global_batch": self.global_batch,
+                "eta_s": eta,
+                "time": time.time(),
+                "started": self.started,
+            }
+            with contextlib.suppress(OSError):  # a full disk is said once, by the next checkpoint
+                write_progress(self.run_dir, record)
+        return eta
+
+
+def window_line(means: dict[str, float], lr: float, samples_per_s: float, mem: float, eta: float, step, total) -> str:
+    """The log line of a window."""
+    nan = float("nan")
+    return (
+        f"step {step}/{total} | loss {means.get('loss', nan):.4f} | rec {means.get('reconstruction_loss', nan):.4f}"
+        f" | enc {means.get('encoder_loss', nan):.4f} | seraena {means.get('seraena_loss', 0):.4f} | psnr "
+        f"{means.get('psnr', nan):.2f} dB | lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | "
+        f"ETA {hms(eta)}"
+    )
+
+
+def progress_bar(main: bool, start: int, total: int):
+    """A tqdm bar on rank 0 at a terminal (TAEHV_TTY=1, set by the launcher); else None: the log lines carry
+    loss, samples/s and ETA, the bar is for a person watching."""
+    if not main or os.environ.get("TAEHV_TTY") != "1":
+        return None
+    import sys
+
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stdout, mininterval=2.0
+    )
 
 
 def hms(seconds: float) -> str:

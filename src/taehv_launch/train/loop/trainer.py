@@ -1,40 +1,45 @@
 """The training loop: set up -> while -> train_step() -> log -> maybe validate -> maybe checkpoint.
 
 One optimizer step = gradient_accumulation_steps micro-batches on every rank. The learning
-rate is a pure function of the optimizer step (warmup + cosine), set on the optimizer before
-each step, so it advances once per optimizer step whatever the world size, and resumes exactly.
+rate is a pure function of the optimizer step (warmup + cosine, lowered for a while after a
+rollback: guard.py), set on the optimizer before each step, so it advances once per optimizer
+step whatever the world size, and resumes exactly. Bad micro-batches (non-finite, loss spikes)
+are skipped and, past max_consecutive_bad_steps, rolled back in-process (guard.py); the ranks'
+step times are compared at each log line (stragglers.py). PROGRESS (durability/progress.py)
+carries this rank's step and phase for the hang detector: attribute writes, no I/O.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ...compat import add_gif, uncount_micro_batch
-from ...errors import EXIT_OK, EXIT_RESUMABLE, TooManyBadSteps
+from ...errors import EXIT_OK, EXIT_RESUMABLE
 from ...plan.families import get_family
 from ...plan.schema import Config, config_dict, global_batch
 from ...rundir.layout import REQUEUE
 from . import build
 from ...rundir.checkpoint import rotate
-from ..durability.checkpoint import TrainState, export_model, load_checkpoint, save_checkpoint
+from ..durability.checkpoint import TrainState, export_meta, export_model, load_checkpoint, save_checkpoint
+from ..durability.progress import PROGRESS
 from ..model.ema import EMA
 from .evaluate import evaluate, gif_bytes
 from ..model.losses import DistillNet, decoder_targets, psnr_t
 from ..model.seraena import seraena_crop
+from .guard import Guard, roll_back
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, enable_compile_cache
 from ..durability.stop import StopFlag
 from .schedule import lr_at
-from .timing import PhaseTimer, SpeedLog, hms, profiler
+from .stragglers import StepClock, Stragglers, gather_window
+from .timing import PhaseTimer, ProgressFile, SpeedLog, profiler, progress_bar, window_line
 
 
 class Trainer:
@@ -83,22 +88,37 @@ class Trainer:
             )
             self.state.config = config_dict(cfg)
             self.log(f"resumed from {resume} at step {self.state.step}")
-        train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
-        decoder = build.use_decoder(cfg, self.device, train_ds, self.log)
-        sampler = build.ShardedInfiniteSampler(
-            len(train_ds), self.rank, self.world, cfg.seed, start=self.state.samples_seen
-        )
-        self.loader = build.make_loader(train_ds, cfg.micro_batch_size, sampler, cfg)
-        self.batches = build.batches(self.loader, decoder, cfg, self.device, self.log)  # GPU decode stage or loader
+        self.clock = StepClock(self.device, self.world > 1, self.rank)
+        self.guard = Guard(cfg, self.rank, self.world, self.device, self.log, run_dir, self.state.step, self.clock)
+        self.train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
+        self.decoder = build.use_decoder(cfg, self.device, self.train_ds, self.log)
+        self.open_data(self.guard.data_seed(cfg.seed), self.state.samples_seen)
         self.writer = None
+        self._open_writer(self.state.step + 1 if resume else None)
+        self.timer = PhaseTimer(profile, self.device)
+        self.speed = SpeedLog(run_dir, self.device, self.world, cfg, self.acc.is_main_process)
+        self.stragglers = Stragglers(cfg.straggler_threshold, self.rank, self.world, self.log, self.scalar, self.device)
+        self.skipped_seen: set[str] = set(self.state.skipped_files)
+
+    def open_data(self, seed: int, start: int) -> None:
+        """The training batches: this rank's shard of the data order `seed`, from its `start`-th draw."""
+        sampler = build.ShardedInfiniteSampler(len(self.train_ds), self.rank, self.world, seed, start=start)
+        self.loader = build.make_loader(self.train_ds, self.cfg.micro_batch_size, sampler, self.cfg)
+        self.batches = build.batches(self.loader, self.decoder, self.cfg, self.device, self.log)  # or decode stage
+
+    def close_data(self) -> None:
+        getattr(self.batches, "close", lambda: None)()  # the GPU decode threads
+        it = getattr(self.loader, "_iterator", None)  # persistent DataLoader workers (torch's private handle)
+        getattr(it, "_shutdown_workers", lambda: None)()
+        self.loader._iterator = self.data_iter = None
+
+    def _open_writer(self, purge_step: int | None) -> None:
         if self.acc.is_main_process:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "logs"), purge_step=self.state.step + 1 if resume else None)
-        self.timer = PhaseTimer(profile, self.device)
-        self.speed = SpeedLog(run_dir, self.device, self.world, cfg, self.acc.is_main_process)
-        self.bad_in_a_row = 0
-        self.skipped_seen: set[str] = set(self.state.skipped_files)
+            if self.writer is not None:
+                self.writer.close()
+            self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=purge_step)
 
     def _compile(self, taehv) -> None:
         """torch.compile where it measured faster (docs/benchmarks.md): GPU only, after the EMA copy."""
@@ -131,52 +151,49 @@ class Trainer:
             self.writer.add_scalar(name, value, step)
 
     # ------------------------------------------------------------------ one micro-batch
-    def all_finite(self, *values: torch.Tensor) -> bool:
-        """One host sync per micro-batch: the skip must be decided before backward."""
-        ok = torch.isfinite(torch.stack([v.detach().float().reshape(()) for v in values])).all().float().reshape(1)
-        if self.world > 1:
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        return bool(ok.item())
-
     def train_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor | float] | None:
-        """Forward, losses and backward of one micro-batch. None when the step was skipped (non-finite).
+        """Forward, losses and backward of one micro-batch. None when the step was skipped (guard.py).
 
         The losses come back as device tensors (read at log intervals, not per step)."""
         cfg, t = self.cfg, self.timer
-        with t("data (to device)"):
-            frames = batch["frames"].to(self.device, non_blocking=True).float().div_(255.0)
-            latents = batch.get("latents")  # a latent cache's stored latents (zeros where online)
-            latents = latents.to(self.device, non_blocking=True).float() if latents is not None else None
-        with t("reference VAE encode"):
-            latents = self.reference_latents(frames, latents, batch.get("online"))
+        with PROGRESS.phase("forward"):
+            self.clock.forward()
+            with t("data (to device)"):
+                frames = batch["frames"].to(self.device, non_blocking=True).float().div_(255.0)
+                latents = batch.get("latents")  # a latent cache's stored latents (zeros where online)
+                latents = latents.to(self.device, non_blocking=True).float() if latents is not None else None
+            with t("reference VAE encode"):
+                latents = self.reference_latents(frames, latents, batch.get("online"))
         distilling = latents is not None
         with self.acc.accumulate(self.model):
-            with t("TAEHV forward"), self.acc.autocast():
-                enc, dec = self.model(frames, latents)
-            if latents is None:
-                latents = enc.detach().float()
-            dec = dec.float()
-            target = decoder_targets(frames, dec)
-            rec_loss = F.mse_loss(dec, target)
-            enc_loss = F.mse_loss(enc.float(), latents) if (enc is not None and distilling) else dec.new_zeros(())
-            if not self.all_finite(rec_loss, enc_loss):
-                uncount_micro_batch(self.acc)  # this micro-batch does not count towards accumulation
-                return None
-            ser_loss, disc_loss = dec.new_zeros(()), 0.0
-            if self.seraena is not None:
-                with t("Seraena (disc + correction)"):
-                    real, fake, ctx = seraena_crop(target, dec, latents, cfg.seraena_crop, self.seraena.gen)
-                    corrected, stats = self.seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
-                ser_loss, disc_loss = F.mse_loss(fake, corrected), stats["disc_loss"]
-            loss = (
-                cfg.reconstruction_loss_weight * rec_loss
-                + cfg.encoder_loss_weight * enc_loss
-                + cfg.seraena_loss_weight * ser_loss
-            )
-            with t("backward + optimizer"):
+            with PROGRESS.phase("forward"):
+                with t("TAEHV forward"), self.acc.autocast():
+                    enc, dec = self.model(frames, latents)
+                if latents is None:
+                    latents = enc.detach().float()
+                dec = dec.float()
+                target = decoder_targets(frames, dec)
+                rec_loss = F.mse_loss(dec, target)
+                enc_loss = F.mse_loss(enc.float(), latents) if (enc is not None and distilling) else dec.new_zeros(())
+                if not self.guard.check(rec_loss, enc_loss, self.state.step):  # the one host sync and all-reduce
+                    uncount_micro_batch(self.acc)  # this micro-batch does not count towards accumulation
+                    return None
+                ser_loss, disc_loss = dec.new_zeros(()), 0.0
+                if self.seraena is not None:
+                    with t("Seraena (disc + correction)"):
+                        real, fake, ctx = seraena_crop(target, dec, latents, cfg.seraena_crop, self.seraena.gen)
+                        corrected, stats = self.seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
+                    ser_loss, disc_loss = F.mse_loss(fake, corrected), stats["disc_loss"]
+                loss = (
+                    cfg.reconstruction_loss_weight * rec_loss
+                    + cfg.encoder_loss_weight * enc_loss
+                    + cfg.seraena_loss_weight * ser_loss
+                )
+            with PROGRESS.phase("backward"), t("backward + optimizer"):
                 self.acc.backward(loss)
                 if self.acc.sync_gradients and self.acc.state.deepspeed_plugin is None:
-                    self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                    norm = self.acc.clip_grad_norm_(self.guard.clipped(self.model.parameters()), cfg.max_grad_norm)
+                    self.guard.grad_norm(norm, self.acc.scaler)  # checked with the next micro-batch: no sync
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
         return {
@@ -210,50 +227,47 @@ class Trainer:
     def fit(self) -> int:
         cfg, st = self.cfg, self.state
         micro, accum, total = cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.max_train_steps
-        global_batch = micro * accum * self.world
         self.log(
-            f"training: steps {st.step} -> {total}, global batch {global_batch} = micro {micro} x "
+            f"training: steps {st.step} -> {total}, global batch {micro * accum * self.world} = micro {micro} x "
             f"{self.world} processes x accumulation {accum}"
         )
-        window = Window()
-        t_window, samples_window = time.perf_counter(), 0
+        self.window, self.samples_window, self.t_window = Window(), 0, time.perf_counter()
         prof = profiler(self.run_dir, self.cfg, self.device) if self.profile else contextlib.nullcontext()
-        data_iter = Prefetcher(self.batches, self.device)
+        self.data_iter = Prefetcher(self.batches, self.device)
         vote = AsyncVote(self.device) if self.world > 1 else None
         self.speed.start(st.step)
-        self.bar = bar = self._progress(st.step, total)
+        self.progress = ProgressFile(self.run_dir, self.acc.is_main_process, global_batch(cfg, self.world))
+        self.stragglers.start(st.step)  # the ranks' hostnames, once
+        self.bar = bar = progress_bar(self.acc.is_main_process and not self.debug, st.step, total)
         start_step = st.step
         if cfg.validation_at_start and st.step == 0:
             self.validate()
         with prof as p:
-            while st.step < total:
+            while self.state.step < total:
+                st = self.state  # a rollback replaces it
+                lr = lr_at(st.step, cfg) * self.guard.lr_scale(st.step)
                 for g in self.optimizer.param_groups:
-                    g["lr"] = lr_at(st.step, cfg)
+                    g["lr"] = lr
                 done_micro = 0
                 while done_micro < accum:
-                    with self.timer("data (loader wait)"):
-                        batch = next(data_iter)
+                    with PROGRESS.phase("data"), self.timer("data (loader wait)"):
+                        batch = self.clock.fetch(self.data_iter)
                     st.samples_seen += micro
                     self.note_skipped(batch["skipped"])
                     out = self.train_step(batch)
                     if out is None:
-                        self.bad_in_a_row += 1
                         st.bad_steps_total += 1
-                        self.log(
-                            f"step {st.step}: non-finite loss on some rank; micro-batch skipped on all ranks "
-                            f"({self.bad_in_a_row} in a row)"
-                        )
-                        if self.bad_in_a_row >= cfg.max_consecutive_bad_steps:
-                            raise TooManyBadSteps(
-                                f"{self.bad_in_a_row} non-finite losses in a row at step {st.step}: lower "
-                                f"learning_rate or check the data; the last good checkpoint is intact"
-                            )
+                        if self.guard.rollback_due:
+                            self.rollback()
+                            break
                         continue
-                    self.bad_in_a_row = 0
                     done_micro += 1
-                    samples_window += micro * self.world
-                    window.add(out)
+                    self.samples_window += micro * self.world
+                    self.window.add(out)
+                if done_micro < accum:
+                    continue  # rolled back: on from the checkpoint's step
                 st.step += 1
+                PROGRESS.set_step(st.step)
                 self.ema.update(self.acc.unwrap_model(self.model).taehv, st.step)  # gathers under ZeRO-3
                 if p is not None:
                     p.step()
@@ -262,12 +276,9 @@ class Trainer:
                 self.speed.step(st.step)
                 self.timer.at_step(st.step, self.speed.begin_step, total)
                 if st.step % cfg.log_every == 0 or st.step == total:
-                    dt = time.perf_counter() - t_window
-                    means = self._log_window(window, samples_window / max(dt, 1e-9), st.step, total, start_step)
+                    means = self._log_window(st.step, total)
                     if bar is not None:
                         bar.set_postfix(loss=f"{means.get('loss', float('nan')):.4f}", refresh=False)
-                    window.clear()
-                    t_window, samples_window = time.perf_counter(), 0
                 if st.step % cfg.validation_steps == 0 or st.step == total:
                     self.validate()
                 if vote is None:
@@ -279,15 +290,21 @@ class Trainer:
                     self.checkpoint()
                 if stopping:
                     return self._preempted(bar)
+        st = self.state
         if bar is not None:
             bar.close()
             self.bar = None
         if self.profile:
             self.log(self.timer.table(st.step - start_step))
         self.speed.write(self.timer.table(st.step - start_step) if self.profile else None)
-        self.export("final_model")
+        with PROGRESS.phase("export"):
+            self.export("final_model")
         self.log(f"done: {st.step} steps; final EMA model in {self.run_dir / 'final_model'}")
         return EXIT_OK
+
+    def rollback(self) -> None:
+        with PROGRESS.phase("rollback"):
+            roll_back(self)
 
     def _preempted(self, bar) -> int:
         if bar is not None:
@@ -301,24 +318,11 @@ class Trainer:
         )
         return EXIT_RESUMABLE
 
-    def _progress(self, start: int, total: int):
-        if not self.acc.is_main_process or self.debug or os.environ.get("TAEHV_TTY") != "1":
-            return None  # log lines carry loss, samples/s and ETA; the bar is for a person at a terminal
-        from tqdm.auto import tqdm
-
-        return tqdm(
-            total=total, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stdout, mininterval=2.0
-        )
-
-    def _log_window(
-        self, window: Window, samples_per_s: float, step: int, total: int, start_step: int
-    ) -> dict[str, float]:
-        means = window.means()  # the one host sync of the window
-        if self.world > 1:  # average across ranks (every rank must take part)
-            keys = sorted(means)
-            t = torch.tensor([means[k] for k in keys], device=self.device, dtype=torch.float64)
-            dist.all_reduce(t)
-            means = dict(zip(keys, (t / self.world).tolist()))
+    def _log_window(self, step: int, total: int) -> dict[str, float]:
+        samples_per_s = self.samples_window / max(time.perf_counter() - self.t_window, 1e-9)
+        steps = self.samples_window // global_batch(self.cfg, self.world)
+        means = self.window.means()  # the one host sync of the window; then one all-reduce (ranks' means, timings)
+        means, ranks = gather_window(means, self.clock.take(steps), self.rank, self.world, self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         mem = self.speed.memory.interval_gib() or 0.0  # GPU: peak since the last log line; CPU: 0
         for k, v in means.items():
@@ -327,62 +331,57 @@ class Trainer:
         self.scalar("train/samples_per_second", samples_per_s, step)
         self.scalar("train/gpu_memory_gb", mem, step)
         self.scalar("train/gpu_memory_usage", mem, step)  # the seeds' dashboards read this name
-        eta = (total - step) * global_batch(self.cfg, self.world) / max(samples_per_s, 1e-9)
-        self.log(
-            f"step {step}/{total} | loss {means.get('loss', float('nan')):.4f} | rec "
-            f"{means.get('reconstruction_loss', float('nan')):.4f} | enc {means.get('encoder_loss', float('nan')):.4f}"
-            f" | seraena {means.get('seraena_loss', 0):.4f} | psnr {means.get('psnr', float('nan')):.2f} dB | "
-            f"lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | ETA {hms(eta)}"
-        )
+        eta = self.progress.write(step, total, samples_per_s, self.samples_window)  # progress.json on rank 0
+        self.log(window_line(means, lr, samples_per_s, mem, eta, step, total))
+        self.stragglers.report(ranks, step)
+        self.window.clear()
+        self.samples_window, self.t_window = 0, time.perf_counter()
         return means
 
     # ------------------------------------------------------------------ validation, checkpoints
     @torch.no_grad()
     def validate(self) -> float:
         """EMA model on the held-out clips, sharded over ranks; every rank runs the same count."""
-        val_psnr, val_ssim, samples = evaluate(
-            self.ema.model, self.ref, self.val_ds, self.cfg, self.device, self.rank, self.world
-        )
-        step = self.state.step
-        self.scalar("val/psnr", val_psnr, step)
-        self.scalar("val/ssim", val_ssim, step)
-        if self.writer is not None:
-            for i, (real, fake) in enumerate(samples):  # rows: input frames, reconstruction
-                grid = torch.cat([torch.cat(list(real), -1), torch.cat(list(fake), -1)], -2)
-                self.writer.add_image(f"val/clip_{i}", grid.clamp(0, 1), step)
-                side = torch.cat([real, fake], -1).clamp(0, 1)  # T x 3 x H x 2W: input | reconstruction
-                add_gif(self.writer, f"val/video_{i}", gif_bytes(side), side.shape[-2], side.shape[-1], step)
-            self.writer.flush()
-        self.log(f"validation at step {step}: psnr {val_psnr:.2f} dB, ssim {val_ssim:.4f} (EMA model)")
-        if val_psnr > self.state.best_psnr and step > 0:  # step 0: the untrained baseline
-            self.state.best_psnr, self.state.best_step = val_psnr, step
-            self.export("best_model")
+        with PROGRESS.phase("validation"), self.clock.outside():
+            val_psnr, val_ssim, samples = evaluate(
+                self.ema.model, self.ref, self.val_ds, self.cfg, self.device, self.rank, self.world
+            )
+            step = self.state.step
+            self.scalar("val/psnr", val_psnr, step)
+            self.scalar("val/ssim", val_ssim, step)
+            if self.writer is not None:
+                for i, (real, fake) in enumerate(samples):  # rows: input frames, reconstruction
+                    grid = torch.cat([torch.cat(list(real), -1), torch.cat(list(fake), -1)], -2)
+                    self.writer.add_image(f"val/clip_{i}", grid.clamp(0, 1), step)
+                    side = torch.cat([real, fake], -1).clamp(0, 1)  # T x 3 x H x 2W: input | reconstruction
+                    add_gif(self.writer, f"val/video_{i}", gif_bytes(side), side.shape[-2], side.shape[-1], step)
+                self.writer.flush()
+            self.log(f"validation at step {step}: psnr {val_psnr:.2f} dB, ssim {val_ssim:.4f} (EMA model)")
+            if val_psnr > self.state.best_psnr and step > 0:  # step 0: the untrained baseline
+                self.state.best_psnr, self.state.best_step = val_psnr, step
+                self.export("best_model")
         return val_psnr
 
     def checkpoint(self) -> None:
+        if not self.guard.weights_finite():  # never save weights a non-finite gradient reached: roll back
+            self.rollback()
+            return
         st = self.state
         st.skipped_files = sorted(self.skipped_seen)[:1000]
         include = self.seraena is not None and self.seraena.buffer_nbytes <= self.cfg.seraena_checkpoint_buffer_mb << 20
-        path = save_checkpoint(
-            self.run_dir, self.acc, self.model, self.optimizer, self.ema, self.seraena, st, include_buffer=include
-        )
-        if self.acc.is_main_process:
-            removed = rotate(self.run_dir, self.cfg.checkpoints_total_limit, st.best_step)
-            self.log(f"checkpoint: {path.name}" + (f" (removed {', '.join(removed)})" if removed else ""))
+        with PROGRESS.phase("checkpoint"), self.clock.outside():
+            path = save_checkpoint(
+                self.run_dir, self.acc, self.model, self.optimizer, self.ema, self.seraena, st, include_buffer=include
+            )
+            if self.acc.is_main_process:
+                removed = rotate(self.run_dir, self.cfg.checkpoints_total_limit, st.best_step)
+                self.log(f"checkpoint: {path.name}" + (f" (removed {', '.join(removed)})" if removed else ""))
 
     def export(self, name: str) -> None:
         if self.acc.is_main_process:
-            meta = {
-                "step": self.state.step,
-                "val_psnr": self.state.best_psnr if name == "best_model" else None,
-                "latent_channels": self.cfg.latent_channels,
-                "patch_size": self.cfg.patch_size,
-                "ref_vae_type": self.cfg.ref_vae_type,
-                "ema_decay": self.cfg.ema_decay,
-            }
-            export_model(self.ema.state_dict(), self.run_dir / name, meta)
+            export_model(self.ema.state_dict(), self.run_dir / name, export_meta(self.cfg, self.state, name))
 
     def close(self) -> None:
-        getattr(self.batches, "close", lambda: None)()  # the GPU decode threads
+        self.close_data()
         if self.writer is not None:
             self.writer.close()

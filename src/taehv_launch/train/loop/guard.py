@@ -1,0 +1,349 @@
+"""Divergence: skip a bad micro-batch, roll back to the last complete checkpoint, stop if it comes back.
+
+What is checked, in the one host sync per micro-batch there was already (before backward):
+- each rank's reconstruction and encoder losses, and the gradient norm of the previous optimizer step,
+  go into one small all-reduce: a SUM of a vector in which each rank fills only its own three slots, so
+  every rank reads every rank's values bit for bit and takes the same decision from them;
+- bad: a loss that is not finite on some rank, or a rank's loss (reconstruction_loss_weight x rec +
+  encoder_loss_weight x enc, before Seraena) above loss_spike_factor x the running median of the last
+  loss_spike_window good micro-batches' losses (their mean over the ranks). The spike check starts once
+  that window is full (and never with loss_spike_factor 0). A bad micro-batch is skipped on every rank,
+  before backward and before Seraena's step: nothing changes;
+- non-finite gradients: under DDP, clip_grad_norm_ computes the total norm on the device already; it
+  rides in the next micro-batch's vector (no extra sync). The optimizer has applied that step by then,
+  so the weights are no longer finite and there is nothing to skip: the trainer rolls back at once.
+  A checkpoint is never written after such a step (`weights_finite`, one small all-reduce when a
+  checkpoint is due). Under DeepSpeed the engine clips itself and its norm is not read (that would be a
+  sync per step): non-finite gradients show as non-finite losses from the next micro-batch on, and take
+  the tolerance below. Under fp16's GradScaler the norm is not checked either: the scaler skips such a
+  step itself. With gradient accumulation under DeepSpeed, the good micro-batches of a step interrupted
+  by a rollback stay in DeepSpeed's gradient buffers (under DDP they are cleared).
+- max_consecutive_bad_steps bad micro-batches in a row: `roll_back` loads the newest complete checkpoint
+  at or before this step in-process (every rank the same one: rank 0 verifies its checksums and
+  broadcasts it), reseeds the data order, multiplies the learning rate by rollback_lr_factor for
+  rollback_lr_steps optimizer steps, appends the event to <run>/events.jsonl (EVENTS_FILE), adds the
+  TensorBoard scalar train/rollbacks and logs one line per rank. No complete checkpoint: TooManyBadSteps.
+  A second rollback less than rollback_window steps after the previous one resumed: DivergedAgain.
+
+events.jsonl is also what a resume reads back: the newest rollback that resumed at or before the resumed
+step gives the data seed and, while it lasts, the lowered learning rate (the learning rate stays a pure
+function of the step). The running median starts empty in every process.
+
+Test only: TAEHV_LAUNCH_TEST_INJECT="nan@12,spike@30-32:1,gradnan@20:0" makes the check see a NaN
+(`nan`) or a x1000 reconstruction loss (`spike`) at those micro-batches (this process's count, from 1,
+skipped ones included) on that global rank (all ranks without `:rank`); `gradnan` fills a gradient with
+NaN before the clip of that micro-batch's optimizer step (DDP). Unset, nothing is parsed or called.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...errors import ConfigError, TooManyBadSteps
+from ...files import disk_errors
+from ..durability.checkpoint import load_checkpoint, rollback_checkpoint
+from ..durability.progress import PROGRESS
+from .speed import Prefetcher
+
+EVENTS_FILE = "events.jsonl"  # <run>/events.jsonl: one JSON object per rollback (and per stop for divergence)
+TEST_INJECT_ENV = "TAEHV_LAUNCH_TEST_INJECT"
+SEED_STRIDE = 7919  # the data seed after rollback n: seed + n x SEED_STRIDE
+SPIKE = 1000.0  # the test hook's spike
+
+
+class DivergedAgain(TooManyBadSteps):
+    """A second rollback within rollback_window optimizer steps of the previous one: the run stops (exit 1)."""
+
+
+class RunningMedian:
+    """The median of the last `size` values: a deque keeps their order, a sorted list the median (bisect)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.order: deque[float] = deque()
+        self.sorted: list[float] = []
+
+    def add(self, x: float) -> None:
+        if self.size <= 0:
+            return
+        self.order.append(x)
+        bisect.insort(self.sorted, x)
+        if len(self.order) > self.size:
+            del self.sorted[bisect.bisect_left(self.sorted, self.order.popleft())]
+
+    @property
+    def full(self) -> bool:
+        return self.size > 0 and len(self.order) >= self.size
+
+    def median(self) -> float:
+        s, n = self.sorted, len(self.sorted)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+class Injection:
+    """TAEHV_LAUNCH_TEST_INJECT for this rank: {micro-batch: kind}."""
+
+    def __init__(self, at: dict[int, str]):
+        self.at = at
+
+    @classmethod
+    def from_env(cls, rank: int) -> Injection | None:
+        spec = os.environ.get(TEST_INJECT_ENV, "")
+        if not spec:
+            return None
+        at: dict[int, str] = {}
+        for item in filter(None, spec.split(",")):
+            kind, _, where = item.partition("@")
+            span, _, who = where.partition(":")
+            first, _, last = span.partition("-")
+            try:
+                lo, hi, target = int(first), int(last or first), int(who) if who else None
+            except ValueError:
+                kind = ""
+            if kind not in ("nan", "spike", "gradnan"):
+                raise ConfigError(f"{TEST_INJECT_ENV}: cannot read {item!r}: write kind@N[-M][:rank]")
+            if target is None or target == rank:
+                at.update({k: kind for k in range(lo, hi + 1)})
+        return cls(at)
+
+    def loss(self, micro: int, rec: torch.Tensor) -> torch.Tensor:
+        kind = self.at.get(micro)
+        return rec * float("nan") if kind == "nan" else rec * SPIKE if kind == "spike" else rec
+
+    def grads(self, micro: int, params):
+        if self.at.get(micro) != "gradnan":
+            return params
+        params = list(params)
+        next(p for p in params if p.grad is not None).grad.fill_(float("nan"))
+        return params
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """<run>/events.jsonl, oldest first; unreadable lines are left out."""
+    out = []
+    try:
+        lines = (Path(run_dir) / EVENTS_FILE).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def append_event(run_dir: Path, record: dict[str, Any]) -> None:
+    with disk_errors(EVENTS_FILE, run_dir, "then continue with --resume auto"), open(run_dir / EVENTS_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class Guard:
+    """The micro-batch check and the rollback policy of one rank (see the module's docstring)."""
+
+    def __init__(self, cfg, rank: int, world: int, device: torch.device, log, run_dir: Path, step: int, clock=None):
+        self.cfg, self.rank, self.world, self.log, self.clock = cfg, rank, world, log, clock
+        self.factor, self.tolerance = cfg.loss_spike_factor, cfg.max_consecutive_bad_steps
+        self.median = RunningMedian(cfg.loss_spike_window)
+        self.bad_in_a_row, self.micro = 0, 0
+        self.rollback_due, self.why = False, ""
+        self.pending_norm: torch.Tensor | None = None
+        self.zero = torch.zeros((), device=device)
+        self.inject = Injection.from_env(rank)
+        self.history = [e for e in read_events(run_dir) if e.get("event") == "rollback"]
+        resumed = [e for e in self.history if int(e.get("to_step", -1)) <= step]
+        self.active: dict[str, Any] | None = resumed[-1] if resumed else None  # the rollback this branch follows
+
+    # ------------------------------------------------------------------ per micro-batch
+    def check(self, rec: torch.Tensor, enc: torch.Tensor, step: int) -> bool:
+        """The micro-batch's one host sync: True to go on, False to skip it (then see rollback_due)."""
+        self.micro += 1
+        if self.inject is not None:
+            rec = self.inject.loss(self.micro, rec)
+        norm, self.pending_norm = self.pending_norm, None
+        mine = torch.stack(
+            [rec.detach().float().reshape(()), enc.detach().float().reshape(()), self.zero if norm is None else norm]
+        )
+        if self.world > 1:
+            v = mine.new_zeros(3 * self.world)
+            v[3 * self.rank : 3 * self.rank + 3] = mine
+            with PROGRESS.phase("collective"):
+                if self.clock is not None:
+                    self.clock.wait_begin()
+                PROGRESS.count_collective()
+                dist.all_reduce(v)
+                if self.clock is not None:
+                    self.clock.wait_end()
+                mine = v
+        return self.judge(mine.tolist(), step)
+
+    def judge(self, vals: list[float], step: int) -> bool:
+        """The decision from every rank's (rec, enc, previous gradient norm): identical on every rank."""
+        ranks = range(len(vals) // 3)
+        rec, enc, norms = vals[0::3], vals[1::3], vals[2::3]
+        if not all(math.isfinite(g) for g in norms):
+            bad = [r for r in ranks if not math.isfinite(norms[r])]
+            self.rollback_due = True
+            self.why = f"non-finite gradient norm on rank {_ranks(bad)} (the weights are no longer finite)"
+            self.log(f"step {step}: {self.why}; micro-batch skipped on all ranks")
+            return False
+        losses = [self.cfg.reconstruction_loss_weight * rec[r] + self.cfg.encoder_loss_weight * enc[r] for r in ranks]
+        what = ""
+        nonfinite = [r for r in ranks if not (math.isfinite(rec[r]) and math.isfinite(enc[r]))]
+        if nonfinite:
+            what = f"non-finite loss on rank {_ranks(nonfinite)}"
+        elif self.factor > 0 and self.median.full and (m := self.median.median()) > 0:
+            spikes = [r for r in ranks if losses[r] > self.factor * m]
+            if spikes:
+                top = max(spikes, key=lambda r: losses[r])
+                what = (
+                    f"loss spike on rank {_ranks(spikes)} ({losses[top]:.4g} > {self.factor:g} x running median "
+                    f"{m:.4g})"
+                )
+        if not what:
+            self.bad_in_a_row = 0
+            self.median.add(sum(losses) / len(losses))
+            return True
+        self.bad_in_a_row += 1
+        self.log(f"step {step}: {what}; micro-batch skipped on all ranks ({self.bad_in_a_row} in a row)")
+        if self.bad_in_a_row >= self.tolerance:
+            self.rollback_due = True
+            self.why = f"{self.bad_in_a_row} bad micro-batches in a row (the last: {what})"
+        return False
+
+    def clipped(self, params):
+        """The parameters to clip (the test hook may fill a gradient with NaN first)."""
+        return params if self.inject is None else self.inject.grads(self.micro, params)
+
+    def grad_norm(self, norm, scaler=None) -> None:
+        """clip_grad_norm_'s result (a device tensor): checked with the next micro-batch. Not with fp16's
+        GradScaler, which skips a step with non-finite gradients itself (and lowers its scale)."""
+        if isinstance(norm, torch.Tensor) and scaler is None:
+            self.pending_norm = norm.detach().float().reshape(())
+
+    def weights_finite(self) -> bool:
+        """Before a checkpoint: was the last optimizer step's gradient norm finite on every rank? One small
+        all-reduce when a norm is pending (DDP), none otherwise."""
+        if self.pending_norm is None:
+            return True
+        bad = (~torch.isfinite(self.pending_norm)).float().reshape(1)
+        if self.world > 1:
+            with PROGRESS.phase("collective"):
+                PROGRESS.count_collective()
+                dist.all_reduce(bad)
+        if bad.item() == 0:
+            return True
+        self.pending_norm, self.rollback_due = None, True
+        self.why = "non-finite gradient norm (the weights are no longer finite)"
+        return False
+
+    # ------------------------------------------------------------------ policy
+    def lr_scale(self, step: int) -> float:
+        a = self.active
+        if a is not None and int(a["to_step"]) <= step < int(a.get("lr_until", 0)):
+            return float(a.get("lr_factor", 1.0))
+        return 1.0
+
+    def data_seed(self, seed: int) -> int:
+        return int(self.active["data_seed"]) if self.active is not None else seed
+
+    def again_too_soon(self, step: int) -> bool:
+        a = self.active
+        return a is not None and 0 <= step - int(a["to_step"]) < self.cfg.rollback_window
+
+    def reset(self, event: dict[str, Any]) -> None:
+        self.history.append(event)
+        self.active = event
+        self.bad_in_a_row, self.rollback_due, self.pending_norm = 0, False, None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def roll_back(tr) -> None:
+    """Every rank, the same decision (from all-reduced values): load the newest complete checkpoint, reseed
+    the data, lower the learning rate for a while, record it; or stop with one line."""
+    cfg, guard, st = tr.cfg, tr.guard, tr.state
+    step, why, main = st.step, guard.why, tr.acc.is_main_process
+    prev = guard.active
+    if guard.again_too_soon(step):
+        msg = (
+            f"diverged again at step {step} ({why}), {step - int(prev['to_step'])} steps after the rollback to "
+            f"{prev['checkpoint']} (rollback_window {cfg.rollback_window}): stopping. Lower learning_rate (or "
+            f"raise loss_spike_factor if the spikes are harmless) or check the data, then --resume auto; the "
+            f"checkpoints are intact"
+        )
+        if main:
+            append_event(tr.run_dir, {"event": "stop", "time": time.time(), "step": step, "reason": why})
+        raise DivergedAgain(msg)
+    path, notes = rollback_checkpoint(tr.run_dir, tr.acc, at_most=step)
+    if path is None:
+        raise TooManyBadSteps(
+            f"{why} at step {step}, and the run has no complete checkpoint to roll back to: lower learning_rate "
+            f"or check the data"
+        )
+    for note in notes:
+        tr.log(note)
+    n = len(guard.history) + 1
+    seed = cfg.seed + SEED_STRIDE * n
+    tr.close_data()  # the DataLoader workers and decode threads, before the new loader forks its own
+    old = st
+    tr.state = st = load_checkpoint(path, tr.acc, tr.model, tr.optimizer, tr.ema, tr.seraena, tr.world, tr.zero)
+    st.config, st.best_psnr, st.best_step = old.config, old.best_psnr, old.best_step
+    st.bad_steps_total, st.skipped_files = old.bad_steps_total, old.skipped_files
+    tr.optimizer.zero_grad(set_to_none=True)  # DDP: a partly accumulated step's gradients
+    tr.acc.step = 0  # accelerate's micro-batch count: the next micro-batch starts an optimizer step
+    lr_until = st.step + (cfg.rollback_lr_steps if cfg.rollback_lr_factor != 1.0 else 0)
+    event = {
+        "event": "rollback",
+        "time": time.time(),
+        "step": step,
+        "to_step": st.step,
+        "checkpoint": path.name,
+        "reason": why,
+        "rollback": n,
+        "data_seed": seed,
+        "lr_factor": cfg.rollback_lr_factor,
+        "lr_until": lr_until,
+    }
+    guard.reset(event)
+    if main:
+        append_event(tr.run_dir, event)
+    tr.open_data(seed, st.samples_seen)
+    tr.data_iter = Prefetcher(tr.batches, tr.device)
+    _restart_loop(tr, step, n)
+    lowered = f", learning rate x{cfg.rollback_lr_factor:g} until step {lr_until}" if lr_until > st.step else ""
+    tr.log(
+        f"rollback {n} at step {step}: {why}; now at step {st.step} ({path.name}), data order reseeded "
+        f"(seed {seed}){lowered}; recorded in {EVENTS_FILE}",
+        all_ranks=True,
+    )
+
+
+def _restart_loop(tr, step: int, n: int) -> None:
+    """The loop's own state after the rollback moved the run from `step` to tr.state.step."""
+    s = tr.state.step
+    tr._open_writer(s + 1)  # TensorBoard drops the steps after s, as on a resume; events.jsonl keeps them
+    tr.scalar("train/rollbacks", n, step)
+    tr.window.clear()
+    tr.samples_window, tr.t_window = 0, time.perf_counter()
+    tr.clock.reset()
+    tr.stragglers.restart(s)  # the next log window starts new DataLoader workers
+    tr.speed.restart(s)
+    PROGRESS.set_step(s)
+    if tr.bar is not None:
+        tr.bar.n = s
+        tr.bar.refresh()
