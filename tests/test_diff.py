@@ -40,6 +40,8 @@ def test_two_plans(tmp_path):
     assert {"group": "environment", "row": "ACCELERATE_USE_CPU", "b": "1"} in doc["differences"]  # unset in A
     same = diff("2 cpu --set learning_rate=5e-4", "2 cpu", cwd=tmp_path)  # 5e-4 is the cpu default
     assert same.returncode == 0 and "identical: config, plan, environment, versions" in same.stdout, same.stdout
+    nodes = diff("2 cpu --num-nodes 2 --gpus-per-node 1", "2 cpu", "--json", "--only", "plan", cwd=tmp_path)
+    assert nodes.returncode == 1 and rows(nodes) == {"plan": ["num_machines", "gpus_per_machine"]}, nodes.stdout
     only = diff("1 cpu", "2 cpu", "--only", "config", "--json", cwd=tmp_path)
     assert only.returncode == 1 and rows(only) == {"config": ["nccl_timeout"]}, only.stdout
 

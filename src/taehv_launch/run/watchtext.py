@@ -90,7 +90,10 @@ def run_block(f: dict[str, Any]) -> list[str]:
     if f["hang"]:
         out.append(f"  hang       {f['hang']}")
     if f["step"] is not None:
-        when = f", logged {ago(now - f['progress_time'])}" if f["progress_time"] else ""
+        when = ""
+        if f["progress_time"]:
+            at = f" (step {f['logged_step']})" if f["logged_step"] != f["step"] else ""
+            when = f"; last log line{at} {ago(now - f['progress_time'])}"
         out.append(f"  step       {step_text(f)}{when}")
     if f["clips_per_s"] is not None:
         avg = ""
