@@ -9,6 +9,8 @@ set -uo pipefail
 GPUS=${1:-2}; PROFILE=${2:-cpu}; ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-60}
 W=${W:-/tmp/survive}; OUT=${OUT:-$W/out}; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+# the base tree's cpu profile does not hide the GPU itself (gloo's barrier would ask for cuda:<rank>)
+[ "$PROFILE" = cpu ] && export CUDA_VISIBLE_DEVICES=
 if [ -d .whl ] && ! python3 -c "import deepspeed, diffusers" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 fi

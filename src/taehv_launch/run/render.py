@@ -181,6 +181,11 @@ def environment(plan: Plan, env: Mapping[str, str], cpu_count: int, run_dir: Pat
             out[name] = EnvVar(value=env[name], reason=f"already set (we would use {value}: {reason})", kept=True)
         else:
             out[name] = EnvVar(value=value, reason=reason)
+    if plan.profile.device == "cpu":  # forced, whatever was set: the cpu profile means the CPU
+        out["CUDA_VISIBLE_DEVICES"] = EnvVar(
+            value="",
+            reason="the cpu profile on a machine with GPUs: hidden, or gloo's barrier asks for cuda:<rank>",
+        )
     return out
 
 
