@@ -221,13 +221,16 @@ def _checkpoint(run_dir: Path, now: float) -> dict | None:
     return {"name": path.name, "step": step, "time": at, "age_s": now - at if at else None}
 
 
-def _topology(run_dir: Path, manifest: list[dict]) -> dict:
+def _topology(run_dir: Path, manifest: list[dict], beat_nodes: list[dict], beat_ranks: list[dict]) -> dict:
+    """Nodes and processes: the rendered env files, else the manifest, else the heartbeats."""
     for _node, path in _node_files(run_dir, "env", "json").items():
         topo = (_json(path) or {}).get("topology") or {}
         if isinstance(topo.get("num_machines"), int) and isinstance(topo.get("gpus_per_machine"), int):
             return {"nodes": topo["num_machines"], "processes": topo["num_machines"] * topo["gpus_per_machine"]}
     plan = (manifest[-1].get("plan") if manifest else None) or {}
-    return {"nodes": plan.get("num_machines"), "processes": plan.get("world_size")}
+    if plan.get("num_machines") is not None:
+        return {"nodes": plan.get("num_machines"), "processes": plan.get("world_size")}
+    return {"nodes": len(beat_nodes) or None, "processes": len(beat_ranks) or None}
 
 
 def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
@@ -290,7 +293,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "progress_from": progress.get("progress_from"),
         "launch_started": progress.get("launch_started"),
         "checkpoint": _checkpoint(run_dir, now),
-        **_topology(run_dir, manifest),
+        **_topology(run_dir, manifest, nodes, ranks),
         "heartbeat_nodes": nodes,
         "heartbeat_ranks": ranks,
         "heartbeat_age_s": newest_hb,
