@@ -5,6 +5,8 @@
 # on the development machine; carry .gpuwork/base and .whl) and this checkout, ROUNDS times each,
 # then each side's median clips/s from the trainer's speed.json (steady state, warm-up left out).
 #   bash scripts/survive_overhead.sh [GPUS PROFILE]     default: 2 cpu (two gloo ranks)
+#   EXTRA="--set k=v ...": more options for both sides (a GPU profile needs data_root and a reference VAE,
+#   or use_ref_vae=False)
 set -uo pipefail
 GPUS=${1:-2}; PROFILE=${2:-cpu}; ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-60}
 W=${W:-/tmp/survive}; OUT=${OUT:-$W/out}; mkdir -p "$W" "$OUT"
@@ -18,7 +20,7 @@ run() {  # SIDE SRC ROUND
   local side=$1 src=$2 round=$3 name="$1-$3"
   PYTHONPATH=/tmp/site:$src python3 -m taehv_launch.cli "$GPUS" "$PROFILE" --run-name "$name" \
     --set output_dir="'$W/output'" --set max_train_steps="$STEPS" --set log_every=10 \
-    --set validation_steps=100000 --set checkpointing_steps=100000 > "$OUT/$name.log" 2>&1
+    --set validation_steps=100000 --set checkpointing_steps=100000 ${EXTRA:-} > "$OUT/$name.log" 2>&1
   local code=$?
   python3 - "$W/output/$name/speed.json" "$side" "$round" "$code" <<'PY'
 import json, sys
