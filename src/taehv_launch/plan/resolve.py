@@ -152,6 +152,28 @@ def resolve(
     )
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab")  # the `trackers` key's names (train/loop/trackers.py)
+
+
+def tracker_names(value: Any) -> list[str]:
+    """The `trackers` key as names, in the order given, each once ("tensorboard, mlflow" -> two names);
+    ConfigError naming the valid ones for an unknown or empty one."""
+    names = list(dict.fromkeys(n.strip().lower() for n in str(value).split(",") if n.strip()))
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown or not names:
+        what = f"unknown tracker {unknown[0]!r}" if unknown else "no tracker named"
+        raise ConfigError(
+            f"trackers={value!r}: {what}; choose from {', '.join(TRACKERS)}, comma-separated "
+            f"(e.g. --set trackers=tensorboard,wandb)"
+        )
+    return names
+
+
+def tracker_library_line(name: str) -> str:
+    """The one line for a chosen tracker whose library is not installed (the launch and the trainer)."""
+    return f"trackers={name} needs the {name} library: pip install 'taehv-launch[{name}]'"
+
+
 def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> None:
     """Cross-field checks; each error names the key to change."""
 
@@ -219,6 +241,7 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
         "ref_latent_mean and ref_latent_std must have the same length (one value per latent channel)",
     )
     need(1 <= c["video_decode_threads"] <= 32, f"video_decode_threads={c['video_decode_threads']} must be 1-32")
+    tracker_names(c["trackers"])
     if profile.device == "cpu":
         need(c["mixed_precision"] in ("no", "bf16"), "mixed_precision=fp16 is not supported on the cpu profile")
         need(

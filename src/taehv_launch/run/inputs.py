@@ -1,12 +1,14 @@
 """What the trainer would refuse in its first seconds, checked before the launch writes or starts
 anything, so that exit 2 means nothing was written: the data folder (exists, holds a video) and the
 reference VAE folder (config.json of the family asked for, with the latent channel count the config
-says). Cheap: one config.json read and a walk that stops at the first video file. The trainer
-checks everything again, fully (every file, the weights), when it loads them.
+says), and the library of each chosen tracker (wandb, mlflow, swanlab: found, not imported). Cheap:
+one config.json read and a walk that stops at the first video file. The trainer checks everything
+again, fully (every file, the weights), when it loads them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -14,15 +16,25 @@ from typing import Any
 
 from ..errors import ConfigError, DataError, ModelError
 from ..plan.families import family_of_class, get_family
+from ..plan.resolve import tracker_library_line, tracker_names
 
 
-def check_inputs(config: dict[str, Any], demo_assets: tuple[str, str]) -> None:
+def check_inputs(config: dict[str, Any], demo_assets: tuple[str, str], task: str = "train") -> None:
     demo_data, demo_vae = demo_assets
+    if task == "train":  # a cache job logs to no tracker
+        check_trackers(config["trackers"])
     reads_videos = not (config["latent_cache"] and config["latent_cache_encode"] == "never")
     if reads_videos and not config["annotation_file"] and config["data_root"] and config["data_root"] != demo_data:
         check_data_root(config["data_root"])
     if reads_videos and config["use_ref_vae"] and config["ref_vae_path"] and config["ref_vae_path"] != demo_vae:
         check_reference_folder(config["ref_vae_path"], config["ref_vae_type"], config["latent_channels"])
+
+
+def check_trackers(value: str) -> None:
+    """Each chosen tracker's library is installed (TensorBoard comes with taehv-launch)."""
+    for name in tracker_names(value):
+        if name != "tensorboard" and importlib.util.find_spec(name) is None:
+            raise ConfigError(tracker_library_line(name))
 
 
 def check_data_root(data_root: str) -> None:

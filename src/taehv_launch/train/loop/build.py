@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -18,10 +19,11 @@ from ...plan.schema import Config
 from ...plan.demo import demo_cache_dir, demo_paths
 
 
-def make_accelerator(cfg: Config):
+def make_accelerator(cfg: Config, run_dir: Path | None = None):
     """Accelerator with the process-group timeout from nccl_timeout (NCCL ignores an env var for it).
 
-    On CPU the backend is gloo, which DeepSpeed on CPU needs explicitly (PLATFORM.md).
+    On CPU the backend is gloo, which DeepSpeed on CPU needs explicitly (PLATFORM.md). With a run
+    directory, the trackers the config chooses (trackers.py; started later by Trackers.create).
     """
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
@@ -39,6 +41,11 @@ def make_accelerator(cfg: Config):
     kwargs: dict[str, Any] = {"kwargs_handlers": [pg]}
     if not use_ds:  # under DeepSpeed the accumulation comes from deepspeed.json
         kwargs["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
+    if run_dir is not None:
+        from .trackers import tracker_objects
+
+        kwargs["log_with"] = tracker_objects(cfg.trackers, run_dir)
+        kwargs["project_dir"] = str(run_dir)
     return Accelerator(**kwargs)
 
 
