@@ -30,7 +30,9 @@ def launch(req: Request) -> int:
         )
     if plan.profile.device == "cuda":
         check_local_gpus(plan.topology, visible_gpus(), profile=plan.profile.name)
-    check_inputs(plan.config, plan.demo_assets)  # what the trainer would refuse first, before writing
+    check_inputs(
+        plan.config, plan.demo_assets, task=plan.options.task
+    )  # what the trainer would refuse first, before writing
     size, too_big = cache_size_check(plan)
     if too_big:
         raise ConfigError(too_big)

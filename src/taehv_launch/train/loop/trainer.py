@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...compat import add_gif, uncount_micro_batch
+from ...compat import uncount_micro_batch
 from ...errors import EXIT_OK, EXIT_RESUMABLE
 from ...plan.families import get_family
 from ...plan.schema import Config, config_dict, global_batch
@@ -31,7 +31,7 @@ from ...rundir.checkpoint import rotate
 from ..durability.checkpoint import TrainState, export_meta, export_model, load_checkpoint, save_checkpoint
 from ..durability.progress import PROGRESS
 from ..model.ema import EMA
-from .evaluate import evaluate, gif_bytes
+from .evaluate import evaluate
 from ..model.losses import DistillNet, decoder_targets, psnr_t
 from ..model.seraena import seraena_crop
 from .guard import Guard, roll_back
@@ -40,12 +40,13 @@ from ..durability.stop import StopFlag
 from .schedule import lr_at
 from .stragglers import StepClock, Stragglers, gather_window
 from .timing import PhaseTimer, ProgressFile, SpeedLog, profiler, progress_bar, window_line
+from .trackers import Trackers
 
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, resume: str | None, debug: bool, profile: bool):
         self.run_dir, self.debug, self.profile = run_dir, debug, profile
-        self.acc = build.make_accelerator(cfg)
+        self.acc = build.make_accelerator(cfg, run_dir)  # with the trackers of cfg.trackers
         self.device = self.acc.device
         self.cfg = cfg = build.resolve_demo_paths(cfg, self.device, self.log)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
@@ -93,8 +94,7 @@ class Trainer:
         self.train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
         self.decoder = build.use_decoder(cfg, self.device, self.train_ds, self.log)
         self.open_data(self.guard.data_seed(cfg.seed), self.state.samples_seen)
-        self.writer = None
-        self._open_writer(self.state.step + 1 if resume else None)
+        self.trackers = Trackers.create(self.acc, cfg, run_dir, self.state.step + 1 if resume else None, self.log)
         self.timer = PhaseTimer(profile, self.device)
         self.speed = SpeedLog(run_dir, self.device, self.world, cfg, self.acc.is_main_process)
         self.stragglers = Stragglers(cfg.straggler_threshold, self.rank, self.world, self.log, self.scalar, self.device)
@@ -113,12 +113,8 @@ class Trainer:
         self.loader._iterator = self.data_iter = None
 
     def _open_writer(self, purge_step: int | None) -> None:
-        if self.acc.is_main_process:
-            from torch.utils.tensorboard import SummaryWriter
-
-            if self.writer is not None:
-                self.writer.close()
-            self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=purge_step)
+        """After a rollback (guard.py): TensorBoard drops the steps from purge_step on, as on a resume."""
+        self.trackers.rewind(purge_step)
 
     def _compile(self, taehv) -> None:
         """torch.compile where it measured faster (docs/benchmarks.md): GPU only, after the EMA copy."""
@@ -147,8 +143,7 @@ class Trainer:
                 print(f"{prefix}{msg}", flush=True)
 
     def scalar(self, name: str, value: float, step: int) -> None:
-        if self.writer is not None:
-            self.writer.add_scalar(name, value, step)
+        self.trackers.scalar(name, value, step)
 
     # ------------------------------------------------------------------ one micro-batch
     def train_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor | float] | None:
@@ -325,12 +320,16 @@ class Trainer:
         means, ranks = gather_window(means, self.clock.take(steps), self.rank, self.world, self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         mem = self.speed.memory.interval_gib() or 0.0  # GPU: peak since the last log line; CPU: 0
-        for k, v in means.items():
-            self.scalar(f"train/{k}", v, step)
-        self.scalar("train/learning_rate", lr, step)
-        self.scalar("train/samples_per_second", samples_per_s, step)
-        self.scalar("train/gpu_memory_gb", mem, step)
-        self.scalar("train/gpu_memory_usage", mem, step)  # the seeds' dashboards read this name
+        self.trackers.scalars(
+            {
+                **{f"train/{k}": v for k, v in means.items()},
+                "train/learning_rate": lr,
+                "train/samples_per_second": samples_per_s,
+                "train/gpu_memory_gb": mem,
+                "train/gpu_memory_usage": mem,  # the seeds' dashboards read this name
+            },
+            step,
+        )
         eta = self.progress.write(step, total, samples_per_s, self.samples_window)  # progress.json on rank 0
         self.log(window_line(means, lr, samples_per_s, mem, eta, step, total))
         self.stragglers.report(ranks, step)
@@ -347,15 +346,14 @@ class Trainer:
                 self.ema.model, self.ref, self.val_ds, self.cfg, self.device, self.rank, self.world
             )
             step = self.state.step
-            self.scalar("val/psnr", val_psnr, step)
-            self.scalar("val/ssim", val_ssim, step)
-            if self.writer is not None:
+            self.trackers.scalars({"val/psnr": val_psnr, "val/ssim": val_ssim}, step)
+            if self.trackers.active:
                 for i, (real, fake) in enumerate(samples):  # rows: input frames, reconstruction
                     grid = torch.cat([torch.cat(list(real), -1), torch.cat(list(fake), -1)], -2)
-                    self.writer.add_image(f"val/clip_{i}", grid.clamp(0, 1), step)
-                    side = torch.cat([real, fake], -1).clamp(0, 1)  # T x 3 x H x 2W: input | reconstruction
-                    add_gif(self.writer, f"val/video_{i}", gif_bytes(side), side.shape[-2], side.shape[-1], step)
-                self.writer.flush()
+                    self.trackers.image(f"val/clip_{i}", grid, step)
+                    side = torch.cat([real, fake], -1)  # T x 3 x H x 2W: input | reconstruction
+                    self.trackers.video(f"val/video_{i}", side, step)
+                self.trackers.flush()
             self.log(f"validation at step {step}: psnr {val_psnr:.2f} dB, ssim {val_ssim:.4f} (EMA model)")
             if val_psnr > self.state.best_psnr and step > 0:  # step 0: the untrained baseline
                 self.state.best_psnr, self.state.best_step = val_psnr, step
@@ -383,5 +381,4 @@ class Trainer:
 
     def close(self) -> None:
         self.close_data()
-        if self.writer is not None:
-            self.writer.close()
+        self.trackers.close()
