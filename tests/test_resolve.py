@@ -177,11 +177,26 @@ def test_set_never_evaluates_code():
         ({"min_frame_delta": 3, "max_frame_delta": 2}, "min_frame_delta"),
         ({"micro_batch_size": 0}, "at least 1"),
         ({"decoder_time_upscale": (True,)}, "three booleans"),
+        ({"hang_timeout": -5}, "hang_timeout=-5 must not be negative"),
+        ({"hang_timeout": 300, "hang_timeout_slow": 10}, "hang_timeout_slow=10 is below hang_timeout=300"),
+        ({"loss_spike_factor": 0.5}, r"loss_spike_factor=0.5 must be above 1.*or 0 = off"),
+        ({"rollback_lr_factor": 0.0}, r"rollback_lr_factor=0.0 must be in \(0, 1\]"),
+        ({"loss_spike_window": 0}, "loss_spike_window=0 must be at least 1"),
+        ({"max_consecutive_bad_steps": 0}, "max_consecutive_bad_steps=0 must be at least 1"),
+        ({"straggler_threshold": -0.1}, "straggler_threshold=-0.1 must not be negative"),
+        ({"max_requeues_without_progress": -1}, "max_requeues_without_progress=-1 must not be negative"),
     ],
 )
 def test_cross_field_checks(sets, match):
     with pytest.raises(ConfigError, match=match):
         plan_for(8, set_values=sets)
+
+
+@pytest.mark.parametrize(
+    "sets", [{"hang_timeout": 0, "hang_timeout_slow": 0}, {"loss_spike_factor": 0.0}, {"straggler_threshold": 0.0}]
+)
+def test_off_values_of_the_survive_keys_are_accepted(sets):
+    plan_for(8, set_values=sets)  # 0 = off, as documented
 
 
 def test_rendered_config_round_trips(tmp_path):

@@ -226,9 +226,21 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
         "latent_channels",
         "cache_views",
         "cache_shard_size",
+        "max_consecutive_bad_steps",
+        "loss_spike_window",
+        "rollback_window",
     ):
         need(c[k] >= 1, f"{k}={c[k]} must be at least 1")
-    for k in ("dataloader_num_workers", "lr_warmup_steps", "max_validation_batches", "num_sample_clips"):
+    for k in (
+        "dataloader_num_workers",
+        "lr_warmup_steps",
+        "max_validation_batches",
+        "num_sample_clips",
+        "rollback_lr_steps",
+        "hang_timeout",
+        "hang_timeout_slow",
+        "max_requeues_without_progress",
+    ):
         need(c[k] >= 0, f"{k}={c[k]} must not be negative")
     need(c["bucket_size_mb"] >= 0, f"bucket_size_mb={c['bucket_size_mb']} must not be negative (0 = the profile's)")
     need(c["prefetch_factor"] >= 1, f"prefetch_factor={c['prefetch_factor']} must be at least 1")
@@ -239,6 +251,20 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
     need(
         len(c["ref_latent_mean"]) == len(c["ref_latent_std"]),
         "ref_latent_mean and ref_latent_std must have the same length (one value per latent channel)",
+    )
+    need(
+        c["loss_spike_factor"] == 0 or c["loss_spike_factor"] > 1,
+        f"loss_spike_factor={c['loss_spike_factor']} must be above 1 (a loss this many times its median), or 0 = off",
+    )
+    need(0 < c["rollback_lr_factor"] <= 1, f"rollback_lr_factor={c['rollback_lr_factor']} must be in (0, 1]")
+    need(
+        c["straggler_threshold"] >= 0,
+        f"straggler_threshold={c['straggler_threshold']} must not be negative (0.2 = 20%; 0 = no line)",
+    )
+    need(
+        not c["hang_timeout"] or c["hang_timeout_slow"] >= c["hang_timeout"],
+        f"hang_timeout_slow={c['hang_timeout_slow']} is below hang_timeout={c['hang_timeout']}: the slow phases' "
+        "limit must be at least the normal one",
     )
     need(1 <= c["video_decode_threads"] <= 32, f"video_decode_threads={c['video_decode_threads']} must be 1-32")
     tracker_names(c["trackers"])

@@ -162,7 +162,9 @@ KEYS: dict[str, Key] = {
         1800, int, "the same limit during phases known to be long: set-up, compile warm-up, checkpoint, validation"
     ),
     "straggler_threshold": Key(
-        0.2, float, "a rank whose step time is this fraction above the ranks' median is named at each log line"
+        0.2,
+        float,
+        "a rank whose step time is this fraction above the other ranks' median is named at each log line (0 = no line)",
     ),
     "max_requeues_without_progress": Key(
         3,
