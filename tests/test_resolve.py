@@ -184,7 +184,7 @@ def test_set_never_evaluates_code():
         ({"loss_spike_window": 0}, "loss_spike_window=0 must be at least 1"),
         ({"max_consecutive_bad_steps": 0}, "max_consecutive_bad_steps=0 must be at least 1"),
         ({"straggler_threshold": -0.1}, "straggler_threshold=-0.1 must not be negative"),
-        ({"max_requeues_without_progress": -1}, "max_requeues_without_progress=-1 must not be negative"),
+        ({"max_requeues_without_progress": -1}, "max_requeues_without_progress=-1: use 0"),
     ],
 )
 def test_cross_field_checks(sets, match):

@@ -239,7 +239,6 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
         "rollback_lr_steps",
         "hang_timeout",
         "hang_timeout_slow",
-        "max_requeues_without_progress",
     ):
         need(c[k] >= 0, f"{k}={c[k]} must not be negative")
     need(c["bucket_size_mb"] >= 0, f"bucket_size_mb={c['bucket_size_mb']} must not be negative (0 = the profile's)")
@@ -255,6 +254,10 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
     need(
         c["loss_spike_factor"] == 0 or c["loss_spike_factor"] > 1,
         f"loss_spike_factor={c['loss_spike_factor']} must be above 1 (a loss this many times its median), or 0 = off",
+    )
+    need(
+        c["max_requeues_without_progress"] >= 0,
+        f"max_requeues_without_progress={c['max_requeues_without_progress']}: use 0 (requeue without limit) or more",
     )
     need(0 < c["rollback_lr_factor"] <= 1, f"rollback_lr_factor={c['rollback_lr_factor']} must be in (0, 1]")
     need(
