@@ -242,6 +242,7 @@ GLOO_DUMP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_gloo_process_groups_flight_recorder_dump_holds_its_collectives():
     from conftest import free_port
 
@@ -309,6 +310,7 @@ def test_two_stuck_ranks_both_dump_their_stacks_and_name_the_one_behind(tmp_path
         w1.stop(clean=False)
 
 
+@pytest.mark.slow
 def test_a_rank_in_a_slow_phase_holds_the_report_off_until_the_slow_limit(tmp_path):
     h0 = Hangs()
     t0 = time.monotonic()
@@ -325,6 +327,7 @@ def test_a_rank_in_a_slow_phase_holds_the_report_off_until_the_slow_limit(tmp_pa
         w1.stop(clean=False)
 
 
+@pytest.mark.slow
 def test_progress_keeps_the_detector_quiet(tmp_path):
     h0, busy = Hangs(), stuck(5, "forward", 9)
     w0 = hang_dog(tmp_path, 0, 1, busy, h0, hang_timeout=0.6, hang_timeout_slow=0.6).start()
@@ -356,6 +359,7 @@ FROZEN_PEER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_stopped_peer_on_this_host_is_reported_as_hung_not_dead(tmp_path):
     """SIGSTOP freezes the peer's heartbeat too: past stale_s it is still no dead peer (its process
     exists here), and the hang report names it with its last phase and step and its process state."""

@@ -289,6 +289,7 @@ def test_sbatch_stops_requeueing_after_three_exits_without_a_new_checkpoint(tmp_
     assert rec["stopped"] == last and (rec["count"], rec["without_progress"], rec["job"]) == (3, 3, "4242")
 
 
+@pytest.mark.slow
 def test_sbatch_a_new_checkpoint_between_requeues_resets_the_count(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -312,6 +313,7 @@ def test_sbatch_a_new_checkpoint_between_requeues_resets_the_count(tmp_path):
     assert (rec["count"], rec["without_progress"], rec["last_checkpoint"]) == (8, 2, "checkpoint-30")
 
 
+@pytest.mark.slow
 def test_sbatch_limit_zero_requeues_every_time(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -446,6 +448,7 @@ def _init(check: dict, uid: str, index: int) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_k8s_init_container_counts_pod_0_restarts_and_stops_the_third_without_progress(tmp_path):
     _, check, trainer = _k8s(str(tmp_path / "runs"), str(tmp_path))
     run = tmp_path / "runs" / "job-taehv-16-h100-u1"
@@ -473,6 +476,7 @@ def test_k8s_init_container_counts_pod_0_restarts_and_stops_the_third_without_pr
     assert read_requeues(run)["stopped"] == line and read_requeues(run)["count"] == 4
 
 
+@pytest.mark.slow
 def test_k8s_a_job_applied_again_with_run_name_starts_once_more(tmp_path):
     _, check, _ = _k8s(
         str(tmp_path / "runs"), str(tmp_path), "--run-name", "long", "--set", "max_requeues_without_progress=1"

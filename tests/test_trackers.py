@@ -191,6 +191,7 @@ def tb(run: Path) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_tensorboard_in_run_logs_with_the_same_tags_the_config_and_purge_on_resume_and_rollback(tmp_path):
     run = tmp_path / "output" / "tb"
     manifest_record(run)
