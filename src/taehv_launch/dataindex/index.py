@@ -49,10 +49,10 @@ def build_index(
     read_only=True reads the cache file but writes nothing: keep_index(index) writes it later.
     """
     root = check_root(data_root, annotation_file)
-    key = _index_key(root, annotation_file, probe_frame_counts is not None)
+    key = index_key(root, annotation_file, probe_frame_counts is not None)
     if not cache_dir:
         return _make_index(root, annotation_file, probe_frame_counts)
-    cache_path = os.path.join(cache_dir, f"index-{hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]}.npz")
+    cache_path = os.path.join(cache_dir, f"index-{index_name(key)}.npz")
     cached = _read_index(cache_path, key)
     if cached is not None:
         return cached
@@ -100,7 +100,13 @@ def check_root(data_root: str, annotation_file: str) -> str:
     return os.path.abspath(data_root)
 
 
-def _index_key(root: str, annotation_file: str, probe: bool) -> dict:
+def index_name(key: dict) -> str:
+    """The 16 hex digits that name an index cache file (index-<this>.npz): the key's hash; also the
+    data index fingerprint in a run's manifest."""
+    return hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]
+
+
+def index_key(root: str, annotation_file: str, probe: bool) -> dict:
     """What the cached index depends on; any change means a new cache file."""
     key = {"version": INDEX_VERSION, "data_root": root, "probe": probe}
     if annotation_file:

@@ -10,7 +10,6 @@ listing of the videos.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -150,28 +149,25 @@ def data_fingerprint(plan: Plan) -> dict[str, Any]:
     """{"index", "key", "cache_file", "note"}: the fingerprint of the dataset index the run reads (the key
     that names its cache file, dataindex/index.py), from one stat(). The cpu demo's synthetic set is
     named by its folder (the trainer makes it on the first run)."""
+    from ..dataindex.index import index_name
+
     c = plan.config
     if c["latent_cache"] and c["latent_cache_encode"] == "never":
         return {"index": None, "key": None, "cache_file": None, "note": "videos are not read: latent_cache"}
     if plan.demo_assets[0] and c["data_root"] == plan.demo_assets[0] and not c["annotation_file"]:
         key: dict[str, Any] = {"demo": c["data_root"]}
-        return {"index": _hash(key), "key": key, "cache_file": None, "note": "the cpu demo's synthetic videos"}
+        return {"index": index_name(key), "key": key, "cache_file": None, "note": "the cpu demo's synthetic videos"}
     from types import SimpleNamespace
 
-    from ..dataindex.index import _index_key, check_root, index_dir
+    from ..dataindex.index import check_root, index_dir, index_key
 
     try:
-        key = _index_key(check_root(c["data_root"], c["annotation_file"]), c["annotation_file"], False)
+        key = index_key(check_root(c["data_root"], c["annotation_file"]), c["annotation_file"], False)
     except (OSError, UserError) as exc:  # the launch checked data_root; a plan for elsewhere may not see it
         return {"index": None, "key": None, "cache_file": None, "note": f"not read here: {one_line(str(exc))}"}
-    fp = _hash(key)
+    fp = index_name(key)
     cache = Path(index_dir(SimpleNamespace(**c))) / f"index-{fp}.npz"
     return {"index": fp, "key": key, "cache_file": str(cache), "note": None}
-
-
-def _hash(key: dict) -> str:
-    """As dataindex/index.py names an index cache file (index-<this>.npz)."""
-    return hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]
 
 
 def build_record(plan: Plan, rendered: Rendered, run_dir: Path, *, launch: int = 1, argv: list[str] | None = None):
