@@ -5,8 +5,9 @@
 # on the development machine; carry .gpuwork/base and .whl) and this checkout, ROUNDS times each,
 # then each side's median clips/s from the trainer's speed.json (steady state, warm-up left out).
 #   bash scripts/survive_overhead.sh [GPUS PROFILE]     default: 2 cpu (two gloo ranks)
-#   EXTRA="--set k=v ...": more options for both sides (a GPU profile needs data_root and a reference VAE,
-#   or use_ref_vae=False)
+#   EXTRA="--set k=v ...": more options for both sides
+#   A GPU profile trains, unless EXTRA names its own data_root, on 16 synthetic SIZE x SIZE clips
+#   (default 128: short steps, so the per-step bookkeeping weighs the most) without a reference VAE.
 set -uo pipefail
 GPUS=${1:-2}; PROFILE=${2:-cpu}; ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-60}
 W=${W:-/tmp/survive}; OUT=${OUT:-$W/out}; mkdir -p "$W" "$OUT"
@@ -16,11 +17,26 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-
 if [ -d .whl ] && ! python3 -c "import deepspeed, diffusers" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 fi
+GPU_SET=()
+if [ "$PROFILE" != cpu ] && [[ "${EXTRA:-}" != *data_root* ]]; then
+  SIZE=${SIZE:-128}
+  PYTHONPATH=/tmp/site:$PWD/src python3 - "$W/vids$SIZE" "$SIZE" <<'PY' || exit 1
+import os, sys
+from taehv_launch.train.data.synthetic import write_demo_videos
+if not os.path.isdir(sys.argv[1]):
+    os.makedirs(sys.argv[1]); write_demo_videos(sys.argv[1], 16, int(sys.argv[2]), int(sys.argv[2]), 48)
+PY
+  GPU_SET=(--set data_root="'$W/vids$SIZE'" --set use_ref_vae=False --set encoder_loss_weight=0
+           --set height="$SIZE" --set width="$SIZE" --set gradient_accumulation_steps=1 --set compile="'none'" --set validation_at_start=False)
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  PYTHONPATH=/tmp/site python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+fi
 run() {  # SIDE SRC ROUND
   local side=$1 src=$2 round=$3 name="$1-$3"
+  rm -rf "${W:?}/output/$name"  # a fresh run each time, never one continued from an earlier call
   PYTHONPATH=/tmp/site:$src python3 -m taehv_launch.cli "$GPUS" "$PROFILE" --run-name "$name" \
     --set output_dir="'$W/output'" --set max_train_steps="$STEPS" --set log_every=10 \
-    --set validation_steps=100000 --set checkpointing_steps=100000 ${EXTRA:-} > "$OUT/$name.log" 2>&1
+    --set validation_steps=100000 --set checkpointing_steps=100000 "${GPU_SET[@]}" ${EXTRA:-} > "$OUT/$name.log" 2>&1
   local code=$?
   python3 - "$W/output/$name/speed.json" "$side" "$round" "$code" <<'PY'
 import json, sys
