@@ -18,7 +18,8 @@ from conftest import assert_one_line_error, clean_env
 from trainrun import launch, ok, scalars, trainer_state
 from taehv_launch.errors import ConfigError
 from taehv_launch.train.loop import guard as guard_mod
-from taehv_launch.train.loop.guard import EVENTS_FILE, Guard, Injection, RunningMedian, append_event, read_events
+from taehv_launch.rundir.events import EVENTS_FILE, append_event, read_events
+from taehv_launch.train.loop.guard import Guard, Injection, RunningMedian
 
 CPU = torch.device("cpu")
 

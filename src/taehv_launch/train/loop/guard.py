@@ -38,7 +38,6 @@ NaN before the clip of that micro-batch's optimizer step (DDP). Unset, nothing i
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import os
 import time
@@ -50,12 +49,11 @@ import torch
 import torch.distributed as dist
 
 from ...errors import ConfigError, TooManyBadSteps
-from ...files import disk_errors
+from ...rundir.events import EVENTS_FILE, append_event, read_events
 from ..durability.checkpoint import load_checkpoint, rollback_checkpoint
 from ..durability.progress import PROGRESS
 from .speed import Prefetcher
 
-EVENTS_FILE = "events.jsonl"  # <run>/events.jsonl: one JSON object per rollback (and per stop for divergence)
 TEST_INJECT_ENV = "TAEHV_LAUNCH_TEST_INJECT"
 SEED_STRIDE = 7919  # the data seed after rollback n: seed + n x SEED_STRIDE
 SPIKE = 1000.0  # the test hook's spike
@@ -126,28 +124,6 @@ class Injection:
         params = list(params)
         next(p for p in params if p.grad is not None).grad.fill_(float("nan"))
         return params
-
-
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """<run>/events.jsonl, oldest first; unreadable lines are left out."""
-    out = []
-    try:
-        lines = (Path(run_dir) / EVENTS_FILE).read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def append_event(run_dir: Path, record: dict[str, Any]) -> None:
-    with disk_errors(EVENTS_FILE, run_dir, "then continue with --resume auto"), open(run_dir / EVENTS_FILE, "a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 class Guard:
