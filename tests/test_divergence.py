@@ -186,8 +186,9 @@ def rollback_event(step, to_step, n=1, lr_until=None, seed=7961):
 def test_the_lowered_lr_and_the_data_seed_survive_a_resume(tmp_path):
     append_event(tmp_path, rollback_event(130, 100))
     (tmp_path / EVENTS_FILE).open("a").write("not json\n")
+    (tmp_path / EVENTS_FILE).open("ab").write(b"\xff\xfe torn\n")  # not UTF-8: once a crash on resume
     append_event(tmp_path, {"event": "stop", "step": 140})
-    assert len(read_events(tmp_path)) == 2  # the unreadable line is left out
+    assert len(read_events(tmp_path)) == 2  # the unreadable lines are left out
     g = make_guard(tmp_path, step=120)  # resumed from a checkpoint after the rollback
     assert g.lr_scale(120) == 0.5 and g.lr_scale(199) == 0.5 and g.lr_scale(200) == 1.0
     assert g.data_seed(42) == 7961

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli, run_cli_here
 from taehv_launch.rundir.checkpoint import checkpoint_dir, write_complete
+from taehv_launch.rundir.events import EVENTS_FILE, append_event
 from taehv_launch.rundir.heartbeat import heartbeat_dir
 from taehv_launch.rundir.progress import write_progress
 from taehv_launch.rundir.status import status_path, write_exit_status
@@ -51,6 +52,7 @@ FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)
     "hang",
     "requeues",
     "requeue_marker",
+    "rollbacks",
     "launches",
     "first_launch",
     "plan_hash",
@@ -137,6 +139,27 @@ def test_a_live_run_from_its_files(tmp_path):
     assert "ETA        59 min, at " in out, out
     assert "node 1     host1: ranks 2-3, heartbeat just now (oldest 5 min ago)" in out, out
     assert "rank 3     node 1 (host1): step 40, forward; heartbeat 5 min ago" in out, out
+
+
+def test_rollbacks_from_the_events_file(tmp_path):
+    """The guard's events.jsonl (rundir/events.py): the count, the newest rollback, a stop; a torn or
+    hostile line is skipped and a reason cannot add lines to the report."""
+    now = time.time()
+    run = live_run(tmp_path, now)
+    assert collect(run, now)["rollbacks"] == {"count": 0, "last": None, "stopped": None}
+    assert "  rollbacks  " not in run_cli_here("status", cwd=tmp_path).stdout
+    rb = {"event": "rollback", "step": 130, "to_step": 100, "checkpoint": "checkpoint-100", "reason": "nan"}
+    append_event(run, {**rb, "time": now - 7200})
+    (run / EVENTS_FILE).open("a").write('{"event": "rollback", "step": \n[1, 2]\n\xff\n')
+    append_event(run, {**rb, "time": now - 600, "step": 180, "reason": "loss spike\nerror: fake"})
+    f = collect(run, now)["rollbacks"]
+    assert f["count"] == 2 and f["last"]["step"] == 180 and f["stopped"] is None
+    out = run_cli_here("status", cwd=tmp_path).stdout
+    line = "  rollbacks  2; last at step 180 (loss spike error: fake), back to checkpoint-100, 10 min ago"
+    assert line + " (events.jsonl)\n" in out, out
+    append_event(run, {"event": "stop", "time": now, "step": 200, "reason": "non-finite loss"})
+    out = run_cli_here("status", cwd=tmp_path).stdout
+    assert "; stopped: diverged again at step 200 (non-finite loss)" in out, out
 
 
 def test_json_and_several_runs(tmp_path):

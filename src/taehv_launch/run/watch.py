@@ -6,7 +6,7 @@ Where each fact comes from: progress.json (step, total, clips/s now and average,
 0 rewrites it at each log line), else the last `step N/T` line of launch.log; heartbeat/rank<r> (each
 rank's host, node, step, phase; the file's mtime says whether it lives); checkpoint-<step>/COMPLETE;
 exit_status[.node<k>].json and the last `error:` line of launch[.node<k>].log; requeue.json;
-env[.node<k>].json (nodes and processes); manifest.jsonl (launches).
+env[.node<k>].json (nodes and processes); manifest.jsonl (launches); events.jsonl (divergence rollbacks).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..rundir.checkpoint import COMPLETE, list_checkpoints
+from ..rundir.events import read_events
 from ..rundir.heartbeat import heartbeat_path, read_hang_reports, read_heartbeats
 from ..rundir.layout import REQUEUE
 from ..rundir.manifest import read_manifest
@@ -221,6 +222,19 @@ def _checkpoint(run_dir: Path, now: float) -> dict | None:
     return {"name": path.name, "step": step, "time": at, "age_s": now - at if at else None}
 
 
+def _rollbacks(run_dir: Path) -> dict[str, Any]:
+    """How many divergence rollbacks the run made, the newest one, and a stop for diverging again."""
+    events = read_events(run_dir)
+    rollbacks = [e for e in events if e.get("event") == "rollback"]
+    stop = next((e for e in reversed(events) if e.get("event") == "stop"), None)
+    keys = ("time", "step", "to_step", "checkpoint", "reason")
+    return {
+        "count": len(rollbacks),
+        "last": {k: rollbacks[-1].get(k) for k in keys} if rollbacks else None,
+        "stopped": {k: stop.get(k) for k in ("time", "step", "reason")} if stop else None,
+    }
+
+
 def _topology(run_dir: Path, manifest: list[dict], beat_nodes: list[dict], beat_ranks: list[dict]) -> dict:
     """Nodes and processes: the rendered env files, else the manifest, else the heartbeats."""
     for _node, path in _node_files(run_dir, "env", "json").items():
@@ -309,6 +323,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         if requeues
         else {"count": 0, "without_progress": 0, "stopped": None},
         "requeue_marker": (run_dir / REQUEUE).exists(),
+        "rollbacks": _rollbacks(run_dir),
         "launches": len(manifest) or None,
         "first_launch": manifest[0].get("time") if manifest else None,
         "plan_hash": ((manifest[-1].get("plan") or {}).get("hash") if manifest else None),

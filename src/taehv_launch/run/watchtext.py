@@ -149,10 +149,31 @@ def run_block(f: dict[str, Any]) -> list[str]:
     if rq["stopped"]:
         line += f"; stopped: {rq['stopped']}"
     out.append(f"  requeues   {line}")
+    rb = f["rollbacks"]
+    if rb["count"] or rb["stopped"]:
+        out.append(f"  rollbacks  {rollback_text(rb, now)}")
     if f["launches"]:
         first = f", first {clock(f['first_launch'], now)}" if f["first_launch"] else ""
         out.append(f"  launches   {f['launches']}{first} (manifest.jsonl; plan {f['plan_hash']})")
     return out
+
+
+def one_line(value: Any) -> str:
+    return " ".join(str(value).split())
+
+
+def rollback_text(rb: dict[str, Any], now: float) -> str:
+    """`2; last at step 1234 (loss spike ...), back to checkpoint-1000, 3h ago`, then any stop."""
+    text = str(rb["count"])
+    last = rb["last"]
+    if last:
+        back = f", back to {last['checkpoint']}" if last.get("checkpoint") else ""
+        when = f", {ago(now - last['time'])}" if isinstance(last.get("time"), (int, float)) else ""
+        text += f"; last at step {last.get('step')} ({one_line(last.get('reason'))}){back}{when} (events.jsonl)"
+    stop = rb["stopped"]
+    if stop:
+        text += f"; stopped: diverged again at step {stop.get('step')} ({one_line(stop.get('reason'))})"
+    return text
 
 
 def table(facts: list[dict[str, Any]]) -> list[str]:

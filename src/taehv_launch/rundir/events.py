@@ -23,7 +23,7 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     """The events, oldest first; unreadable lines (a torn write, hand edits) are left out."""
     out = []
     try:
-        lines = (Path(run_dir) / EVENTS_FILE).read_text().splitlines()
+        lines = (Path(run_dir) / EVENTS_FILE).read_text(errors="replace").splitlines()
     except OSError:
         return out
     for line in lines:
