@@ -2,19 +2,114 @@
 
 write_atomic replaces one file; publish_dir builds a folder under a temporary name and renames it into
 place; disk_errors turns a failed write (disk full, quota, `ulimit -f`) into DiskWriteError, one line
-that says what to do. Stdlib only."""
+that says what to do. read_json and read_json_lines read the small JSON records that run directories
+hold (written by us, but also by a crash mid-write, a full disk or a hand edit). Stdlib only."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
+import stat
 import shutil
 import threading
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import EXIT_FAILED, UserError
+
+
+RECORD_LIMIT = 16 << 20  # bytes: no record of ours comes near; /dev/zero or a stray 1 GB file stops here
+
+
+class BadRecord(ValueError):
+    """A file that exists but is no usable record: not a regular file, too large, not UTF-8 JSON,
+    nested too deeply, or (read_json with want=dict) JSON of another type. str() says which."""
+
+
+def _read_text(path: Path, limit: int) -> str:
+    """The text of a regular file up to limit bytes. OSError: missing or unreadable; BadRecord otherwise.
+    Never blocks on a FIFO (opened non-blocking, then checked) nor reads a device."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadRecord(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise BadRecord(f"{path} is {st.st_size} bytes, more than a record ever is ({limit})")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise BadRecord(f"{path} grew past {limit} bytes while read")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise BadRecord(f"{path} is not UTF-8 text") from None
+
+
+def _parse(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadRecord(f"{where} nests too deeply to be a record") from None
+    except ValueError as exc:
+        raise BadRecord(f"{where} is not JSON ({exc})") from None
+
+
+def read_json(path: str | Path, want: type | None = dict, limit: int = RECORD_LIMIT) -> Any:
+    """One JSON record. OSError: missing or unreadable (FileNotFoundError when absent); BadRecord:
+    present but unusable (see BadRecord), including a value that is not a `want` (default: an object)."""
+    path = Path(path)
+    value = _parse(_read_text(path, limit), str(path))
+    if want is not None and not isinstance(value, want):
+        raise BadRecord(
+            f"{path} holds {type(value).__name__}, not a JSON {'object' if want is dict else want.__name__}"
+        )
+    return value
+
+
+def read_json_or_none(path: str | Path, limit: int = RECORD_LIMIT) -> dict | None:
+    """A JSON object, or None whatever is wrong with the file (missing, unreadable, not an object)."""
+    try:
+        return read_json(path, dict, limit)
+    except (OSError, ValueError):
+        return None
+
+
+def read_json_lines(path: str | Path, limit: int = RECORD_LIMIT) -> tuple[list[dict], int]:
+    """(the JSON objects of a .jsonl file, oldest first; how many non-empty lines were left out as
+    unreadable: a torn last write, a hand edit, another type). Missing or unusable file: ([], 0) for a
+    missing one, OSError / BadRecord otherwise. A file over limit bytes is read from its last limit
+    bytes (its first, partial line left out)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return [], 0
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadRecord(f"{path} is not a regular file")
+        cut = st.st_size > limit
+        if cut:
+            f.seek(st.st_size - limit)
+        data = f.read(limit)
+    lines = data.decode(errors="replace").splitlines()
+    if cut and lines:
+        lines = lines[1:]
+    out, skipped = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            rec = None
+        if isinstance(rec, dict):
+            out.append(rec)
+        else:
+            skipped += 1
+    return out, skipped
 
 
 def write_atomic(path: str | Path, text: str | bytes, durable: bool = False) -> None:
