@@ -157,11 +157,27 @@ def test_plain_assignment_config_file(tmp_path):
         ("zero_stage=5", "not one of"),
         ("learning_rate", "not KEY=VALUE"),
         ("=3", "has no key"),
+        (
+            "loss_spike_factor=1e400",
+            r"loss_spike_factor=inf .* is not a finite number: give one such as its default 10.0",
+        ),
+        ("adam_beta2=-1e999", "adam_beta2=-inf .* is not a finite number"),
+        ("ref_latent_mean=(0.5, 1e400)", r"holds a number that is not finite"),
     ],
 )
 def test_bad_set_values(item, match):
     with pytest.raises(ConfigError, match=match):
         parse_set(item)
+
+
+def test_a_config_file_cannot_set_a_non_finite_number(tmp_path):
+    """float('nan') / float('inf') in a config file: one line naming the file and the key (rendered into
+    config.py they would not read back: `args.x = inf` is a NameError in the trainer)."""
+    for text in ("max_grad_norm = float('nan')", "seraena_lr = float('inf')"):
+        path = tmp_path / "c.py"
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=r"c.py: \w+=(nan|inf) is not a finite number"):
+            load_config_file(path)
 
 
 def test_set_never_evaluates_code():

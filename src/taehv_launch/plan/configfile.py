@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import math
 import runpy
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,12 @@ def check_value(name: str, value: Any, origin: str | None) -> Any:
         raise ConfigError(f"{name} must be {key.type.__name__}, got {type(value).__name__} {value!r}{where}{hint}")
     if key.choices and value not in key.choices:
         raise ConfigError(f"{name}={value!r}{where} is not one of {', '.join(map(str, key.choices))}")
+    if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, tuple) else (value,))):
+        raise ConfigError(  # 1e400 parses as inf: no key means it, and config.py could not read it back
+            f"{name}={value!r}{where} holds a number that is not finite: give finite numbers"
+            if isinstance(value, tuple)
+            else f"{name}={value!r}{where} is not a finite number: give one such as its default {key.default!r}"
+        )
     return value
 
 
