@@ -72,7 +72,7 @@ args.loss_spike_window = 200  # micro-batches in the loss's running median (the 
 args.rollback_lr_factor = 0.5  # after a rollback the learning rate is multiplied by this for rollback_lr_steps (1.0 = unchanged)
 args.rollback_lr_steps = 1000  # optimizer steps the lowered learning rate lasts after a rollback
 args.rollback_window = 2000  # a second rollback within this many optimizer steps of the previous one stops the run
-args.hang_timeout = 300  # seconds a rank may make no progress (step or phase) before the job is stopped as hung, every rank dumping its stacks into <run>/heartbeat/stacks (0 = off; the NCCL timeout stays the backstop)
+args.hang_timeout = 300  # seconds a rank may make no progress (step or phase) before the job is stopped as hung, every rank dumping its stacks into <run>/heartbeat/stacks (0 = off; the NCCL timeout stays the backstop; at least 10 s, twice the heartbeat period)
 args.hang_timeout_slow = 1800  # the same limit during phases known to be long: set-up, compile warm-up, checkpoint, validation
 args.straggler_threshold = 0.2  # a rank whose step time is this fraction above the other ranks' median is named at each log line (0 = no line)
 args.max_requeues_without_progress = 3  # sbatch/k8s: the job stops requeueing when this many attempts in a row ended with no newer complete checkpoint (0 = no limit)

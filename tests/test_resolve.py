@@ -195,6 +195,7 @@ def test_set_never_evaluates_code():
         ({"decoder_time_upscale": (True,)}, "three booleans"),
         ({"hang_timeout": -5}, "hang_timeout=-5 must not be negative"),
         ({"hang_timeout": 300, "hang_timeout_slow": 10}, "hang_timeout_slow=10 is below hang_timeout=300"),
+        ({"hang_timeout": 9}, "hang_timeout=9 is below 10 s: ranks write their heartbeat every 5 s"),
         ({"loss_spike_factor": 0.5}, r"loss_spike_factor=0.5 must be above 1.*or 0 = off"),
         ({"rollback_lr_factor": 0.0}, r"rollback_lr_factor=0.0 must be in \(0, 1\]"),
         ({"loss_spike_window": 0}, "loss_spike_window=0 must be at least 1"),

@@ -155,6 +155,9 @@ def resolve(
 TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab")  # the `trackers` key's names (train/loop/trackers.py)
 
 
+HANG_TIMEOUT_FLOOR = 10  # seconds: twice the heartbeat period (train/durability/watchdog.py period_s=5)
+
+
 def tracker_names(value: Any) -> list[str]:
     """The `trackers` key as names, in the order given, each once ("tensorboard, mlflow" -> two names);
     ConfigError naming the valid ones for an unknown or empty one."""
@@ -263,6 +266,12 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
     need(
         c["straggler_threshold"] >= 0,
         f"straggler_threshold={c['straggler_threshold']} must not be negative (0.2 = 20%; 0 = no line)",
+    )
+    need(
+        not c["hang_timeout"] or c["hang_timeout"] >= HANG_TIMEOUT_FLOOR,
+        f"hang_timeout={c['hang_timeout']} is below {HANG_TIMEOUT_FLOOR} s: ranks write their heartbeat every "
+        f"{HANG_TIMEOUT_FLOOR // 2} s, so a shorter limit reports healthy ranks as hung; use {HANG_TIMEOUT_FLOOR} "
+        f"or more (default 300), or 0 = off",
     )
     need(
         not c["hang_timeout"] or c["hang_timeout_slow"] >= c["hang_timeout"],

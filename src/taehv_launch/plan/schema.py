@@ -156,7 +156,8 @@ KEYS: dict[str, Key] = {
         300,
         int,
         "seconds a rank may make no progress (step or phase) before the job is stopped as hung, every rank "
-        "dumping its stacks into <run>/heartbeat/stacks (0 = off; the NCCL timeout stays the backstop)",
+        "dumping its stacks into <run>/heartbeat/stacks (0 = off; the NCCL timeout stays the backstop; at least "
+        "10 s, twice the heartbeat period)",
     ),
     "hang_timeout_slow": Key(
         1800, int, "the same limit during phases known to be long: set-up, compile warm-up, checkpoint, validation"
