@@ -155,11 +155,13 @@ def test_after_stop_without_a_run_directory_requeues_and_writes_nothing(tmp_path
     assert go and "no run directory" in line and not (tmp_path / "nowhere").exists()
 
 
-def test_a_record_that_cannot_be_written_does_not_stop_the_run(tmp_path):
+def test_a_folder_where_the_record_goes_is_moved_aside_not_a_reason_to_stop(tmp_path):
+    # A record that cannot be written (ulimit -f) and other corrupt ones: tests/test_survive_hostile.py
     run = tmp_path / "job-7"
-    (run / REQUEUE_FILE).mkdir(parents=True)  # a folder where the file goes: the write fails
-    go, line = after_stop(run, 3, job="7", again="x")
-    assert go and "could not record it in" in line
+    (run / REQUEUE_FILE).mkdir(parents=True)
+    go, lines = after_stop(run, 3, job="7", again="x")
+    assert go and "kept as requeue.json.corrupt-1" in lines and (run / "requeue.json.corrupt-1").is_dir()
+    assert read_requeues(run)["count"] == 1
 
 
 def test_at_start_records_the_first_start_counts_restarts_and_not_a_new_job(tmp_path):

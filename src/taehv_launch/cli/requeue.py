@@ -1,12 +1,15 @@
 """`taehv-launch requeue-check` (hidden): the requeue limit the rendered sbatch and Kubernetes jobs
-apply (cluster/requeue.py). Not for people: `render` writes the call."""
+apply (cluster/requeue.py). Not for people: `render` writes the call. Exits 0 or 1 (the limit) only
+from its decision: anything else that goes wrong is one error line and exit 2."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
 
+from ..errors import LaunchError, UserError, one_line
 from .core import app, exit_with
 
 
@@ -25,6 +28,20 @@ def requeue_check_cmd(
 ) -> None:
     from ..cluster.requeue import requeue_check
 
-    exit_with(
-        lambda: requeue_check(output_dir=output_dir, job_id=job_id, run_name=run_name, limit=limit, at_start=at_start)
-    )
+    def check() -> int:
+        try:
+            return requeue_check(
+                output_dir=output_dir, job_id=job_id, run_name=run_name, limit=limit, at_start=at_start
+            )
+        except (UserError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # never exit 1 by accident: Kubernetes' FailJob rule reads 1 as the limit
+            if os.environ.get("TAEHV_TRACEBACK"):
+                raise
+            raise LaunchError(
+                one_line(
+                    f"requeue-check failed ({type(exc).__name__}: {exc}); rerun with TAEHV_TRACEBACK=1 to see where"
+                )
+            ) from None
+
+    exit_with(check)

@@ -4,6 +4,9 @@ as pod 0's init container at every start. It names the run directory exactly as 
 launcher does (--run-name, else the scheduler's job id, under output_dir), keeps the count in the
 run's requeue.json (rundir/requeue.py decides), prints one line and exits 0 (requeue, or let the
 pod start) or 1 (stop: max_requeues_without_progress requeues in a row found no new checkpoint).
+Exit 1 is only ever that refusal (Kubernetes' FailJob rule reads it as one): an unreadable
+requeue.json is kept aside and counted afresh with a note, a bad argument exits 2. --at-start makes
+the run directory (and output_dir) when missing: the first start of a run on a fresh volume.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ def requeue_check(
     env = os.environ if env is None else env
     if limit < 0:
         raise ConfigError(f"--limit {limit}: use 0 (no limit) or more ({requeue.KEY})")
+    if not output_dir.strip():
+        raise ConfigError("--output-dir is empty: give the job's output_dir (the folder its run directories are in)")
     if not run_name and not job_id:
         raise ConfigError("requeue-check needs --job-id (the scheduler's job id) or --run-name: it names the run")
     run_id, _ = run_id_for(run_name, job_id)

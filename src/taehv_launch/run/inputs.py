@@ -3,7 +3,8 @@ anything, so that exit 2 means nothing was written: the data folder (exists, hol
 reference VAE folder (config.json of the family asked for, with the latent channel count the config
 says), and the library of each chosen tracker (wandb, mlflow, swanlab: found, not imported). Cheap:
 one config.json read and a walk that stops at the first video file. The trainer checks everything
-again, fully (every file, the weights), when it loads them.
+again, fully (every file, the weights), when it loads them. An existing run directory (a resume): its
+heartbeat paths and events.jsonl (check_run_dir).
 """
 
 from __future__ import annotations
@@ -11,15 +12,25 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DataError, ModelError
+from ..errors import ConfigError, DataError, LaunchError, ModelError
 from ..plan.families import family_of_class, get_family
 from ..plan.resolve import tracker_library_line, tracker_names
+from ..rundir.events import EVENTS_FILE, rollbacks
+from ..rundir.heartbeat import heartbeat_dir, stacks_dir
+
+RANK_FILE = re.compile(r"rank\d+(\.dead|\.done|\.hang)?")  # heartbeat/ files the watchdog replaces or removes
 
 
-def check_inputs(config: dict[str, Any], demo_assets: tuple[str, str], task: str = "train") -> None:
+def check_inputs(
+    config: dict[str, Any], demo_assets: tuple[str, str], task: str = "train", run_dir: Path | None = None
+) -> list[str]:
+    """Refuses (UserError) what the trainer would; returns notes for the launch to print. run_dir: the
+    run directory, checked (check_run_dir) when it exists already (a resume, --run-name again)."""
+    notes = check_run_dir(run_dir) if run_dir is not None and task == "train" else []
     demo_data, demo_vae = demo_assets
     if task == "train":  # a cache job logs to no tracker
         check_trackers(config["trackers"])
@@ -28,6 +39,52 @@ def check_inputs(config: dict[str, Any], demo_assets: tuple[str, str], task: str
         check_data_root(config["data_root"])
     if reads_videos and config["use_ref_vae"] and config["ref_vae_path"] and config["ref_vae_path"] != demo_vae:
         check_reference_folder(config["ref_vae_path"], config["ref_vae_type"], config["latent_channels"])
+    return notes
+
+
+def _kind(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return "a symlink to nothing"
+    if path.is_dir():
+        return "a folder"
+    if path.is_file():
+        return "a file"
+    return "a special file (a FIFO, socket or device)"
+
+
+def check_run_dir(run_dir: Path) -> list[str]:
+    """An existing run directory the trainer would fail in: a heartbeat path of the wrong kind (its
+    watchdog makes heartbeat/ and heartbeat/stacks/, and replaces heartbeat/rank<r>* files), an
+    events.jsonl that is no file (it appends to it, and reads it on a resume) -> LaunchError, one
+    line naming the path. Rollback records a resume cannot use -> a note (the trainer leaves them out
+    and says so again: bookkeeping, not state, so the run goes on)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    beat = heartbeat_dir(run_dir)
+    wrong = []
+    if os.path.lexists(beat) and not beat.is_dir():
+        wrong.append((beat, "the folder the trainer keeps its heartbeats in"))
+    elif beat.is_dir():
+        stacks = stacks_dir(run_dir)
+        if os.path.lexists(stacks) and not stacks.is_dir():
+            wrong.append((stacks, "the folder a hang's stack dumps go to"))
+        try:
+            entries = sorted(beat.iterdir())
+        except OSError:
+            entries = []
+        wrong += [(p, "a rank's heartbeat file") for p in entries if RANK_FILE.fullmatch(p.name) and p.is_dir()]
+    events = run_dir / EVENTS_FILE
+    if os.path.lexists(events) and not events.is_file():
+        wrong.append((events, "the run's event log (a file)"))
+    if wrong:
+        path, role = wrong[0]
+        raise LaunchError(
+            f"{path} is {_kind(path)}, where the trainer needs {role}: move it away or remove it "
+            f"(the trainer makes it again), then launch again"
+        )
+    _, _, note = rollbacks(run_dir)
+    return [note] if note else []
 
 
 def check_trackers(value: str) -> None:

@@ -6,33 +6,118 @@ The trainer's rank 0 appends (train/loop/guard.py):
 - a stop: {"event": "stop", "time", "step", "reason"} when it diverged again within rollback_window.
 A resume reads the rollbacks back (the lowered LR and the window survive it); `taehv-launch status`
 shows how many there were and the newest.
+
+A rollback record a resume cannot use (a hand edit: a field missing, of another type, not finite, an
+LR factor outside (0, 1]) is left out with one note naming its line (rollbacks()); the launcher
+says the same before a launch (run/inputs.py), the trainer again when it starts. A run never stops
+for it: the records are bookkeeping, the checkpoints are the state.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from ..files import disk_errors
+from ..files import RECORD_LIMIT, disk_errors, read_json_lines
 
 EVENTS_FILE = "events.jsonl"
+SEED_LIMIT = 2**40  # |data_seed| below this: the sampler multiplies it by ~1e6 into torch's 64-bit seed
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """The events, oldest first; unreadable lines (a torn write, hand edits) are left out."""
-    out = []
+    """The events, oldest first; unreadable lines (a torn write, hand edits) are left out, and an
+    unusable file (a folder, a FIFO, unreadable) reads as none."""
     try:
-        lines = (Path(run_dir) / EVENTS_FILE).read_text(errors="replace").splitlines()
+        return read_json_lines(Path(run_dir) / EVENTS_FILE)[0]
+    except (OSError, ValueError):
+        return []
+
+
+def _whole(value: Any, low: int, high: int | None = None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value < high)
+
+
+def rollback_problem(rec: dict[str, Any]) -> str | None:
+    """Why a resume cannot use this rollback record (None: it can)."""
+    for key in ("to_step", "lr_until"):
+        if not _whole(rec.get(key), 0):
+            return f"{key} is {_show(rec, key)}, not a step number (a whole number >= 0)"
+    if not _whole(rec.get("data_seed"), -SEED_LIMIT, SEED_LIMIT):
+        return f"data_seed is {_show(rec, 'data_seed')}, not a whole number of magnitude below 2**40"
+    f = rec.get("lr_factor")
+    if not (isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and 0 < f <= 1):
+        return f"lr_factor is {_show(rec, 'lr_factor')}, not a number in (0, 1]"
+    if not isinstance(rec.get("checkpoint"), str):
+        return f"checkpoint is {_show(rec, 'checkpoint')}, not a checkpoint name"
+    return None
+
+
+def _show(rec: dict[str, Any], key: str) -> str:
+    if key not in rec:
+        return "missing"
+    value = rec[key]
+    if isinstance(value, (list, dict)):
+        return f"a JSON {'list' if isinstance(value, list) else 'object'}"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def rollbacks(run_dir: Path) -> tuple[list[dict[str, Any]], int, str]:
+    """(the rollback records a resume can use, oldest first; how many rollback records were left out;
+    '' or one note saying which were left out and why, naming events.jsonl and their lines).
+    Unreadable lines are left out as read_events does (a torn last write is what a crash leaves)."""
+    path = Path(run_dir) / EVENTS_FILE
+    try:
+        records, _ = read_json_lines(path)
+    except (OSError, ValueError) as exc:
+        why = str(exc) if isinstance(exc, ValueError) else (exc.strerror or str(exc))
+        return [], 0, f"{path} cannot be read ({why}): no rollback of this run applies to the resume"
+    good, bad = [], []
+    for index, rec in enumerate(records):
+        if rec.get("event") != "rollback":
+            continue
+        why = rollback_problem(rec)
+        if why is None:
+            good.append(rec)
+        else:
+            bad.append((index, why))
+    if not bad:
+        return good, 0, ""
+    lines = _line_numbers(path)
+    where = [f"line {lines[i]}" if i < len(lines) else f"record {i + 1}" for i, _ in bad]
+    shown = "; ".join(f"{w}: {why}" for w, (_, why) in zip(where[:3], bad[:3]))
+    more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+    note = (
+        f"{len(bad)} rollback record{'s' if len(bad) > 1 else ''} in {path} cannot be used and "
+        f"{'are' if len(bad) > 1 else 'is'} left out ({shown}{more}): the run goes on with the learning rate "
+        f"and data order of the rollbacks before {'them' if len(bad) > 1 else 'it'}; fix or delete "
+        f"{'those lines' if len(bad) > 1 else 'that line'} to use {'them' if len(bad) > 1 else 'it'}"
+    )
+    return good, len(bad), note
+
+
+def _line_numbers(path: Path) -> list[int]:
+    """The line number (from 1) of each record read_json_lines returns, by the same rules; [] when it
+    cannot tell (the file is gone, or too large to read whole). Read only to name a bad record's line."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(RECORD_LIMIT)
+            if f.read(1):
+                return []
     except OSError:
-        return out
-    for line in lines:
+        return []
+    out = []
+    for number, line in enumerate(data.decode(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(rec, dict):
-            out.append(rec)
+            out.append(number)
     return out
 
 

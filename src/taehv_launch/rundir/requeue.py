@@ -24,11 +24,12 @@ directory, decide, write the record and return the one line for the job log.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import one_line
-from ..files import write_atomic
+from ..files import read_json, read_json_or_none, write_atomic
 from .checkpoint import CKPT_RE, newest_complete
 
 REQUEUE_FILE = "requeue.json"
@@ -36,11 +37,67 @@ KEY = "max_requeues_without_progress"  # the config key that sets the limit
 
 
 def read_requeues(run_dir: Path) -> dict | None:
+    """The record as it is, or None (missing or unreadable): for reading only (status)."""
+    return read_json_or_none(Path(run_dir) / REQUEUE_FILE)
+
+
+def record_problem(rec: dict) -> str | None:
+    """Why a requeue.json object is not a record this module wrote (None: it is)."""
+    for key in ("count", "without_progress"):
+        value = rec.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return f"its {key} is {_show(rec, key)}, not a whole number >= 0"
+    for key in ("last_checkpoint", "stopped", "job"):
+        if rec.get(key) is not None and not isinstance(rec.get(key), str):
+            return f"its {key} is {_show(rec, key)}, not text"
+    return None
+
+
+def _show(rec: dict, key: str) -> str:
+    if key not in rec:
+        return "missing"
+    value = rec[key]
+    if isinstance(value, (list, dict)):
+        return f"a JSON {'list' if isinstance(value, list) else 'object'}"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def load_requeues(run_dir: Path) -> tuple[dict | None, str]:
+    """(the record, or None when there is none; '' or one note). A requeue.json that is unreadable or
+    no record of ours (empty, not JSON, a folder, a symlink to a device, too large, fields of another
+    type) is renamed to requeue.json.corrupt-<n>, kept for a look, and the count starts afresh: the
+    note says so. Never raises: a count that cannot be kept must not stop a run."""
+    path = Path(run_dir) / REQUEUE_FILE
     try:
-        rec = json.loads((Path(run_dir) / REQUEUE_FILE).read_text())
-        return rec if isinstance(rec, dict) else None
-    except (OSError, ValueError):
-        return None
+        rec = read_json(path, dict)
+        problem = record_problem(rec)
+        why = None if problem is None else f"{path}: {problem}"
+    except FileNotFoundError:
+        return None, ""
+    except ValueError as exc:  # BadRecord: its message names the file
+        why = str(exc)
+    except OSError as exc:
+        why = f"{path}: {exc.strerror or exc}"
+    if why is None:
+        return rec, ""
+    return None, one_line(
+        f"taehv-launch: note: the requeue count is unreadable ({why}); {_keep_aside(path)}; the count starts "
+        f"afresh with this check"
+    )
+
+
+def _keep_aside(path: Path) -> str:
+    for n in range(1, 1000):
+        aside = path.with_name(f"{path.name}.corrupt-{n}")
+        if os.path.lexists(aside):
+            continue
+        try:
+            os.rename(path, aside)  # the entry itself: a symlink is moved, not followed
+            return f"kept as {aside.name}"
+        except OSError as exc:
+            return f"it could not be moved aside ({exc.strerror or exc}) and is replaced"
+    return "it is replaced (requeue.json.corrupt-1 to -999 exist already)"
 
 
 def write_requeues(run_dir: Path, record: dict) -> None:
@@ -140,18 +197,24 @@ def after_stop(run_dir: Path, limit: int, *, job: str, again: str) -> tuple[bool
     run_dir = Path(run_dir)
     if not run_dir.is_dir():  # exit 75 comes from a run that has a directory: a stand-in, or another path
         return True, one_line(f"taehv-launch: requeueing job {job} (no run directory {run_dir} to count it in)")
-    prev = read_requeues(run_dir)
+    prev, unreadable = load_requeues(run_dir)
     d = decide(prev, _newest(run_dir), limit)
     if d.go:
         note = _write(run_dir, d.record(None, job))
         words = _progress_words(d, "last requeue", "requeueing")
-        return True, one_line(f"taehv-launch: requeueing job {job} (requeue {d.count} of this run): {words}{note}")
+        line = one_line(f"taehv-launch: requeueing job {job} (requeue {d.count} of this run): {words}{note}")
+        return True, _lines(unreadable, line)
     line = one_line(
         f"taehv-launch: not requeueing job {job}: "
         + _stop_words(d, run_dir, again, "{n} attempts in a row ended (exit 75) without {newer}", "requeue")
     )
     note = _write(run_dir, d.record(line, job))
-    return False, line + one_line(note)
+    return False, _lines(unreadable, line + one_line(note))
+
+
+def _lines(note: str, line: str) -> str:
+    """The note about an unreadable record (if any) on a line of its own before the check's line."""
+    return f"{note}\n{line}" if note else line
 
 
 def at_start(run_dir: Path, limit: int, *, job: str, again: str) -> tuple[bool, str]:
@@ -160,10 +223,9 @@ def at_start(run_dir: Path, limit: int, *, job: str, again: str) -> tuple[bool, 
     not a restart: recorded, not counted; any other start is a restart and decided like a requeue.
     (start?, one line for the pod's log)."""
     run_dir = Path(run_dir)
-    prev = read_requeues(run_dir)
+    prev, unreadable = load_requeues(run_dir)
     newest = _newest(run_dir)
     if prev is None or prev.get("job") != job:
-        first = prev is None
         record = {
             "count": _count(prev or {}, "count"),
             "without_progress": _count(prev or {}, "without_progress"),
@@ -172,21 +234,32 @@ def at_start(run_dir: Path, limit: int, *, job: str, again: str) -> tuple[bool, 
             "job": job,
         }
         try:
+            # The first start of a run on a fresh volume: pod 0's launcher makes the same folders a
+            # moment later (output_dir is the Job's own, from the same render): made here to count.
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError:
             pass  # _write says why
         note = _write(run_dir, record)
-        what = "first start of this run" if first else f"a new Job ({job}) continues this run: not a restart"
-        return True, one_line(
-            f"taehv-launch: {what}; newest checkpoint: {_ckpt(newest)}; restarts of pod 0 are counted in "
-            f"{run_dir / REQUEUE_FILE} ({record['count']} so far, {record['without_progress']} in a row "
-            f"without a new checkpoint; {KEY}={limit}){note}"
+        what = (
+            f"a new Job ({job}) continues this run: not a restart"
+            if prev is not None
+            else "start of this run, counted afresh"
+            if unreadable
+            else "first start of this run"
+        )
+        return True, _lines(
+            unreadable,
+            one_line(
+                f"taehv-launch: {what}; newest checkpoint: {_ckpt(newest)}; restarts of pod 0 are counted in "
+                f"{run_dir / REQUEUE_FILE} ({record['count']} so far, {record['without_progress']} in a row "
+                f"without a new checkpoint; {KEY}={limit}){note}"
+            ),
         )
     d = decide(prev, newest, limit)
     if d.go:
         note = _write(run_dir, d.record(None, job))
         words = _progress_words(d, "last start", "restarting")
-        return True, one_line(f"taehv-launch: restart {d.count} of this run (pod 0): {words}{note}")
+        return True, _lines(unreadable, one_line(f"taehv-launch: restart {d.count} of this run (pod 0): {words}{note}"))
     line = one_line(
         "taehv-launch: not restarting: the Job fails here (podFailurePolicy FailJob): "
         + _stop_words(
@@ -194,7 +267,7 @@ def at_start(run_dir: Path, limit: int, *, job: str, again: str) -> tuple[bool, 
         )
     )
     note = _write(run_dir, d.record(line, job))
-    return False, line + one_line(note)
+    return False, _lines(unreadable, line + one_line(note))
 
 
 def _newest(run_dir: Path) -> str | None:

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ...errors import EXIT_FAILED
-from ...files import write_atomic
+from ...errors import EXIT_FAILED, LaunchError
+from ...files import disk_error_message, write_atomic
 from ...rundir.heartbeat import HANG_SUFFIX, read_heartbeat, read_hang_reports, stacks_dir
 from .hang import dump_stacks, dumps_since, hang_line, job_limit, name_culprits, process_state, rank_view
 from .hang import wait_for_dumps
@@ -79,15 +79,21 @@ class Watchdog:
     def start(self) -> "Watchdog":
         if not self.active:
             return self
+        try:
+            self._prepare()
+        except OSError as exc:
+            raise LaunchError(setup_problem(self.run_dir, exc)) from None
+        self.started = self._fs_now()
+        self._thread.start()
+        return self
+
+    def _prepare(self) -> None:
+        """The heartbeat folder (and stacks/), this rank's markers of an earlier launch removed, the first beat."""
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.hang_timeout:
             stacks_dir(self.run_dir).mkdir(exist_ok=True)  # also where torch dumps at the NCCL timeout
         for suffix in ("", ".dead", ".done", HANG_SUFFIX):
             self._path(self.rank, suffix).unlink(missing_ok=True)
-        self._beat()
-        self.started = self._fs_now()
-        self._thread.start()
-        return self
 
     def _beat(self) -> None:
         info = {"rank": self.rank, "node": self.node, "host": socket.gethostname(), "pid": self.pid}
@@ -255,6 +261,19 @@ class Watchdog:
                 self._path(self.rank, ".done").write_text("ok")
             except OSError:
                 pass
+
+
+def setup_problem(run_dir: Path, exc: OSError) -> str:
+    """The one line for a heartbeat folder or file the watchdog could not make or clear: a path of the
+    wrong kind (a file where the folder goes, a folder where a file goes), or the disk's reason."""
+    path = Path(exc.filename) if exc.filename else run_dir / "heartbeat"
+    if path.is_dir() and not path.is_symlink():
+        what = "a folder, where the trainer keeps a heartbeat file"
+    elif os.path.lexists(path) and isinstance(exc, (FileExistsError, NotADirectoryError)):
+        what = "not a folder, where the trainer keeps its heartbeats"
+    else:
+        return disk_error_message("the heartbeat", path.parent, exc, "then resume with --resume auto")
+    return f"{path} is {what}: move it away or remove it (the trainer makes it again), then resume with --resume auto"
 
 
 def stop_message(why: str) -> str:

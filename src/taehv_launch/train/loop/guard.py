@@ -27,7 +27,8 @@ What is checked, in the one host sync per micro-batch there was already (before 
 
 events.jsonl is also what a resume reads back: the newest rollback that resumed at or before the resumed
 step gives the data seed and, while it lasts, the lowered learning rate (the learning rate stays a pure
-function of the step). The running median starts empty in every process.
+function of the step). A rollback record a resume cannot use (a hand edit; rundir/events.py checks each
+field) is left out with one note line, never a crash. The running median starts empty in every process.
 
 Test only: TAEHV_LAUNCH_TEST_INJECT="nan@12,spike@30-32:1,gradnan@20:0" makes the check see a NaN
 (`nan`) or a x1000 reconstruction loss (`spike`) at those micro-batches (this process's count, from 1,
@@ -49,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import ConfigError, TooManyBadSteps
-from ...rundir.events import EVENTS_FILE, append_event, read_events
+from ...rundir.events import EVENTS_FILE, append_event, rollbacks
 from ..durability.checkpoint import load_checkpoint, rollback_checkpoint
 from ..durability.progress import PROGRESS
 from .speed import Prefetcher
@@ -138,8 +139,10 @@ class Guard:
         self.pending_norm: torch.Tensor | None = None
         self.zero = torch.zeros((), device=device)
         self.inject = Injection.from_env(rank)
-        self.history = [e for e in read_events(run_dir) if e.get("event") == "rollback"]
-        resumed = [e for e in self.history if int(e.get("to_step", -1)) <= step]
+        self.history, self.left_out, note = rollbacks(run_dir)  # records a resume cannot use: left out
+        if note:
+            log(f"note: {note}")
+        resumed = [e for e in self.history if e["to_step"] <= step]
         self.active: dict[str, Any] | None = resumed[-1] if resumed else None  # the rollback this branch follows
 
     # ------------------------------------------------------------------ per micro-batch
@@ -228,16 +231,16 @@ class Guard:
     # ------------------------------------------------------------------ policy
     def lr_scale(self, step: int) -> float:
         a = self.active
-        if a is not None and int(a["to_step"]) <= step < int(a.get("lr_until", 0)):
-            return float(a.get("lr_factor", 1.0))
+        if a is not None and a["to_step"] <= step < a["lr_until"]:
+            return float(a["lr_factor"])
         return 1.0
 
     def data_seed(self, seed: int) -> int:
-        return int(self.active["data_seed"]) if self.active is not None else seed
+        return self.active["data_seed"] if self.active is not None else seed
 
     def again_too_soon(self, step: int) -> bool:
         a = self.active
-        return a is not None and 0 <= step - int(a["to_step"]) < self.cfg.rollback_window
+        return a is not None and 0 <= step - a["to_step"] < self.cfg.rollback_window
 
     def reset(self, event: dict[str, Any]) -> None:
         self.history.append(event)
@@ -257,7 +260,7 @@ def roll_back(tr) -> None:
     prev = guard.active
     if guard.again_too_soon(step):
         msg = (
-            f"diverged again at step {step} ({why}), {step - int(prev['to_step'])} steps after the rollback to "
+            f"diverged again at step {step} ({why}), {step - prev['to_step']} steps after the rollback to "
             f"{prev['checkpoint']} (rollback_window {cfg.rollback_window}): stopping. Lower learning_rate (or "
             f"raise loss_spike_factor if the spikes are harmless) or check the data, then --resume auto; the "
             f"checkpoints are intact"
@@ -273,7 +276,7 @@ def roll_back(tr) -> None:
         )
     for note in notes:
         tr.log(note)
-    n = len(guard.history) + 1
+    n = len(guard.history) + guard.left_out + 1  # left-out records count: each rollback its own data seed
     seed = cfg.seed + SEED_STRIDE * n
     tr.close_data()  # the DataLoader workers and decode threads, before the new loader forks its own
     old = st
