@@ -64,11 +64,11 @@ def check_run_dir(run_dir: Path) -> list[str]:
     beat = heartbeat_dir(run_dir)
     wrong = []
     if os.path.lexists(beat) and not beat.is_dir():
-        wrong.append((beat, "the folder the trainer keeps its heartbeats in"))
+        wrong.append((beat, "the folder for its heartbeats"))
     elif beat.is_dir():
         stacks = stacks_dir(run_dir)
         if os.path.lexists(stacks) and not stacks.is_dir():
-            wrong.append((stacks, "the folder a hang's stack dumps go to"))
+            wrong.append((stacks, "the folder for a hang's stack dumps"))
         try:
             entries = sorted(beat.iterdir())
         except OSError:
@@ -76,7 +76,7 @@ def check_run_dir(run_dir: Path) -> list[str]:
         wrong += [(p, "a rank's heartbeat file") for p in entries if RANK_FILE.fullmatch(p.name) and p.is_dir()]
     events = run_dir / EVENTS_FILE
     if os.path.lexists(events) and not events.is_file():
-        wrong.append((events, "the run's event log (a file)"))
+        wrong.append((events, "a file: the run's event log"))
     if wrong:
         path, role = wrong[0]
         raise LaunchError(
