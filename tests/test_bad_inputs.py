@@ -282,7 +282,7 @@ LAUNCHER_CASES = [
     Case(
         "output-dir-under-a-file",
         ("1", "cpu", "--set", "output_dir='{tmp}/afile/out'"),
-        r"cannot write to .*afile/out/t: Not a directory; pass a writable --set output_dir",
+        r"cannot write to .*afile/out/t: .*afile is a file, not a folder; pass a writable --set output_dir",
         setup=_write("afile", "a regular file\n"),
     ),
     Case(

@@ -44,7 +44,8 @@ def test_large_rows_dry_run(gpus, micro, glob, lr, timeout):
 
 
 def test_cloud_platform_node_rank_and_master():
-    d = dry_json("16", "h100", env=clean_env(WORLD_SIZE="2", RANK="1", MASTER_ADDR="10.1.2.3"))
+    env = clean_env(WORLD_SIZE="2", RANK="1", MASTER_ADDR="10.1.2.3")
+    d = dry_json("16", "h100", "--run-name", "r", env=env)  # no job id: the run name is the user's to give
     assert d["topology"]["machine_rank"] == 1 and d["topology"]["main_process_ip"] == "10.1.2.3"
     assert "WORLD_SIZE" in d["topology"]["source"]
 

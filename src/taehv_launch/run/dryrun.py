@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
@@ -9,12 +10,77 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..errors import EXIT_USAGE
+from ..errors import EXIT_USAGE, LaunchError, UserError, one_line
 from ..plan.resolve import Plan
+from ..plan.schedulers import SOURCE_ASSUMED
 from .render import Rendered, render
 from .request import Request, build_plan, prediction
+from .runs import check_latest_link
 
 NO_FIT = "this plan will not fit in GPU memory: "
+MIN_FREE_BYTES = 2 << 30  # the launch refuses a run directory with less free space
+
+
+def check_run_name(plan: Plan) -> None:
+    """Every node of a multi-node run must name the same run directory (pure: the launch and its dry run)."""
+    multi = plan.topology.num_machines > 1 and plan.topology.source != SOURCE_ASSUMED  # assumed: refused earlier
+    if multi and plan.run_id_source == "timestamp" and plan.options.run_name is None:
+        raise LaunchError(
+            "a multi-node run needs one run name on every node: pass the same --run-name "
+            "on each node (no scheduler job id was found)"
+        )
+
+
+def check_this_machine(plan: Plan) -> list[str]:
+    """What the launch refuses on this machine before it writes anything, checked without writing: the
+    inputs the trainer reads first (run/inputs.py), a usable output_dir, and `latest`. Returns the
+    notes the input checks made."""
+    from .inputs import check_inputs
+
+    notes = check_inputs(plan.config, plan.demo_assets, task=plan.options.task)
+    check_output_dir(plan.run_dir)
+    if plan.topology.machine_rank == 0 and plan.options.task == "train":  # the node that repoints `latest`
+        check_latest_link(plan.run_dir.parent)
+    return list(notes or [])
+
+
+def planned_elsewhere(plan: Plan) -> bool:
+    """A GPU plan dry-run on a machine that cannot run it (no GPU device here, or `16 h100` with no
+    scheduler): a preview for other machines, whose folders need not exist here."""
+    if plan.profile.device != "cuda":
+        return False
+    if plan.topology.source == SOURCE_ASSUMED:
+        return True
+    return not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
+
+
+def check_output_dir(run_dir: Path) -> None:
+    """The run directory can be made and written: the nearest part of its path that exists is a
+    writable folder on a filesystem that holds files, with MIN_FREE_BYTES free. Writes nothing."""
+    fix = "pass a writable --set output_dir=..."
+    probe = run_dir
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        kind = "a dangling link" if probe.is_symlink() else "a file"
+        raise LaunchError(f"cannot write to {run_dir}: {probe} is {kind}, not a folder; {fix}")
+    try:
+        fs = os.statvfs(probe)
+    except OSError as exc:
+        raise LaunchError(f"cannot write to {run_dir}: {exc.strerror or exc}; {fix}") from None
+    if fs.f_blocks == 0:
+        raise LaunchError(
+            f"cannot write to {run_dir}: {probe} is on a filesystem that holds no files (like /proc or /sys); {fix}"
+        )
+    if fs.f_flag & os.ST_RDONLY or not os.access(probe, os.W_OK | os.X_OK):
+        what = "a read-only filesystem" if fs.f_flag & os.ST_RDONLY else "not writable"
+        raise LaunchError(f"cannot write to {run_dir}: {probe} is {what}; {fix}")
+    free = fs.f_bavail * fs.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise LaunchError(
+            f"only {free / 2**30:.1f} GiB free under {run_dir}: checkpoints need more; "
+            f"free space or choose another --set output_dir"
+        )
 
 
 def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
@@ -64,19 +130,37 @@ def dry_run(req: Request, as_json: bool) -> int:
     run_dir = plan.run_dir
     rendered = render(plan, run_dir)
     size, too_big = cache_size_check(plan)
+    # what the launch would refuse, in the launch's order: so does its dry run (the plan is printed first)
+    refusal, notes = "", []
+    if plan.memory.fits is False and plan.options.task == "train":
+        refusal = NO_FIT + plan.memory.detail
+    else:
+        try:
+            check_run_name(plan)
+        except UserError as err:
+            refusal = str(err)
+    if not refusal:
+        try:
+            notes = check_this_machine(plan)
+        except UserError as err:
+            if planned_elsewhere(plan):  # a preview for GPU machines: their folders need not exist here
+                notes = [f"the launch on this machine would refuse: {err} (a plan for other machines may be fine)"]
+            else:
+                refusal = str(err)
+        refusal = refusal or too_big
     if as_json:
         doc = plan_json(plan, rendered, run_dir)
+        doc["notes"] += notes
         if plan.options.task == "cache":
             doc["cache_size"] = size.as_dict() if size is not None else None
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         print_plan(plan, rendered, run_dir, size)
+        for note in notes:
+            print(f"  note      {note}")
         print("\n(dry run: nothing was written or started)")
-    if too_big:  # the launch would refuse it: so does its dry run
-        print(f"error: {too_big}", file=sys.stderr)
-        return EXIT_USAGE
-    if plan.memory.fits is False and plan.options.task == "train":  # the launch would refuse it: so does its dry run
-        print(f"error: {NO_FIT}{plan.memory.detail}", file=sys.stderr)
+    if refusal:
+        print(f"error: {one_line(refusal)}", file=sys.stderr)
         return EXIT_USAGE
     return 0
 

@@ -35,6 +35,7 @@ import psutil  # accelerate depends on it; imported here, never inside a signal 
 
 from ..errors import EXIT_ABORTED, EXIT_HUNG, LaunchError
 from ..files import write_atomic
+from .dryrun import MIN_FREE_BYTES
 from .host import port_free
 from .lock import RunLock
 from .render import TRAINER_SCRIPT, Rendered
@@ -45,7 +46,6 @@ from ..rundir.layout import REQUEUE
 from ..rundir.signals import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts_once
 from ..rundir.status import read_exit_status, status_path
 
-MIN_FREE_BYTES = 2 << 30
 HANG_GRACE_S = 10.0  # after the trainer recorded a hang: the ranks have dumped their stacks and are exiting
 
 

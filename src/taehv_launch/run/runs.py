@@ -7,15 +7,21 @@ Layout: <output_dir>/<run id>/checkpoint-<step>/ ... ; <output_dir>/latest -> ne
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
 from pathlib import Path
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, LaunchError
 from ..rundir.checkpoint import checkpoint_step, checksum_problem, incomplete_reason, newest_complete
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+LATEST = "latest"
+# Names the tool itself keeps in output_dir beside the run directories: `latest` (the link to the
+# newest run) and `mlruns` (the MLflow file store, train/loop/trackers.py). The dot-names
+# (.index, .compile-cache, .latest.<pid>) cannot be run names: RUN_ID_RE refuses a leading dot.
+RESERVED_NAMES = (LATEST, "mlruns")
 
 
 def run_id_for(run_name: str | None, job_id: str | None, now: float | None = None) -> tuple[str, str]:
@@ -26,6 +32,11 @@ def run_id_for(run_name: str | None, job_id: str | None, now: float | None = Non
                 f"--run-name {run_name!r} must be letters, digits, '.', '_' or '-' "
                 f"(at most 128, not starting with a symbol)"
             )
+        if run_name.lower() in RESERVED_NAMES:
+            raise ConfigError(
+                f"--run-name {run_name!r} is reserved: taehv-launch keeps <output_dir>/{run_name.lower()} "
+                f"itself ({' and '.join(RESERVED_NAMES)} are taken); pick another name"
+            )
         return run_name, "--run-name"
     if job_id:
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:120]
@@ -33,21 +44,56 @@ def run_id_for(run_name: str | None, job_id: str | None, now: float | None = Non
     return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)), "timestamp"
 
 
+def latest_target(output_dir: Path) -> tuple[Path | None, str]:
+    """Where <output_dir>/latest points: (the run directory, "") or (None, why it cannot be followed:
+    missing, a link loop, dangling, not a link to a folder). Never raises."""
+    link = output_dir / LATEST
+    if not link.is_symlink():
+        if not os.path.lexists(link):
+            return None, ""
+        return None, f"{link} is not the link taehv-launch keeps (it is a {'folder' if link.is_dir() else 'file'})"
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a loop on Python < 3.13
+        why = "a symlink loop" if "loop" in str(exc).lower() or "many levels" in str(exc).lower() else "dangling"
+        return None, f"{link} is {why} ({os.readlink(link)!r})"
+    if not target.is_dir():
+        return None, f"{link} points at {target}, not a run folder"
+    return target, ""
+
+
 def latest_run(output_dir: Path) -> Path | None:
-    link = output_dir / "latest"
-    if link.is_symlink() or link.is_dir():
-        target = link.resolve()
-        if target.is_dir():
-            return target
-    runs = [p for p in output_dir.iterdir() if p.is_dir() and p.name != "latest"] if output_dir.is_dir() else []
-    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+    target, _ = latest_target(output_dir)
+    if target is not None:
+        return target
+    runs = runs_newest_first(output_dir)
+    return runs[0] if runs else None
+
+
+def check_latest_link(output_dir: Path) -> None:
+    """Refuse before writing when <output_dir>/latest is a real folder or file: the launch repoints it
+    and must not replace what someone put there. A loop or dangling link is repaired by the launch."""
+    link = output_dir / LATEST
+    if os.path.lexists(link) and not link.is_symlink():
+        kind = "folder" if link.is_dir() else "file"
+        raise ConfigError(
+            f"{link} is a {kind}, but taehv-launch keeps a link to the newest run there: rename or move it "
+            f"(or choose another --set output_dir)"
+        )
 
 
 def runs_newest_first(output_dir: Path) -> list[Path]:
     if not output_dir.is_dir():
         return []
-    runs = [p for p in output_dir.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
-    return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)
+    runs = []
+    for p in output_dir.iterdir():
+        if p.name.startswith(".") or p.name in RESERVED_NAMES or p.is_symlink() or not p.is_dir():
+            continue
+        try:
+            runs.append((p.stat().st_mtime, p))
+        except OSError:
+            continue
+    return [p for _, p in sorted(runs, key=lambda t: t[0], reverse=True)]
 
 
 THIS_RUN = "this-run"
@@ -81,9 +127,10 @@ def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple
             )
         return found, skipped
     if resume == "auto":
-        notes: list[str] = []
+        latest, why = latest_target(output_dir)
+        notes: list[str] = [f"--resume auto: {why}; looking at the runs in {output_dir}"] if why else []
         seen: set[Path] = set()
-        for candidate in [latest_run(output_dir), *runs_newest_first(output_dir)]:
+        for candidate in [latest, *runs_newest_first(output_dir)]:
             if candidate is None or candidate.resolve() in seen:
                 continue
             seen.add(candidate.resolve())
@@ -130,10 +177,26 @@ def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple
 
 
 def point_latest(output_dir: Path, run_dir: Path) -> None:
-    """Atomically repoint <output_dir>/latest at run_dir (relative link)."""
-    link = output_dir / "latest"
+    """Atomically repoint <output_dir>/latest at run_dir (relative link); a loop or dangling link is
+    replaced, a real folder or file there is refused (LaunchError) and the temporary link removed."""
+    link = output_dir / LATEST
+    if run_dir.name in RESERVED_NAMES or run_dir.parent != output_dir:
+        raise LaunchError(f"cannot point {link} at {run_dir}: not a run folder of {output_dir}")
     tmp = output_dir / f".latest.{os.getpid()}"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(os.path.relpath(run_dir, output_dir), tmp)
-    os.replace(tmp, link)
+    try:
+        if os.path.lexists(tmp):
+            tmp.unlink()
+        os.symlink(os.path.relpath(run_dir, output_dir), tmp)
+        if os.path.lexists(link) and not link.is_symlink():
+            raise IsADirectoryError(errno.EISDIR, "not a link", str(link))
+        os.replace(tmp, link)
+    except OSError as exc:
+        try:
+            if os.path.lexists(tmp):
+                tmp.unlink()
+        except OSError:
+            pass
+        raise LaunchError(
+            f"cannot point {link} at {run_dir.name}: {exc.strerror or exc}; rename or remove {link} "
+            f"(taehv-launch keeps a link to the newest run there)"
+        ) from None

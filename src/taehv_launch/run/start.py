@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import EXIT_ABORTED, EXIT_RESUMABLE, ConfigError, LaunchError
+from ..errors import EXIT_ABORTED, EXIT_RESUMABLE, ConfigError
 from ..plan.topology import check_local_gpus
-from .dryrun import NO_FIT, cache_size_check, print_plan
+from .dryrun import NO_FIT, cache_size_check, check_run_name, check_this_machine, print_plan
 from .render import render
 from .request import Request, build_plan
 
@@ -14,7 +14,6 @@ from .request import Request, build_plan
 def launch(req: Request) -> int:
     from . import launch as edge
     from .host import visible_gpus
-    from .inputs import check_inputs
     from .lock import RunLock
     from .manifest import record_launch
     from .toolcheck import check_accelerate_yaml, check_deepspeed_config
@@ -23,16 +22,10 @@ def launch(req: Request) -> int:
     if plan.memory.fits is False and plan.options.task == "train":  # a cache job only encodes
         raise ConfigError(NO_FIT + plan.memory.detail)
     run_dir, notes = plan.run_dir, []
-    if plan.topology.num_machines > 1 and plan.run_id_source == "timestamp" and plan.options.run_name is None:
-        raise LaunchError(
-            "a multi-node run needs one run name on every node: pass the same --run-name "
-            "on each node (no scheduler job id was found)"
-        )
+    check_run_name(plan)
     if plan.profile.device == "cuda":
         check_local_gpus(plan.topology, visible_gpus(), profile=plan.profile.name)
-    check_inputs(
-        plan.config, plan.demo_assets, task=plan.options.task
-    )  # what the trainer would refuse first, before writing
+    notes += check_this_machine(plan)  # the trainer's inputs, output_dir, `latest`: what its dry run checks too
     size, too_big = cache_size_check(plan)
     if too_big:
         raise ConfigError(too_big)
