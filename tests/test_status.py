@@ -39,6 +39,7 @@ FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)
     "ends_at",
     "progress_time",
     "progress_from",
+    "progress_of",
     "launch_started",
     "checkpoint",
     "nodes",
@@ -55,8 +56,10 @@ FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)
     "rollbacks",
     "launches",
     "first_launch",
+    "resume_from",
     "plan_hash",
     "node_logs",
+    "unreadable",
 }
 
 

@@ -3,7 +3,7 @@ plans, only what differs; exit 0 identical, 1 different, 2 bad input (run/diff.p
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -27,9 +27,9 @@ def diff_cmd(
     b: Annotated[str, typer.Argument(help=SIDE_HELP, show_default=False)],
     as_json: JsonOpt = False,
     only: Annotated[
-        str,
+        Optional[str],
         typer.Option("--only", help="compare only these groups: config, plan, environment, versions (comma-separated)"),
-    ] = "",
+    ] = None,
 ) -> None:
     from ..run.diff import diff
 

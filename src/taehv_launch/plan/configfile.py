@@ -224,3 +224,42 @@ def read_rendered_config(path: str | Path) -> dict[str, Any]:
             f"regenerate it with taehv-launch --dry-run or run through taehv-launch"
         )
     return values
+
+
+CONFIG_TEXT_LIMIT = 1 << 20  # bytes: a rendered config.py is about 9 KB
+
+
+def read_config_literals(path: str | Path) -> dict[str, Any]:
+    """The literal assignments of a config file, read with `ast`, never executed: `args.key = <literal>`
+    (render_config_file's form) and `key = <literal>`. For read-only commands that look into another
+    person's run directory (`taehv-launch diff`); `--config` files are still executed (load_config_file).
+    Anything else (imports, `args = EasyDict()`, a value that is not a literal) is passed over, and the
+    values are not checked against the keys. OSError: missing or unreadable; ConfigError: not a regular
+    file, too large, or not Python."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a regular file")
+    with open(path, "rb") as f:
+        data = f.read(CONFIG_TEXT_LIMIT + 1)
+    if len(data) > CONFIG_TEXT_LIMIT:
+        raise ConfigError(f"{path} is larger than a config file ever is ({CONFIG_TEXT_LIMIT} bytes)")
+    try:
+        tree = ast.parse(data.decode(errors="replace"), str(path))
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ConfigError(f"{path} is not a Python config file ({type(exc).__name__})") from None
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = node.targets[0]
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "args":
+            name = target.attr
+        elif isinstance(target, ast.Name) and target.id != "args":
+            name = target.id
+        else:
+            continue
+        try:
+            out[name] = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            continue
+    return out

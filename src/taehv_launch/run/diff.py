@@ -24,11 +24,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..rundir.manifest import GROUPS, MISSING, differences, flatten, manifest_nodes, read_manifest, short
-from .watch import is_run_dir
+from ..errors import ConfigError, one_line
+from ..files import read_json_or_none
+from ..rundir.manifest import (
+    GROUPS,
+    MISSING,
+    differences,
+    flatten,
+    manifest_nodes,
+    part,
+    read_manifest,
+    read_manifest_file,
+    record_time,
+    short,
+)
+from .watch import RUN_FILES_TEXT, locate, missing, probe, shown
 
 PLAN_SPEC = re.compile(r"\s*\d+\s+\S.*", re.S)
+ODD_SPACE = re.compile(r"[^\S \t\n]")  # a no-break or other Unicode space: shlex splits on ASCII ones only
 HEADER = re.compile(r"Resolved by taehv-launch for `(\d+) (\w+)`")
 MACHINE_ROWS = ("environment.hosts", "environment.gpu", "environment.gpu driver", "environment.cuda (driver)")
 WIDE = 40  # a value longer than this goes on its own line
@@ -47,21 +60,29 @@ class Side:
     skip: tuple[str, ...] = ()  # rows it cannot know
     words: tuple[str, str] | None = None  # its GPUS PROFILE
     extra: dict[str, Any] = field(default_factory=dict)
+    unknown: str = ""  # why the skipped groups are not known ("a run from before manifest.jsonl")
 
 
 def load(text: str, output_dir: str = "output", other: Side | None = None) -> Side:
     """One side of a diff, or ConfigError naming what is wrong."""
     if PLAN_SPEC.fullmatch(text):
         return plan_side(text)
-    path = Path(text).expanduser()
-    if not path.exists() and "/" not in text and (Path(output_dir) / text).exists():
-        path = Path(output_dir) / text
-    if path.is_dir():
-        if not is_run_dir(path):
-            raise ConfigError(f"{text} is not a run directory (no config.py, env.json or launch.log): give {SPEC_HELP}")
+    try:
+        path = locate(text, output_dir)
+        is_dir = path.is_dir()
+        is_run, why = probe(path)
+    except OSError as exc:
+        is_dir, is_run, why = False, False, exc.strerror or type(exc).__name__
+    except ConfigError:
+        raise ConfigError(f"an empty path {text!r}: give {SPEC_HELP}") from None
+    if why:
+        raise ConfigError(f"cannot read {shown(text)} ({why}): make it readable, or give {SPEC_HELP}")
+    if is_dir:
+        if not is_run:
+            raise ConfigError(f"{shown(text)} is not a run directory ({RUN_FILES_TEXT}): give {SPEC_HELP}")
         return run_side(text, path.resolve())
     if path.is_file() and path.suffix == ".py":
-        m = HEADER.search(path.read_text(errors="replace")[:2000])
+        m = HEADER.search(config_head(path))
         words = (m.group(1), m.group(2)) if m else (other.words if other else None)
         if words is None:
             raise ConfigError(
@@ -75,8 +96,19 @@ def load(text: str, output_dir: str = "output", other: Side | None = None) -> Si
         )
         return side
     if path.exists():
-        raise ConfigError(f"{text} is a file but not a config file (.py): give {SPEC_HELP}")
+        raise ConfigError(f"{shown(text)} is a file but not a config file (.py): give {SPEC_HELP}")
+    if path.is_symlink():
+        raise missing(text, path, output_dir)
     raise ConfigError(f"no run, config file or plan {text!r}: give {SPEC_HELP}")
+
+
+def config_head(path: Path) -> str:
+    """The first 2000 bytes of a config file (its header), "" when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2000).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def parse_spec(text: str):
@@ -84,9 +116,11 @@ def parse_spec(text: str):
     from .request import Request
 
     try:
-        words = shlex.split(text)
+        words = shlex.split(ODD_SPACE.sub(" ", text))
     except ValueError as exc:
         raise ConfigError(f"cannot read the plan {text!r}: {exc}") from None
+    if len(words) < 2:
+        raise ConfigError(f"the plan {text!r} is not GPUS PROFILE: give {SPEC_HELP}")
     gpus, profile, rest = words[0], words[1], words[2:]
     sets: list[str] = []
     opts: dict[str, Any] = {}
@@ -140,46 +174,59 @@ def plan_side(text: str, label: str | None = None, kind: str = "plan") -> Side:
 
 
 def run_side(label: str, run_dir: Path) -> Side:
-    records = read_manifest(run_dir)
-    if records:
-        rec = records[-1]
-        hosts = []
-        for node in manifest_nodes(run_dir):
-            last = read_manifest(run_dir, node)[-1:] if node else [rec]
-            host = ((last[0].get("environment") or {}).get("host")) if last else None
-            if host and host not in hosts:
-                hosts.append(host)
-        plan = rec.get("plan") or {}
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.get("time", 0)))
-        return Side(
-            label=label,
-            kind="run",
-            title=f"run {run_dir} (launch {rec.get('launch', len(records))} of {len(records)}, {when})",
-            rows=flatten(rec, hosts),
-            words=(str(plan.get("gpus")), str(plan.get("profile"))) if plan.get("gpus") else None,
-            extra={"plan_hash": plan.get("hash")},
-        )
-    return old_run_side(label, run_dir)
+    records, skipped, problem = read_manifest_file(run_dir)
+    if not records:
+        if problem or skipped:
+            why = one_line(problem) if problem else f"{skipped} line(s) left out, none readable"
+            return old_run_side(label, run_dir, f"manifest.jsonl unreadable ({why})")
+        return old_run_side(label, run_dir, "before manifest.jsonl")
+    rec = records[-1]
+    hosts = []
+    for node in manifest_nodes(run_dir):
+        last = read_manifest(run_dir, node)[-1:] if node else [rec]
+        host = part(last[0], "environment").get("host") if last else None
+        if host and str(host) not in hosts:
+            hosts.append(str(host))
+    plan = part(rec, "plan")
+    at = record_time(rec)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at is not None else "time unknown"
+    launch = rec.get("launch") if isinstance(rec.get("launch"), int) else len(records)
+    left_out = f"; {skipped} unreadable line(s) of manifest.jsonl left out" if skipped else ""
+    absent = tuple(g for g in GROUPS if not part(rec, g))
+    return Side(
+        label=label,
+        kind="run",
+        title=f"run {shown(run_dir)} (launch {launch} of {len(records)}, {when}{left_out})",
+        rows=flatten(rec, hosts),
+        skip=absent,
+        words=(str(plan.get("gpus")), str(plan.get("profile"))) if plan.get("gpus") else None,
+        extra={"plan_hash": plan.get("hash")},
+        unknown="not in its manifest record",
+    )
 
 
-def old_run_side(label: str, run_dir: Path) -> Side:
-    """A run launched before manifest.jsonl: its config.py and env.json; versions and machine facts unknown."""
-    from ..plan.configfile import read_rendered_config
+def old_run_side(label: str, run_dir: Path, why: str) -> Side:
+    """A run without a usable manifest record (from before manifest.jsonl, or with an unreadable one):
+    its config.py, read without running it, and env.json; versions and machine facts unknown."""
+    from ..plan.configfile import read_config_literals
     from ..rundir.manifest import strategy_name
 
     try:
-        config = read_rendered_config(run_dir / "config.py")
-        m = HEADER.search((run_dir / "config.py").read_text()[:2000])
-    except OSError:
-        raise ConfigError(f"{label} has neither manifest.jsonl nor a readable config.py: nothing to compare") from None
-    env = {}
-    try:
-        env = json.loads((run_dir / "env.json").read_text())
-    except (OSError, ValueError):
-        pass
-    topo = env.get("topology") or {}
+        config = read_config_literals(run_dir / "config.py")
+    except (OSError, ConfigError):
+        config = {}
+    if not config:
+        raise ConfigError(
+            f"{shown(label)}: {why}, and no readable config.py: nothing to compare (give another run or a plan)"
+        )
+    m = HEADER.search(config_head(run_dir / "config.py"))
+    env = read_json_or_none(run_dir / "env.json") or {}
+    topo = part(env, "topology")
     nodes, per = topo.get("num_machines"), topo.get("gpus_per_machine")
-    world = nodes * per if isinstance(nodes, int) and isinstance(per, int) else None
+    if not (isinstance(nodes, int) and isinstance(per, int)) or isinstance(nodes, bool) or isinstance(per, bool):
+        nodes = per = None
+    world = nodes * per if nodes is not None and per is not None else None
+    zero = config.get("zero_stage")
     record = {
         "run_dir": str(run_dir),
         "plan": {
@@ -188,18 +235,19 @@ def old_run_side(label: str, run_dir: Path) -> Side:
             "num_machines": nodes,
             "gpus_per_machine": per,
             "world_size": world,
-            "strategy": strategy_name(config.get("zero_stage", 0), world or 1),
+            "strategy": strategy_name(zero if isinstance(zero, int) else 0, world or 1),
         },
         "config": json.loads(json.dumps(config, default=str)),
-        "environment": {"exported": env.get("exported") or {}, "kept": env.get("kept_from_environment") or {}},
+        "environment": {"exported": part(env, "exported"), "kept": part(env, "kept_from_environment")},
     }
     return Side(
         label=label,
         kind="run",
-        title=f"run {run_dir} (before manifest.jsonl: its config.py and env.json only)",
+        title=f"run {shown(run_dir)} ({why}: its config.py and env.json only)",
         rows=flatten(record),
         skip=("versions", *MACHINE_ROWS, "plan.row_source", "plan.global_batch", "plan.data index"),
         words=(m.group(1), m.group(2)) if m else None,
+        unknown=f"not recorded ({why})",
     )
 
 
@@ -218,8 +266,9 @@ def compare(a: Side, b: Side, only: tuple[str, ...] = ()) -> list[tuple[str, str
 def not_compared(a: Side, b: Side, only: tuple[str, ...]) -> list[str]:
     out = []
     for side, name in ((a, "A"), (b, "B")):
-        if "versions" in side.skip and (not only or "versions" in only):
-            out.append(f"versions: not recorded for {name} (a run from before manifest.jsonl)")
+        for group in GROUPS:
+            if group in side.skip and (not only or group in only):
+                out.append(f"{group}: not compared, {side.unknown} for {name}")
     if (a.kind != "run" or b.kind != "run") and (not only or "environment" in only):
         out.append("hosts and GPUs: compared between runs only (a plan runs where it is launched)")
     return out
@@ -254,12 +303,26 @@ def render_text(a: Side, b: Side, diffs: list, notes: list[str], only: tuple[str
     return "\n".join(out)
 
 
-def diff(a_text: str, b_text: str, as_json: bool = False, only: str = "") -> int:
-    groups = tuple(g.strip() for g in only.split(",") if g.strip())
+def groups_of(only: str | None) -> tuple[str, ...]:
+    """--only's groups; () for all. ConfigError for an empty list or an unknown group."""
+    if only is None:
+        return ()
+    groups = tuple(dict.fromkeys(g.strip() for g in only.split(",") if g.strip()))
     bad = [g for g in groups if g not in GROUPS]
-    if bad:
-        raise ConfigError(f"--only {only!r}: groups are {', '.join(GROUPS)} (comma-separated)")
+    if bad or not groups:
+        raise ConfigError(f"--only {only!r}: groups are {', '.join(GROUPS)} (comma-separated, at least one)")
+    return groups
+
+
+def diff(a_text: str, b_text: str, as_json: bool = False, only: str | None = None) -> int:
+    groups = groups_of(only)
     a, b = both(a_text, b_text)
+    compared = [g for g in groups or GROUPS if g not in a.skip and g not in b.skip]
+    if not compared:
+        raise ConfigError(
+            f"nothing to compare: {'; '.join(not_compared(a, b, groups))}; compare "
+            f"{', '.join(g for g in GROUPS if g not in a.skip and g not in b.skip) or 'another run'} instead"
+        )
     diffs = compare(a, b, groups)
     notes = not_compared(a, b, groups)
     if as_json:

@@ -31,7 +31,7 @@ from ..rundir.manifest import (
     manifest_notes,
     manifest_path,
     plan_hash,
-    read_manifest,
+    read_manifest_file,
     strategy_name,
 )
 from .render import Rendered
@@ -77,11 +77,23 @@ def _tool(*argv: str, cwd: Path | None = None) -> str | None:
     """A tool's stdout, or None when it is missing, fails or takes longer than TOOL_TIMEOUT_S."""
     try:
         proc = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, cwd=cwd, stdin=subprocess.DEVNULL
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=TOOL_TIMEOUT_S,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},  # git status never takes .git/index.lock
         )
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return proc.stdout if proc.returncode == 0 else None
+
+
+def _git(*args: str) -> str | None:
+    """`git --no-optional-locks ARGS`: reads only, so a `diff` or a launch never writes .git/index.lock
+    in the tool's checkout (nor blocks a git command the user runs there meanwhile)."""
+    return _tool("git", "--no-optional-locks", *args)
 
 
 def gpu_facts() -> tuple[dict | None, str | None]:
@@ -113,11 +125,11 @@ def git_facts(package_dir: Path = PACKAGE_DIR) -> dict | None:
     dirty: tracked files changed (untracked files do not count)."""
     if not (package_dir / "__init__.py").is_file():
         return None
-    top = _tool("git", "-C", str(package_dir), "rev-parse", "--show-toplevel")
-    if top is None or _tool("git", "-C", str(package_dir), "ls-files", "--error-unmatch", "__init__.py") is None:
+    top = _git("-C", str(package_dir), "rev-parse", "--show-toplevel")
+    if top is None or _git("-C", str(package_dir), "ls-files", "--error-unmatch", "__init__.py") is None:
         return None
-    commit = (_tool("git", "-C", str(package_dir), "rev-parse", "HEAD") or "").strip()
-    status = _tool("git", "-C", top.strip(), "status", "--porcelain", "--untracked-files=no")
+    commit = (_git("-C", str(package_dir), "rev-parse", "--verify", "--quiet", "HEAD") or "").strip()
+    status = _git("-C", top.strip(), "status", "--porcelain", "--untracked-files=no")
     return {
         "commit": commit or None,
         "dirty": bool(status.strip()) if status is not None else None,
@@ -214,13 +226,24 @@ def build_record(plan: Plan, rendered: Rendered, run_dir: Path, *, launch: int =
 
 def record_launch(plan: Plan, rendered: Rendered, run_dir: Path) -> list[str]:
     """Append this launch's record to the run's manifest (this node's file) and return the notes: on
-    a later launch of the run, what changed since the previous one. A manifest that cannot be written
-    is a note, never a failed launch."""
+    a later launch of the run, what changed since the previous one. A manifest that cannot be read,
+    written or compared (unwritable, hand-edited, damaged) is a note, never a failed launch."""
     node = plan.topology.machine_rank
-    previous = read_manifest(run_dir, node)
+    path = manifest_path(run_dir, node)
+    previous, skipped, problem = read_manifest_file(run_dir, node)
+    notes = [f"manifest: {one_line(problem)}; this launch's record is not written"] if problem else []
+    if skipped:
+        notes.append(f"manifest: {skipped} unreadable line(s) of {path} left out")
+    if problem:
+        return notes
     try:
         record = build_record(plan, rendered, run_dir, launch=len(previous) + 1)
         append_manifest(run_dir, record, node)
     except OSError as exc:
-        return [f"manifest: could not write {manifest_path(run_dir, node)}: {exc.strerror or exc}"]
-    return manifest_notes(previous[-1] if previous else None, record)
+        return [*notes, f"manifest: could not write {path}: {exc.strerror or exc}"]
+    except Exception as exc:  # noqa: BLE001 - the record is bookkeeping: the launch goes on without it
+        return [*notes, f"manifest: no record written ({type(exc).__name__}: {one_line(str(exc))})"]
+    try:
+        return notes + manifest_notes(previous[-1] if previous else None, record)
+    except Exception as exc:  # noqa: BLE001 - a hand-edited previous record must not stop the launch
+        return [*notes, f"manifest: could not compare with the previous launch's record ({type(exc).__name__})"]

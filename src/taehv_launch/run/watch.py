@@ -7,6 +7,10 @@ Where each fact comes from: progress.json (step, total, clips/s now and average,
 rank's host, node, step, phase; the file's mtime says whether it lives); checkpoint-<step>/COMPLETE;
 exit_status[.node<k>].json and the last `error:` line of launch[.node<k>].log; requeue.json;
 env[.node<k>].json (nodes and processes); manifest.jsonl (launches); events.jsonl (divergence rollbacks).
+Every file is read as files.read_json* reads it (a FIFO, a device or a huge file never blocks nor fills
+memory; a field of another type than written reads as unknown). The current launch starts at node 0's
+.lock (rewritten by each launch), else the newest manifest record: what an earlier launch of the run
+left (progress.json, heartbeats, exit status, log lines) is not taken for this launch's.
 """
 
 from __future__ import annotations
@@ -18,88 +22,127 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError
-from ..rundir.checkpoint import COMPLETE, list_checkpoints
-from ..rundir.events import read_events
-from ..rundir.heartbeat import heartbeat_path, read_hang_reports, read_heartbeats
+from ..files import BadRecord, read_json_lines, read_json_or_none
+from ..rundir.checkpoint import COMPLETE, checkpoint_step, incomplete_reason
+from ..rundir.events import EVENTS_FILE
+from ..rundir.heartbeat import node_rows, rank_rows, read_hang_reports
 from ..rundir.layout import REQUEUE
-from ..rundir.manifest import read_manifest
-from ..rundir.progress import read_progress
-from ..rundir.requeue import read_requeues
+from ..rundir.manifest import part, read_manifest, record_time
+from ..rundir.progress import count, progress_of, read_text_part, this_launch, timestamp
+from ..rundir.requeue import REQUEUE_FILE
 from ..rundir.status import read_exit_status, status_path
 from .runs import runs_newest_first
+from .watchtext import shown
 
 LIVE_S = 60.0  # a heartbeat younger than this is a live rank (ranks rewrite theirs every 5 s; stale at 30 s)
 RUN_FILES = ("config.py", "env.json", "launch.log", "manifest.jsonl", "exit_status.json")
+RUN_FILES_TEXT = "no config.py, env.json, launch.log, manifest.jsonl or exit_status.json"
 LOG_TAIL = 256 * 1024  # bytes of a launch log read for its last step and error lines
-STEP_LINE = re.compile(
-    r"^step (\d+)/(\d+) \|.*\| ([\d.]+) samples/s \|.*ETA (?:(\d+) days?, )?(\d+):(\d\d):(\d\d)", re.M
-)
 ERROR_LINE = re.compile(r"^(?:\[rank \d+\] )?error: .*$", re.M)
 GLOB_CHARS = set("*?[")
+WHERE = "give a run directory, an output directory or a glob"
+FIELDS = (  # collect()'s keys: `status --json` (docs/watching.md lists them)
+    "run", "run_dir", "state", "exit_code", "now", "step", "logged_step", "total", "clips_per_s",
+    "clips_per_s_avg", "global_batch", "eta_s", "ends_at", "progress_time", "progress_from", "progress_of",
+    "launch_started", "checkpoint", "nodes", "processes", "heartbeat_nodes", "heartbeat_ranks",
+    "heartbeat_age_s", "log_age_s", "exit", "last_error", "hang", "requeues", "requeue_marker", "rollbacks",
+    "launches", "first_launch", "resume_from", "plan_hash", "node_logs", "unreadable",
+)  # fmt: skip
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def probe(path: Path) -> tuple[bool, str | None]:
+    """(is it a run directory, why it cannot be looked into or None)."""
+    try:
+        return path.is_dir() and any((path / name).exists() for name in RUN_FILES), None
+    except OSError as exc:
+        return False, _why(exc)
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in RUN_FILES)
+    return probe(path)[0]
 
 
-def targets(args: list[str], output_dir: str = "output") -> list[Path]:
-    """The run directories that `status RUN ...` names: a run dir, `latest` or a run id (under
-    output_dir), an output dir (every run in it, newest first) or a glob. Bad input: ConfigError."""
-    found: list[Path] = []
+def targets(args: list[str], output_dir: str = "output") -> list[tuple[Path, str | None]]:
+    """(run directory, why it cannot be read or None) for each run `status RUN ...` names: a run dir,
+    `latest` or a run id (under output_dir), an output dir (every run in it, newest first) or a glob.
+    Input that names no run: ConfigError."""
+    found: list[tuple[Path, str | None]] = []
     for arg in args or [f"{output_dir}/latest"]:
         found += _target(arg, output_dir)
     seen, out = set(), []
-    for p in found:
+    for p, why in found:
         if (r := p.resolve()) not in seen:
             seen.add(r)
-            out.append(r)
+            out.append((r, why))
     return out
 
 
-def _target(arg: str, output_dir: str) -> list[Path]:
+def missing(arg: str, path: Path, output_dir: str) -> ConfigError:
+    """The error for a path that is not there: a dangling link says where it points."""
+    try:
+        to = os.readlink(path) if path.is_symlink() else None
+    except OSError:
+        to = None
+    if to is not None:
+        return ConfigError(
+            f"{shown(arg)} points to {shown(to)}, which does not exist (removed or moved): {WHERE}, or launch "
+            f"again to repoint it"
+        )
+    hint = f" (nor {shown(Path(output_dir) / arg)})" if "/" not in arg else ""
+    return ConfigError(
+        f"no run directory {shown(arg)}{hint}: {WHERE} (default: {output_dir}/latest, from the folder you launched in)"
+    )
+
+
+def locate(arg: str, output_dir: str) -> Path:
+    """The path an argument names: itself, else `latest` or a run id under output_dir. ConfigError for an
+    empty one or one that is not there."""
+    if not arg.strip():
+        raise ConfigError(f"an empty path {arg!r}: {WHERE}")
     path = Path(arg).expanduser()
-    if GLOB_CHARS & set(arg) and not path.exists():
+    if not os.path.lexists(path) and "/" not in arg and os.path.lexists(Path(output_dir) / arg):
+        path = Path(output_dir) / arg  # `latest` or a run id
+    return path
+
+
+def _target(arg: str, output_dir: str) -> list[tuple[Path, str | None]]:
+    path = locate(arg, output_dir)
+    try:
+        exists = path.exists()
+    except OSError as exc:
+        return [(path, _why(exc))]
+    if GLOB_CHARS & set(arg) and not exists:
         matches = [Path(m) for m in sorted(glob.glob(os.path.expanduser(arg)))]
-        runs = [m for m in matches if is_run_dir(m)]
+        runs = [(m, why) for m in matches for is_run, why in [probe(m)] if is_run or why]
         if not runs:
             what = "nothing" if not matches else f"{len(matches)} path(s), none of them a run directory"
-            raise ConfigError(f"{arg} matches {what}: give a run directory, an output directory or a glob of runs")
+            raise ConfigError(f"{shown(arg)} matches {what}: {WHERE} of runs")
         return runs
-    if not path.exists() and "/" not in arg and (Path(output_dir) / arg).exists():
-        path = Path(output_dir) / arg  # `latest` or a run id
-    if not path.exists():
-        hint = f" (nor {Path(output_dir) / arg})" if "/" not in arg else ""
-        raise ConfigError(
-            f"no run directory {arg}{hint}: give a run directory, an output directory or a glob "
-            f"(default: {output_dir}/latest, from the folder you launched in)"
-        )
-    if is_run_dir(path):
-        return [path]
-    runs = [p for p in runs_newest_first(path) if is_run_dir(p)] if path.is_dir() else []
-    if not runs:
-        raise ConfigError(
-            f"{arg} is not a run directory (no {', '.join(RUN_FILES[:3])}) and holds none: give a run "
-            f"directory, an output directory or a glob"
-        )
-    return runs
-
-
-def _json(path: Path) -> dict | None:
+    if not exists:
+        raise missing(arg, path, output_dir)
+    is_run, why = probe(path)
+    if is_run or why:
+        return [(path, why)]
     try:
-        rec = json.loads(path.read_text())
-        return rec if isinstance(rec, dict) else None
-    except (OSError, ValueError):
-        return None
+        subdirs = runs_newest_first(path) if path.is_dir() else []
+    except OSError as exc:
+        return [(path, _why(exc))]
+    runs = [(p, why) for p in subdirs for is_run, why in [probe(p)] if is_run or why]
+    if not runs:
+        raise ConfigError(f"{shown(arg)} is not a run directory ({RUN_FILES_TEXT}) and holds none: {WHERE}")
+    return runs
 
 
 def _tail(path: Path) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL))
-            return f.read().decode(errors="replace")
+        return read_text_part(path, LOG_TAIL)
     except OSError:
         return ""
 
@@ -121,146 +164,130 @@ def _node_files(run_dir: Path, stem: str, ext: str) -> dict[int, Path]:
     return dict(sorted(out.items()))
 
 
-def _progress(run_dir: Path, logs: dict[int, Path]) -> dict[str, Any]:
-    """step, total, clips/s now and average, ETA at the record's time: progress.json, else the log."""
-    rec = read_progress(run_dir)
-    if rec and isinstance(rec.get("step"), int):
-        return {
-            "step": rec.get("step"),
-            "total": rec.get("total"),
-            "clips_per_s": rec.get("samples_per_s"),
-            "clips_per_s_avg": rec.get("samples_per_s_avg"),
-            "global_batch": rec.get("global_batch"),
-            "eta_s": rec.get("eta_s"),
-            "progress_time": rec.get("time"),
-            "launch_started": rec.get("started"),
-            "progress_from": "progress.json",
-        }
-    log = logs.get(0)
-    found = list(STEP_LINE.finditer(_tail(log))) if log else []
-    if not found:
-        return {}
-    m = found[-1]
-    days, h, mi, s = (int(x or 0) for x in m.group(4, 5, 6, 7))
-    return {
-        "step": int(m.group(1)),
-        "total": int(m.group(2)),
-        "clips_per_s": float(m.group(3)),
-        "clips_per_s_avg": None,
-        "global_batch": None,
-        "eta_s": float(days * 86400 + h * 3600 + mi * 60 + s),
-        "progress_time": _mtime(log),
-        "launch_started": None,
-        "progress_from": log.name,
-    }
-
-
-def _heartbeats(run_dir: Path, now: float) -> tuple[list[dict], list[dict]]:
-    """(per-rank rows, per-node rows) from heartbeat/."""
-    ranks = []
-    for rank, hb in sorted(read_heartbeats(run_dir).items()):
-        dead = heartbeat_path(run_dir, rank, ".dead")
-        try:
-            why = dead.read_text().strip().splitlines()[0] if dead.exists() else None
-        except (OSError, IndexError):
-            why = "?"
-        ranks.append(
-            {
-                "rank": rank,
-                "node": hb.get("node"),
-                "host": hb.get("host"),
-                "step": hb.get("step"),
-                "phase": hb.get("phase"),
-                "age_s": now - hb["mtime"],
-                "stale": now - hb["mtime"] > LIVE_S,
-                "progress_age_s": hb.get("progress_age_s"),
-                "done": heartbeat_path(run_dir, rank, ".done").exists(),
-                "dead": why,
-            }
-        )
-    nodes: dict[Any, dict] = {}
-    for r in ranks:
-        n = nodes.setdefault(r["node"], {"node": r["node"], "hosts": [], "ranks": [], "ages": []})
-        n["ranks"].append(r["rank"])
-        n["ages"].append(r["age_s"])
-        if r["host"] not in n["hosts"]:
-            n["hosts"].append(r["host"])
-    rows = [
-        {
-            "node": n["node"],
-            "host": ", ".join(str(h) for h in n["hosts"]),
-            "ranks": n["ranks"],
-            "newest_age_s": min(n["ages"]),
-            "oldest_age_s": max(n["ages"]),
-        }
-        for n in sorted(nodes.values(), key=lambda n: (n["node"] is None, n["node"] if n["node"] is not None else 0))
-    ]
-    return ranks, rows
-
-
 def _launcher_alive(run_dir: Path) -> bool:
     """Node 0's launcher holds .lock (run/lock.py); on this host its pid says whether it still runs."""
-    holder = _json(run_dir / ".lock") or {}
-    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+    holder = read_json_or_none(run_dir / ".lock") or {}
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or not 0 < pid < 2**22:
         return False
     try:
-        os.kill(holder["pid"], 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # another user's process
     return True
 
 
-def _checkpoint(run_dir: Path, now: float) -> dict | None:
-    listed = list_checkpoints(run_dir)  # sizes only: no checkpoint file is read
-    complete = [(s, p) for s, p, why in listed if why is None]
-    if not complete:
+def _checkpoint(run_dir: Path, now: float, problems: list[str]) -> dict | None:
+    """The newest complete checkpoint (sizes only: no checkpoint file is read); one it cannot look into
+    is a problem, not a failure."""
+    best = None
+    for p in run_dir.iterdir():
+        step = checkpoint_step(p)
+        if step is None or (best is not None and step <= best[0]):
+            continue
+        try:
+            if p.is_dir() and incomplete_reason(p) is None:
+                best = (step, p)
+        except OSError as exc:
+            problems.append(f"{shown(p.name)}: {_why(exc)}")
+    if best is None:
         return None
-    step, path = complete[-1]
-    at = _mtime(path / COMPLETE)
-    return {"name": path.name, "step": step, "time": at, "age_s": now - at if at else None}
+    at = _mtime(best[1] / COMPLETE)
+    return {"name": best[1].name, "step": best[0], "time": at, "age_s": now - at if at else None}
 
 
 def _rollbacks(run_dir: Path) -> dict[str, Any]:
     """How many divergence rollbacks the run made, the newest one, and a stop for diverging again."""
-    events = read_events(run_dir)
+    try:
+        events = read_json_lines(run_dir / EVENTS_FILE)[0]
+    except (OSError, BadRecord):
+        events = []
     rollbacks = [e for e in events if e.get("event") == "rollback"]
     stop = next((e for e in reversed(events) if e.get("event") == "stop"), None)
+
+    def pick(e: dict, keys: tuple[str, ...]) -> dict:
+        return {k: (timestamp(e.get(k)) if k == "time" else e.get(k)) for k in keys}
+
     keys = ("time", "step", "to_step", "checkpoint", "reason")
     return {
         "count": len(rollbacks),
-        "last": {k: rollbacks[-1].get(k) for k in keys} if rollbacks else None,
-        "stopped": {k: stop.get(k) for k in ("time", "step", "reason")} if stop else None,
+        "last": pick(rollbacks[-1], keys) if rollbacks else None,
+        "stopped": pick(stop, ("time", "step", "reason")) if stop else None,
+    }
+
+
+def _requeues(run_dir: Path) -> dict[str, Any]:
+    rec = read_json_or_none(run_dir / REQUEUE_FILE) or {}
+    return {
+        "count": count(rec.get("count")) or 0,
+        "without_progress": count(rec.get("without_progress")) or 0,
+        "stopped": rec.get("stopped") if isinstance(rec.get("stopped"), str) else None,
     }
 
 
 def _topology(run_dir: Path, manifest: list[dict], beat_nodes: list[dict], beat_ranks: list[dict]) -> dict:
     """Nodes and processes: the rendered env files, else the manifest, else the heartbeats."""
-    for _node, path in _node_files(run_dir, "env", "json").items():
-        topo = (_json(path) or {}).get("topology") or {}
-        if isinstance(topo.get("num_machines"), int) and isinstance(topo.get("gpus_per_machine"), int):
-            return {"nodes": topo["num_machines"], "processes": topo["num_machines"] * topo["gpus_per_machine"]}
-    plan = (manifest[-1].get("plan") if manifest else None) or {}
-    if plan.get("num_machines") is not None:
-        return {"nodes": plan.get("num_machines"), "processes": plan.get("world_size")}
+    for _node_k, path in _node_files(run_dir, "env", "json").items():
+        topo = part(read_json_or_none(path), "topology")
+        nodes, per = count(topo.get("num_machines")), count(topo.get("gpus_per_machine"))
+        if nodes is not None and per is not None:
+            return {"nodes": nodes, "processes": nodes * per}
+    plan = part(manifest[-1], "plan") if manifest else {}
+    if count(plan.get("num_machines")) is not None:
+        return {"nodes": plan["num_machines"], "processes": count(plan.get("world_size"))}
     return {"nodes": len(beat_nodes) or None, "processes": len(beat_ranks) or None}
 
 
+def _total_from_config(run_dir: Path) -> int | None:
+    """max_train_steps from config.py (read, never executed): the total before the first log line."""
+    from ..plan.configfile import read_config_literals
+
+    try:
+        return count(read_config_literals(run_dir / "config.py").get("max_train_steps")) or None
+    except (OSError, ConfigError):
+        return None
+
+
+def _launch_time(run_dir: Path, manifest: list[dict]) -> float | None:
+    """When the current launch began: node 0's .lock (each launch rewrites it; the filesystem's clock,
+    as the heartbeats'), else the newest manifest record's time."""
+    return _mtime(run_dir / ".lock") or (record_time(manifest[-1]) if manifest else None)
+
+
 def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
-    """Everything status shows about one run (the JSON that `status --json` prints for it)."""
+    """Everything status shows about one run (the JSON that `status --json` prints for it). A part that
+    cannot be read (an unreadable checkpoint folder) is named in `unreadable`; the rest is still shown."""
     now = time.time() if now is None else now
     run_dir = Path(run_dir)
-    logs = _node_files(run_dir, "launch", "log")
+    problems: list[str] = []
+
+    def guard(what: str, read: Callable[[], Any], default: Any) -> Any:
+        try:
+            return read()
+        except OSError as exc:
+            problems.append(f"{what}: {_why(exc)}")
+            return default
+
+    logs = guard("launch logs", lambda: _node_files(run_dir, "launch", "log"), {})
     manifest = read_manifest(run_dir)
-    progress = _progress(run_dir, logs)
-    ranks, nodes = _heartbeats(run_dir, now)
+    since = _launch_time(run_dir, manifest)
+    tails = {n: _tail(p) for n, p in logs.items()}
+    log0 = logs.get(0)
+    progress = progress_of(run_dir, tails.get(0, ""), log0.name if log0 else "", log0 and _mtime(log0), since)
+    if not progress:
+        progress = {"total": _total_from_config(run_dir)}
+    ranks = guard("heartbeat", lambda: rank_rows(run_dir, now, LIVE_S, since), [])
+    nodes = node_rows(ranks)
+    exit_files = guard("exit status", lambda: _node_files(run_dir, "exit_status", "json"), {})
     exits = []
-    for node in sorted({0, *logs, *_node_files(run_dir, "exit_status", "json")}):
-        rec = read_exit_status(status_path(run_dir, node))
-        if rec is not None:
-            exits.append({"node": node, "code": rec.get("code"), "message": rec.get("message")})
-    errors = [(n, m[-1]) for n, log in logs.items() if (m := ERROR_LINE.findall(_tail(log)))]
+    for node in sorted({0, *logs, *exit_files}):
+        path = status_path(run_dir, node)
+        rec = read_exit_status(path)
+        if rec is not None and (since is None or (_mtime(path) or 0) >= since):  # else an earlier launch's
+            exits.append({"node": node, **rec})
+    errors = [(n, m[-1]) for n, tail in tails.items() if (m := ERROR_LINE.findall(this_launch(tail)[0]))]
     last_error = (
         f"node {errors[0][0]}: {errors[0][1]}" if len(logs) > 1 and errors else (errors[0][1] if errors else None)
     )
@@ -278,17 +305,16 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     else:
         state = "not started"
     live = state in ("running", "starting")
+    eta_now = ends_at = None
     if progress.get("eta_s") is not None and progress.get("progress_time") and live:
-        left = max(0.0, progress["eta_s"] - (now - progress["progress_time"]))
-        progress["eta_now_s"], progress["ends_at"] = left, now + left
-    else:
-        progress["eta_now_s"] = progress["ends_at"] = None
+        eta_now = max(0.0, progress["eta_s"] - (now - progress["progress_time"]))
+        ends_at = now + eta_now
     step = progress.get("step")  # as of the last log line; the live ranks' heartbeats may know a later one
-    beats = [r["step"] for r in ranks if not r["stale"] and isinstance(r["step"], int)]
+    beats = [r["step"] for r in ranks if not r["stale"] and r["step"] is not None]
     if live and beats and (step is None or min(beats) > step):
         step = min(beats)
-    requeues = read_requeues(run_dir)
-    hang = read_hang_reports(run_dir, since=manifest[-1].get("time", 0) if manifest else 0)
+    plan = part(manifest[-1], "plan") if manifest else {}
+    hang = read_hang_reports(run_dir, since=since or 0.0)
     return {
         "run": run_dir.name,
         "run_dir": str(run_dir),
@@ -301,12 +327,13 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "clips_per_s": progress.get("clips_per_s"),
         "clips_per_s_avg": progress.get("clips_per_s_avg"),
         "global_batch": progress.get("global_batch"),
-        "eta_s": progress["eta_now_s"],
-        "ends_at": progress["ends_at"],
+        "eta_s": eta_now,
+        "ends_at": ends_at,
         "progress_time": progress.get("progress_time"),
         "progress_from": progress.get("progress_from"),
+        "progress_of": progress.get("of", "this launch") if progress.get("step") is not None else None,
         "launch_started": progress.get("launch_started"),
-        "checkpoint": _checkpoint(run_dir, now),
+        "checkpoint": guard("checkpoints", lambda: _checkpoint(run_dir, now, problems), None),
         **_topology(run_dir, manifest, nodes, ranks),
         "heartbeat_nodes": nodes,
         "heartbeat_ranks": ranks,
@@ -314,30 +341,57 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "log_age_s": log_age,
         "exit": exits,
         "last_error": last_error,
-        "hang": next(iter(hang.values())).get("line") if hang else None,
-        "requeues": {
-            "count": requeues.get("count", 0),
-            "without_progress": requeues.get("without_progress", 0),
-            "stopped": requeues.get("stopped"),
-        }
-        if requeues
-        else {"count": 0, "without_progress": 0, "stopped": None},
-        "requeue_marker": (run_dir / REQUEUE).exists(),
+        "hang": next((str(r.get("line")) for r in hang.values()), None),
+        "requeues": _requeues(run_dir),
+        "requeue_marker": guard(REQUEUE, lambda: (run_dir / REQUEUE).exists(), False),
         "rollbacks": _rollbacks(run_dir),
         "launches": len(manifest) or None,
-        "first_launch": manifest[0].get("time") if manifest else None,
-        "plan_hash": ((manifest[-1].get("plan") or {}).get("hash") if manifest else None),
+        "first_launch": record_time(manifest[0]) if manifest else None,
+        "resume_from": Path(r).name if manifest and isinstance(r := manifest[-1].get("resume"), str) else None,
+        "plan_hash": plan.get("hash") if isinstance(plan.get("hash"), str) else None,
         "node_logs": {str(n): p.name for n, p in logs.items()},
+        "unreadable": problems,
+    }
+
+
+def unreadable(run_dir: Path, why: str, now: float) -> dict[str, Any]:
+    """The facts of a run whose directory cannot be read: its name, state "unreadable" and why; every
+    field collect() gives, none of them known."""
+    known: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir), "state": "unreadable", "now": now}
+    empty = {"count": 0, "last": None, "stopped": None}
+    return {
+        **dict.fromkeys(FIELDS),
+        **known,
+        "heartbeat_nodes": [],
+        "heartbeat_ranks": [],
+        "exit": [],
+        "node_logs": {},
+        "requeues": {"count": 0, "without_progress": 0, "stopped": None},
+        "requeue_marker": False,
+        "rollbacks": empty,
+        "unreadable": [why],
     }
 
 
 def status(args: list[str], as_json: bool) -> int:
-    """The command: 0, or ConfigError for input that names no run."""
+    """The command: 0, or ConfigError for input that names no run or one run that cannot be read."""
     from .watchtext import render
 
     runs = targets(args)
     now = time.time()
-    facts = [collect(r, now) for r in runs]
+    facts = []
+    for run, why in runs:
+        if why is None:
+            try:
+                facts.append(collect(run, now))
+                continue
+            except OSError as exc:
+                why = _why(exc)
+        if len(runs) == 1:
+            raise ConfigError(
+                f"cannot read the run directory {shown(run)} ({why}): make it readable, or run status as its owner"
+            )
+        facts.append(unreadable(run, why, now))
     if as_json:
         print(json.dumps({"time": now, "runs": facts}, indent=2, default=str))
     else:

@@ -9,6 +9,11 @@ from typing import Any
 MAX_RANK_LINES = 8  # more ranks than this: only the ones that look wrong get a line (--json has all)
 
 
+def shown(text: Any) -> str:
+    """A name or message on one line as typed: control characters (a newline in a run name) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def duration(seconds: float) -> str:
     s = max(0, int(round(seconds)))
     if s < 60:
@@ -54,7 +59,7 @@ def ranks_text(ranks: list[int]) -> str:
 
 def step_text(f: dict) -> str:
     if f["step"] is None:
-        return "-"
+        return f"-/{f['total']}" if f["total"] else "-"
     if f["total"]:
         return f"{f['step']}/{f['total']} ({100 * f['step'] / f['total']:.0f}%)"
     return str(f["step"])
@@ -63,7 +68,9 @@ def step_text(f: dict) -> str:
 def state_text(f: dict) -> str:
     state = f["state"]
     code = f["exit_code"]
-    message = next((e.get("message") for e in f["exit"] if e["node"] == 0), None)
+    message = next((text(e.get("message")) for e in f["exit"] if e["node"] == 0 and e.get("message")), None)
+    if state == "unreadable":
+        return f"unreadable: {text(f['unreadable'][0])}" if f["unreadable"] else state
     if state == "running":
         return f"running (heartbeat {ago(f['heartbeat_age_s'])})" if f["heartbeat_age_s"] is not None else "running"
     if state == "starting":
@@ -86,10 +93,21 @@ def state_text(f: dict) -> str:
 
 def run_block(f: dict[str, Any]) -> list[str]:
     now = f["now"]
-    out = [f"run {f['run']}  {f['run_dir']}", f"  state      {state_text(f)}"]
+    out = [f"run {shown(f['run'])}  {shown(f['run_dir'])}", f"  state      {state_text(f)}"]
+    if f["state"] == "unreadable":
+        return out
     if f["hang"]:
-        out.append(f"  hang       {f['hang']}")
-    if f["step"] is not None:
+        out.append(f"  hang       {text(f['hang'])}")
+    if f["step"] is None and f["total"]:
+        out.append(f"  step       none logged yet, of {f['total']} (config.py)")
+    elif f["progress_of"] == "previous launch":
+        ago_ = f" (its last log line {ago(now - f['progress_time'])})" if f["progress_time"] else ""
+        resume = f"resumes from {shown(f['resume_from'])}, " if f["resume_from"] else ""
+        out.append(
+            f"  step       {step_text(f)} where the previous launch got to{ago_}; this launch {resume}"
+            f"has logged no step yet"
+        )
+    elif f["step"] is not None:
         when = ""
         if f["progress_time"]:
             at = f" (step {f['logged_step']})" if f["logged_step"] != f["step"] else ""
@@ -114,47 +132,51 @@ def run_block(f: dict[str, Any]) -> list[str]:
     for n in f["heartbeat_nodes"] if beats else []:
         spread = f" (oldest {ago(n['oldest_age_s'])})" if n["oldest_age_s"] - n["newest_age_s"] > 10 else ""
         out.append(
-            f"  node {n['node']!s:<5} {n['host']}: {ranks_text(n['ranks'])}, heartbeat {ago(n['newest_age_s'])}{spread}"
+            f"  node {n['node']!s:<5} {shown(n['host'])}: {ranks_text(n['ranks'])}, heartbeat "
+            f"{ago(n['newest_age_s'])}{spread}"
         )
-    shown = (
+    listed = (
         []
         if not beats
         else ranks
         if len(ranks) <= MAX_RANK_LINES
         else [r for r in ranks if r["dead"] or (live and r["stale"] and not r["done"])]
     )
-    for r in shown:
-        what = [f"step {r['step']}" if r["step"] is not None else None, r["phase"]]
+    for r in listed:
+        what = [f"step {r['step']}" if r["step"] is not None else None, r["phase"] and shown(r["phase"])]
         if r["done"]:
             what.append("done")
         if r["dead"]:
-            what.append(f"dead: {r['dead']}")
+            what.append(f"dead: {text(r['dead'])}")
         words = ", ".join(w for w in what if w)
-        out.append(f"  rank {r['rank']!s:<5} node {r['node']} ({r['host']}): {words}; heartbeat {ago(r['age_s'])}")
-    if beats and len(shown) < len(ranks):
+        where = f"node {r['node']} ({shown(r['host'])})"
+        out.append(f"  rank {r['rank']!s:<5} {where}: {words}; heartbeat {ago(r['age_s'])}")
+    if beats and len(listed) < len(ranks):
         out.append(
-            f"  ranks      {len(ranks)} with heartbeats, {len(ranks) - len(shown)} not listed (all fresh): --json lists each"
+            f"  ranks      {len(ranks)} with heartbeats, {len(ranks) - len(listed)} not listed (all fresh): --json lists each"
         )
     if len(f["exit"]) > 1 or (f["exit"] and f["exit"][0]["node"] != 0):
         for e in f["exit"]:
-            out.append(f"  exit       node {e['node']}: {e['code']} ({e['message']})")
+            out.append(f"  exit       node {e['node']}: {e['code']} ({text(e['message'])})")
     messages = [e["message"] for e in f["exit"] if e.get("message")]
     said = f["last_error"] and any(f["last_error"].endswith(f"error: {m}") for m in messages)
     if f["last_error"] and f["state"] not in ("ended", "running", "starting") and not said:
-        out.append(f"  error      {f['last_error']}")
+        out.append(f"  error      {text(f['last_error'])}")
     rq = f["requeues"]
     line = str(rq["count"])
     if rq["without_progress"]:
         line += f", {rq['without_progress']} in a row without a new checkpoint"
     if rq["stopped"]:
-        line += f"; stopped: {rq['stopped']}"
+        line += f"; stopped: {text(rq['stopped'])}"
     out.append(f"  requeues   {line}")
     rb = f["rollbacks"]
     if rb["count"] or rb["stopped"]:
         out.append(f"  rollbacks  {rollback_text(rb, now)}")
     if f["launches"]:
         first = f", first {clock(f['first_launch'], now)}" if f["first_launch"] else ""
-        out.append(f"  launches   {f['launches']}{first} (manifest.jsonl; plan {f['plan_hash']})")
+        out.append(f"  launches   {f['launches']}{first} (manifest.jsonl; plan {shown(f['plan_hash'] or '?')})")
+    for what in f["unreadable"]:
+        out.append(f"  unreadable {text(what)}")
     return out
 
 
@@ -162,18 +184,23 @@ def one_line(value: Any) -> str:
     return " ".join(str(value).split())
 
 
+def text(value: Any) -> str:
+    """A message from a file, on one line, control characters escaped."""
+    return shown(one_line(value))
+
+
 def rollback_text(rb: dict[str, Any], now: float) -> str:
     """`2; last at step 1234 (loss spike ...), back to checkpoint-1000, 3h ago`, then any stop."""
-    text = str(rb["count"])
+    line = str(rb["count"])
     last = rb["last"]
     if last:
-        back = f", back to {last['checkpoint']}" if last.get("checkpoint") else ""
+        back = f", back to {text(last['checkpoint'])}" if last.get("checkpoint") else ""
         when = f", {ago(now - last['time'])}" if isinstance(last.get("time"), (int, float)) else ""
-        text += f"; last at step {last.get('step')} ({one_line(last.get('reason'))}){back}{when} (events.jsonl)"
+        line += f"; last at step {text(last.get('step'))} ({text(last.get('reason'))}){back}{when} (events.jsonl)"
     stop = rb["stopped"]
     if stop:
-        text += f"; stopped: diverged again at step {stop.get('step')} ({one_line(stop.get('reason'))})"
-    return text
+        line += f"; stopped: diverged again at step {text(stop.get('step'))} ({text(stop.get('reason'))})"
+    return line
 
 
 def table(facts: list[dict[str, Any]]) -> list[str]:
@@ -185,7 +212,7 @@ def table(facts: list[dict[str, Any]]) -> list[str]:
         ck = f["checkpoint"]
         rows.append(
             (
-                f["run"],
+                shown(f["run"]),
                 state,
                 step_text(f),
                 speed,

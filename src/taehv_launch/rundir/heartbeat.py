@@ -29,13 +29,16 @@ deciding rank saw them), "dumps" (the files in stacks/ once every live rank dump
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from ..files import read_json
+from .progress import LONGEST_S, number, read_text_part
 
 HEARTBEAT_DIR = "heartbeat"
 STACKS_DIR = "stacks"
 HANG_SUFFIX = ".hang"
 TIMEOUT_DUMP_PREFIX = "nccl_trace_rank_"  # torch appends the global rank
+HEARTBEAT_LIMIT = 1 << 20  # bytes: a heartbeat is a few hundred, a hang report a few thousand
 
 
 def heartbeat_dir(run_dir: Path) -> Path:
@@ -62,22 +65,30 @@ def trace_path(run_dir: Path, rank: int, kind: str) -> Path:
 
 
 def read_heartbeat(path: Path) -> dict | None:
-    """One rank's heartbeat with `mtime` added (the filesystem's clock), or None when absent/mid-write."""
+    """One rank's heartbeat with `mtime` added (the filesystem's clock), or None when absent, mid-write
+    or no JSON object (a FIFO, a huge file, deep nesting: files.read_json). The fields are as written:
+    their readers check the types they use."""
     try:
-        info = json.loads(path.read_text())
+        info = read_json(path, dict, HEARTBEAT_LIMIT)
         info["mtime"] = path.stat().st_mtime
-        return info if isinstance(info, dict) else None
     except (OSError, ValueError):
         return None
+    return info
+
+
+def _rank_files(run_dir: Path, pattern: str) -> list[Path]:
+    """The heartbeat folder's files matching pattern; [] when there is no folder or it cannot be read."""
+    folder = heartbeat_dir(run_dir)
+    try:
+        return list(folder.glob(pattern)) if folder.is_dir() else []
+    except OSError:
+        return []
 
 
 def read_heartbeats(run_dir: Path) -> dict[int, dict]:
     """rank -> heartbeat (see read_heartbeat) for every rank<r> file in the run's heartbeat folder."""
     out: dict[int, dict] = {}
-    folder = heartbeat_dir(run_dir)
-    if not folder.is_dir():
-        return out
-    for path in folder.glob("rank*"):
+    for path in _rank_files(run_dir, "rank*"):
         if path.name[4:].isdigit() and (info := read_heartbeat(path)) is not None:
             out[int(path.name[4:])] = info
     return out
@@ -85,13 +96,69 @@ def read_heartbeats(run_dir: Path) -> dict[int, dict]:
 
 def read_hang_reports(run_dir: Path, since: float = 0.0) -> dict[int, dict]:
     """rank -> hang report (with `mtime` added) of every rank<r>.hang written at or after `since`
-    (the filesystem's clock; 0: all, including an earlier launch's)."""
+    (the filesystem's clock; 0, or anything but a number: all, including an earlier launch's)."""
+    if isinstance(since, bool) or not isinstance(since, (int, float)):
+        since = 0.0
     out: dict[int, dict] = {}
-    folder = heartbeat_dir(run_dir)
-    if not folder.is_dir():
-        return out
-    for path in folder.glob(f"rank*{HANG_SUFFIX}"):
+    for path in _rank_files(run_dir, f"rank*{HANG_SUFFIX}"):
         rank = path.name[4 : -len(HANG_SUFFIX)]
         if rank.isdigit() and (report := read_heartbeat(path)) is not None and report["mtime"] >= since:
             out[int(rank)] = report
     return out
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def rank_rows(run_dir: Path, now: float, live_s: float, since: float | None = None) -> list[dict]:
+    """One row a rank for `taehv-launch status`, its fields checked (a field of another type than the
+    writer's reads as None): rank, node, host, step, phase, age_s (of the file), stale (older than
+    live_s), progress_age_s, done, dead (the .dead marker's first line). Heartbeats older than `since`
+    (an earlier launch's) are left out."""
+    rows = []
+    for rank, hb in sorted(read_heartbeats(run_dir).items()):
+        if since is not None and hb["mtime"] < since:
+            continue
+        dead = heartbeat_path(run_dir, rank, ".dead")
+        try:
+            why = (read_text_part(dead, 4096, tail=False).strip().splitlines() or ["?"])[0] if dead.exists() else None
+        except OSError:
+            why = "?"
+        step, age = _int(hb.get("step")), hb.get("progress_age_s")
+        rows.append(
+            {
+                "rank": rank,
+                "node": _int(hb.get("node")),
+                "host": hb.get("host") if isinstance(hb.get("host"), str) else None,
+                "step": step if step is not None and step >= 0 else None,
+                "phase": hb.get("phase") if isinstance(hb.get("phase"), str) else None,
+                "age_s": now - hb["mtime"],
+                "stale": now - hb["mtime"] > live_s,
+                "progress_age_s": number(age, LONGEST_S),
+                "done": heartbeat_path(run_dir, rank, ".done").exists(),
+                "dead": why,
+            }
+        )
+    return rows
+
+
+def node_rows(ranks: list[dict]) -> list[dict]:
+    """rank_rows() grouped by node: node, host (every host its ranks named), ranks, newest_age_s, oldest_age_s."""
+    nodes: dict[int | None, dict] = {}
+    for r in ranks:
+        n = nodes.setdefault(r["node"], {"node": r["node"], "hosts": [], "ranks": [], "ages": []})
+        n["ranks"].append(r["rank"])
+        n["ages"].append(r["age_s"])
+        if r["host"] not in n["hosts"]:
+            n["hosts"].append(r["host"])
+    return [
+        {
+            "node": n["node"],
+            "host": ", ".join(str(h) for h in n["hosts"]),
+            "ranks": n["ranks"],
+            "newest_age_s": min(n["ages"]),
+            "oldest_age_s": max(n["ages"]),
+        }
+        for n in sorted(nodes.values(), key=lambda n: (n["node"] is None, n["node"] or 0))
+    ]

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
+from ..files import BadRecord, read_json_lines
 from .layout import node_suffix
+from .progress import LATEST_TIME
 
 MANIFEST_FILE = "manifest.jsonl"
 FORMAT = 1
@@ -43,30 +46,49 @@ def manifest_path(run_dir: Path, node: int = 0) -> Path:
     return Path(run_dir) / f"manifest{node_suffix(node)}.jsonl"
 
 
+def read_manifest_file(run_dir: Path, node: int = 0) -> tuple[list[dict], int, str | None]:
+    """(every launch's record, oldest first; how many lines were left out as unreadable; why the file
+    itself could not be read, or None). A missing file: ([], 0, None). Never blocks or fills memory
+    (files.read_json_lines: a FIFO, a device or a huge file; a large one is read from its tail)."""
+    path = manifest_path(run_dir, node)
+    try:
+        records, skipped = read_json_lines(path)
+    except BadRecord as exc:
+        return [], 0, str(exc)
+    except OSError as exc:
+        return [], 0, f"{path}: {exc.strerror or exc}"
+    return records, skipped, None
+
+
 def read_manifest(run_dir: Path, node: int = 0) -> list[dict]:
     """Every launch's record, oldest first; [] when there is none. Unreadable lines are skipped."""
-    try:
-        lines = manifest_path(run_dir, node).read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    return read_manifest_file(run_dir, node)[0]
+
+
+def record_time(record: dict) -> float | None:
+    """The record's `time` when it is one a clock could show, else None."""
+    t = record.get("time")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return None
+    return float(t) if 0 <= t <= LATEST_TIME else None
+
+
+def part(record: Any, name: str) -> dict:
+    """record[name] when record and it are JSON objects, else {} (a hand-edited or damaged record)."""
+    value = record.get(name) if isinstance(record, dict) else None
+    return value if isinstance(value, dict) else {}
 
 
 def manifest_nodes(run_dir: Path) -> list[int]:
     """The nodes that left a manifest in run_dir (0 first)."""
-    nodes = [0] if manifest_path(run_dir).is_file() else []
-    for path in Path(run_dir).glob("manifest.node*.jsonl"):
-        k = path.name[len("manifest.node") : -len(".jsonl")]
-        if k.isdigit():
-            nodes.append(int(k))
+    try:
+        nodes = [0] if manifest_path(run_dir).is_file() else []
+        for path in Path(run_dir).glob("manifest.node*.jsonl"):
+            k = path.name[len("manifest.node") : -len(".jsonl")]
+            if k.isdigit():
+                nodes.append(int(k))
+    except OSError:
+        pass
     return sorted(set(nodes))
 
 
@@ -104,41 +126,45 @@ def _norm(value: Any, run_dir: str | None) -> Any:
 
 def flatten(record: dict, hosts: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """{group: {row name: value}} of a record, the rows `diff` compares. hosts: every node's host (a
-    run's manifests), else the record's own. The run directory inside values becomes <run>."""
-    run_dir = record.get("run_dir")
-    plan = dict(record.get("plan") or {})
+    run's manifests), else the record's own. The run directory inside values becomes <run>. A part of
+    the record of another type than written (a hand edit, a damage) reads as absent, never raises."""
+    run_dir = record.get("run_dir") if isinstance(record.get("run_dir"), str) else None
+    plan = dict(part(record, "plan"))
     plan.pop("hash", None)
-    data = record.get("data") or {}
+    data = part(record, "data")
     if "index" in data:
         plan["data index"] = data.get("index")
-    env = record.get("environment") or {}
+    env = part(record, "environment")
     environment: dict[str, Any] = {}
-    for name, value in (env.get("exported") or {}).items():
+    for name, value in part(env, "exported").items():
         environment[name] = _norm(value, run_dir)
-    for name, value in (env.get("kept") or {}).items():
+    for name, value in part(env, "kept").items():
         environment[f"{name} (kept)"] = _norm(value, run_dir)
     if "host" in env or hosts:
-        environment["hosts"] = ", ".join(hosts or [env.get("host") or "?"])
+        environment["hosts"] = ", ".join(str(h) for h in hosts or [env.get("host") or "?"])
     if "gpu" in env:
-        gpu = env.get("gpu") or {}
+        gpu = part(env, "gpu")
         environment["gpu"] = f"{gpu.get('count')} x {gpu.get('model')}" if gpu else None
         environment["gpu driver"] = gpu.get("driver") if gpu else None
         environment["cuda (driver)"] = env.get("cuda_driver")
-    ver = record.get("versions") or {}
+    ver = part(record, "versions")
     versions: dict[str, Any] = {}
     if ver:
         versions["taehv-launch"] = ver.get("taehv-launch")
         git = ver.get("git")
-        versions["git commit"] = (
-            (git.get("commit", "?")[:12] + (" (dirty)" if git.get("dirty") else "")) if git else None
-        )
+        if isinstance(git, dict):
+            commit = git.get("commit")
+            commit = commit[:12] if isinstance(commit, str) else "(no commit)" if commit is None else str(commit)
+            versions["git commit"] = commit + (" (dirty)" if git.get("dirty") else "")
+        else:
+            versions["git commit"] = None if git is None else str(git)
         versions["python"] = ver.get("python")
         versions["cuda (torch)"] = ver.get("torch_cuda")
         versions["nccl"] = ver.get("nccl")
-        for name, value in sorted((ver.get("packages") or {}).items()):
+        for name, value in sorted(part(ver, "packages").items()):
             versions[name] = value
     out = {
-        "config": {k: _norm(v, run_dir) for k, v in (record.get("config") or {}).items()},
+        "config": {k: _norm(v, run_dir) for k, v in part(record, "config").items()},
         "plan": plan,
         "environment": environment,
         "versions": versions,

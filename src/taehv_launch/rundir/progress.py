@@ -8,20 +8,128 @@ read by `taehv-launch status` (which never writes).
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
+import stat
 from pathlib import Path
+from typing import Any
 
-from ..files import write_atomic
+from ..files import read_json_or_none, write_atomic
 
 PROGRESS_FILE = "progress.json"
+LATEST_TIME = 1e10  # seconds since the epoch (year 2286): a later "time" is no clock's reading
+LONGEST_S = 1e9  # seconds (about 30 years): a longer ETA or age is no estimate
 
 
 def write_progress(run_dir: Path, record: dict) -> None:
     write_atomic(Path(run_dir) / PROGRESS_FILE, json.dumps(record))
 
 
-def read_progress(run_dir: Path) -> dict | None:
-    try:
-        rec = json.loads((Path(run_dir) / PROGRESS_FILE).read_text())
-        return rec if isinstance(rec, dict) else None
-    except (OSError, ValueError):
+def number(value: Any, most: float = math.inf) -> float | None:
+    """A finite number from 0 to `most` (a JSON number: not a bool, a string, NaN or Infinity), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
+    return float(value) if math.isfinite(value) and 0 <= value <= most else None
+
+
+def count(value: Any) -> int | None:
+    """A whole number 0 or more (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def timestamp(value: Any) -> float | None:
+    """Seconds since the epoch that a clock could show, else None."""
+    return number(value, LATEST_TIME)
+
+
+def read_progress(run_dir: Path) -> dict | None:
+    """The record with every field checked (a field of another type, NaN or out of range is None), or
+    None when there is none or it is unusable (not an object, no whole-number step)."""
+    rec = read_json_or_none(Path(run_dir) / PROGRESS_FILE)
+    if rec is None or count(rec.get("step")) is None:
+        return None
+    return {
+        "step": rec["step"],
+        "total": count(rec.get("total")) or None,
+        "samples_per_s": number(rec.get("samples_per_s")),
+        "samples_per_s_avg": number(rec.get("samples_per_s_avg")),
+        "global_batch": count(rec.get("global_batch")) or None,
+        "eta_s": number(rec.get("eta_s"), LONGEST_S),
+        "time": timestamp(rec.get("time")),
+        "started": timestamp(rec.get("started")),
+    }
+
+
+def read_text_part(path: Path, limit: int, tail: bool = True) -> str:
+    """The last (or first) `limit` bytes of a regular file as text; "" for anything else (a FIFO, a device,
+    a folder): never blocks. OSError: missing or unreadable."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        if tail:
+            f.seek(max(0, st.st_size - limit))
+        return f.read(limit).decode(errors="replace")
+
+
+STEP_LINE = re.compile(  # the trainer's log line (train/loop/timing.py)
+    r"^step (\d+)/(\d+) \|.*\| ([\d.]+) samples/s \|.*ETA (?:(\d+) days?, )?(\d+):(\d\d):(\d\d)", re.M
+)
+BANNER = "\n=== taehv-launch "  # run/launch.py starts each launch's part of a launch log with it
+
+
+def this_launch(log: str) -> tuple[str, str]:
+    """(the log text of the newest launch, that of the earlier ones) of a launch log's tail."""
+    cut = log.rfind(BANNER)
+    return (log[cut:], log[:cut]) if cut >= 0 else (log, "")
+
+
+def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None, since: float | None) -> dict:
+    """step, total, clips/s now and average, ETA at the record's time: progress.json, else the last step
+    line of the launch log's tail (`log`). What an earlier launch of the run wrote (progress.json started
+    before `since`, the current launch's start; a step line above the log's last banner) gives its step
+    and total only, with "of": "previous launch". {} when there is neither."""
+    rec = read_progress(run_dir)
+    if rec is not None:
+        at = rec["started"] if rec["started"] is not None else rec["time"]
+        out = {
+            "step": rec["step"],
+            "total": rec["total"],
+            "clips_per_s": rec["samples_per_s"],
+            "clips_per_s_avg": rec["samples_per_s_avg"],
+            "global_batch": rec["global_batch"],
+            "eta_s": rec["eta_s"],
+            "progress_time": rec["time"],
+            "launch_started": rec["started"],
+            "progress_from": PROGRESS_FILE,
+        }
+        return _previous(out) if since is not None and (at is None or at < since) else out
+    current, earlier = this_launch(log)
+    old = False
+    found = list(STEP_LINE.finditer(current))
+    if not found:
+        found, old = list(STEP_LINE.finditer(earlier)), True
+    if not found:
+        return {}
+    m = found[-1]
+    days, h, mi, s = (int(x or 0) for x in m.group(4, 5, 6, 7))
+    out = {
+        "step": int(m.group(1)),
+        "total": int(m.group(2)) or None,
+        "clips_per_s": number(float(m.group(3))),
+        "clips_per_s_avg": None,
+        "global_batch": None,
+        "eta_s": number(float(days * 86400 + h * 3600 + mi * 60 + s), LONGEST_S),
+        "progress_time": log_mtime,
+        "launch_started": None,
+        "progress_from": log_name,
+    }
+    return _previous(out) if old else out
+
+
+def _previous(progress: dict) -> dict:
+    """An earlier launch's progress: where it got to, nothing about this launch's speed or end."""
+    keep = ("step", "total", "global_batch", "progress_from")
+    return {**{k: (v if k in keep else None) for k, v in progress.items()}, "of": "previous launch"}

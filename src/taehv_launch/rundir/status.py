@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files import write_atomic
+from ..files import read_json_or_none, write_atomic
 from .layout import node_suffix
 
 
@@ -21,8 +21,11 @@ def write_exit_status(path: Path, code: int, message: str) -> None:
 
 
 def read_exit_status(path: Path) -> dict | None:
-    """The recorded {"code", "message"}, or None when there is none (yet) or it is unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+    """The recorded {"code": int, "message": str or None}, or None when there is none (yet) or it is
+    unusable (unreadable, not an object, no whole-number code)."""
+    rec = read_json_or_none(path)
+    code = rec.get("code") if rec else None
+    if not isinstance(code, int) or isinstance(code, bool):
         return None
+    message = rec.get("message")
+    return {"code": code, "message": message if isinstance(message, str) else None}
