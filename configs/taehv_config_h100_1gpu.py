@@ -49,7 +49,7 @@ args.n_seraena_frames = 3  # frames grouped into one discriminator image
 args.seraena_lr = 0.0003  # discriminator AdamW learning rate
 args.seraena_buffer_mb = 1024  # replay buffer bound, MiB per rank
 args.seraena_checkpoint_buffer_mb = 256  # save the replay buffer in checkpoints when it is at most this size
-args.seraena_crop = 256  # Seraena trains and corrects on one random square crop of this many pixels per micro-batch (multiple of 8; 0 = the whole frame)
+args.seraena_crop = 256  # Seraena trains and corrects on one random square crop of this many pixels per micro-batch (0 = the whole frame; else a multiple of 8 x patch_size, at most the clips' larger side)
 args.micro_batch_size = 8  # clips per GPU per forward pass (DeepSpeed's train_micro_batch_size_per_gpu; the seeds' train_batch_size)
 args.gradient_accumulation_steps = 16  # micro-batches per optimizer step
 args.learning_rate = 0.0001  # peak AdamW learning rate

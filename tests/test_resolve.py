@@ -270,3 +270,28 @@ def test_the_plan_says_which_strategy_and_why():
     assert asked.config["zero_stage"] == 3 and asked.uses_deepspeed  # exactly what was asked
     assert asked.strategy.startswith("ZeRO-3, as asked: measured at 90.0% of the row's plain DDP speed per GPU")
     assert plan_for(1, "cpu").strategy == ""
+
+
+@pytest.mark.parametrize("crop", [4, 7, 12, -8, 10000, 728])
+def test_seraena_crop_is_off_or_a_window_on_the_latent_grid(crop):
+    # train/model/seraena.py: a crop x crop window at 8-pixel steps whose latents are crop/8 cells;
+    # below 8 the discriminator asserts, off the grid the latent window does not match
+    with pytest.raises(ConfigError, match=r"seraena_crop=-?\d+ must be 0 \(off: the whole frame\) or a multiple of 8 "):
+        plan_for(8, set_values={"seraena_crop": crop})
+    with pytest.raises(ConfigError, match=r"multiple of 16 .* from 16 to 720"):
+        plan_for(8, set_values={"seraena_crop": 8, "patch_size": 2, "use_ref_vae": False, "encoder_loss_weight": 0})
+
+
+def test_seraena_crop_values_that_work():
+    for crop in (0, 8, 256, 720):
+        assert plan_for(8, set_values={"seraena_crop": crop}).config["seraena_crop"] == crop
+    # the profile's 256 on clips smaller than it: the whole frame, as the trainer does; only a user's value is refused
+    assert plan_for(8, set_values={"height": 128, "width": 128}).config["seraena_crop"] == 256
+    with pytest.raises(ConfigError, match=r"from 8 to 128 .* e\.g\. --set seraena_crop=128"):
+        plan_for(8, set_values={"height": 128, "width": 128, "seraena_crop": 256})
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_output_dir_is_refused(value):
+    with pytest.raises(ConfigError, match="output_dir is empty"):
+        plan_for(1, "cpu", set_values={"output_dir": value})

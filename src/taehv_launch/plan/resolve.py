@@ -139,7 +139,7 @@ def resolve(
             "log_every": 1,
             "dataloader_num_workers": 0,
         }
-    check_config(config, profile, topology)
+    check_config(config, profile, topology, given=frozenset({**(file_values or {}), **(set_values or {})}))
     return Plan(
         gpus=gpus,
         profile=profile,
@@ -172,13 +172,29 @@ def tracker_names(value: Any) -> list[str]:
     return names
 
 
+def check_seraena_crop(c: dict[str, Any], space: int, given: bool) -> None:
+    """train/model/seraena.py's seraena_crop: a square window on TAEHV's latent grid (`space` pixels a
+    cell), so 0 (off: the whole frame) or a positive multiple of `space`; a crop not smaller than both
+    sides is the whole frame, which a profile's default may be on small clips but a user's value is
+    refused as a mistake (10000)."""
+    crop, side = c["seraena_crop"], max(c["height"], c["width"])
+    if crop == 0 or (crop > 0 and crop % space == 0 and (crop <= side or not given)):
+        return
+    largest = side - side % space
+    raise ConfigError(
+        f"seraena_crop={crop} must be 0 (off: the whole frame) or a multiple of {space} (TAEHV's latent grid, "
+        f"8 x patch_size) from {space} to {largest} (the {c['height']}x{c['width']} clips' larger side), "
+        f"e.g. --set seraena_crop={min(largest, max(space, abs(crop) // space * space))}"
+    )
+
+
 def tracker_library_line(name: str) -> str:
     """The one line for a chosen tracker whose library is not installed (the launch and the trainer)."""
     return f"trackers={name} needs the {name} library: pip install 'taehv-launch[{name}]'"
 
 
-def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> None:
-    """Cross-field checks; each error names the key to change."""
+def check_config(c: dict[str, Any], profile: Profile, topology: Topology, given: frozenset[str] = frozenset()) -> None:
+    """Cross-field checks; each error names the key to change. given: the keys the user set (--set, --config)."""
 
     def need(cond: bool, msg: str) -> None:
         if not cond:
@@ -211,6 +227,8 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology) -> Non
             c[k] >= space and c[k] % space == 0,
             f"{k}={c[k]} must be a positive multiple of {space} (TAEHV downsamples 8x x patch_size)",
         )
+    check_seraena_crop(c, space, "seraena_crop" in given)
+    need(str(c["output_dir"]).strip() != "", "output_dir is empty: give a folder, e.g. --set output_dir=output")
     need(
         1 <= c["min_frame_delta"] <= c["max_frame_delta"],
         f"need 1 <= min_frame_delta ({c['min_frame_delta']}) <= max_frame_delta ({c['max_frame_delta']})",

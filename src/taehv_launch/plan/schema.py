@@ -111,7 +111,7 @@ KEYS: dict[str, Key] = {
         0,
         int,
         "Seraena trains and corrects on one random square crop of this many pixels per "
-        "micro-batch (multiple of 8; 0 = the whole frame)",
+        "micro-batch (0 = the whole frame; else a multiple of 8 x patch_size, at most the clips' larger side)",
     ),
     # --- optimisation -----------------------------------------------------------------
     "micro_batch_size": Key(
