@@ -5,14 +5,17 @@ The index fingerprint is checked against the index cache file the real index bui
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import time
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, clean_env
-from taehv_launch.run.manifest import PACKAGES, build_record, git_facts, torch_cuda
+from taehv_launch.run.manifest import PACKAGES, build_record, git_facts, record_launch, torch_cuda
 from taehv_launch.run.render import render
 from taehv_launch.run.request import Request, build_plan
 from taehv_launch.rundir.manifest import (
@@ -143,3 +146,62 @@ def test_a_resume_notes_what_changed(tmp_path):
     assert records[1]["resume"].endswith("checkpoint-2")
     assert records[0]["plan"]["hash"] != records[1]["plan"]["hash"]
     assert json.loads(manifest_path(run).read_text().splitlines()[0]) == first  # appended, not rewritten
+
+
+def test_a_damaged_manifest_is_a_note_never_a_failed_launch(tmp_path):
+    """record_launch (the launch's path): a previous record of any shape, garbage lines, a folder or a
+    FIFO in place of manifest.jsonl are notes; the launch goes on."""
+    req = Request(gpus="1", profile="cpu", sets=[f"output_dir={str(tmp_path / 'output')!r}"])
+    plan = build_plan(req, env=clean_env())
+    rendered = render(plan, plan.run_dir)
+    run = tmp_path / "run"
+    run.mkdir()
+    bad = {"launch": 1, "time": "yesterday", "plan": [1, 2], "config": None}
+    bad |= {"environment": {"exported": ["A=1"], "gpu": [1]}, "versions": {"git": {"commit": None}, "packages": [1]}}
+    manifest_path(run).write_text(json.dumps(bad) + "\ngarbage\n")
+    notes = record_launch(plan, rendered, run)
+    assert notes[0] == f"manifest: 1 unreadable line(s) of {manifest_path(run)} left out", notes
+    assert any(n.startswith("manifest: versions changed since launch 1: ") for n in notes), notes
+    assert [r["launch"] for r in read_manifest(run)] == [1, 2]
+    for kind in ("folder", "fifo"):
+        other = tmp_path / kind
+        other.mkdir()
+        if kind == "folder":
+            manifest_path(other).mkdir()
+        else:
+            os.mkfifo(manifest_path(other))
+        notes = record_launch(plan, rendered, other)  # a FIFO: never opened for writing (it would block)
+        assert len(notes) == 1 and notes[0].startswith(f"manifest: {manifest_path(other)}"), notes
+        assert notes[0].endswith(
+            (
+                "is not a regular file; this launch's record is not written",
+                "Is a directory; this launch's record is not written",
+            )
+        ), notes
+
+
+def test_git_takes_no_lock_and_a_checkout_without_commits_reads(tmp_path):
+    """git_facts never writes in the checkout (`git status` would refresh .git/index and take
+    index.lock): a file touched since the last commit leaves .git/index as it was."""
+    if not shutil.which("git"):
+        pytest.skip("no git")
+    repo, pkg = tmp_path / "repo", tmp_path / "repo" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "pkg/__init__.py")
+    facts = git_facts(pkg)
+    assert facts is not None and facts["commit"] is None, facts  # no commit yet
+    assert flatten({"versions": {"git": facts}})["versions"]["git commit"].startswith("(no commit)")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    index = repo / ".git" / "index"
+    before = index.stat().st_mtime_ns
+    later = time.time() + 5
+    os.utime(pkg / "__init__.py", (later, later))  # same content, newer mtime: a stale index entry
+    facts = git_facts(pkg)
+    assert facts["commit"] and facts["dirty"] is False
+    assert index.stat().st_mtime_ns == before and not (repo / ".git" / "index.lock").exists()

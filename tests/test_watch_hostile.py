@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -249,7 +250,10 @@ def test_a_resume_starting_shows_where_the_previous_launch_got_to(tmp_path):
         f.write("\n=== taehv-launch 2026-01-01 00:10:00: accelerate launch --resume\n")
     (run / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": 1, "since": "now"}))
     os.utime(run / ".lock", (now - 3, now - 3))
-    manifest_with(run, resume=str(run / "checkpoint-20"))
+    first = json.loads((run / "manifest.jsonl").read_text())
+    second = {**first, "time": now - 3, "launch": 2, "resume": str(run / "checkpoint-20")}
+    with open(run / "manifest.jsonl", "a") as f:
+        f.write(json.dumps(second) + "\n")
     facts = collect(run, now)
     assert facts["state"] == "starting", facts
     assert facts["step"] == 20 and facts["progress_of"] == "previous launch", facts
@@ -259,6 +263,11 @@ def test_a_resume_starting_shows_where_the_previous_launch_got_to(tmp_path):
     assert "starting (launch log written" in text, text
     assert "step       20/20 (100%) where the previous launch got to" in text, text
     assert "resumes from checkpoint-20" in text and "ETA" not in text and "speed" not in text, text
+    (run / "manifest.jsonl").write_text(json.dumps(first) + "\n")  # the new launch could not write its record:
+    (run / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))  # its launcher runs
+    os.utime(run / ".lock", (now - 3, now - 3))
+    facts = collect(run, now)
+    assert facts["state"] == "starting" and facts["progress_of"] == "previous launch", facts
     (run / "progress.json").unlink()  # a run from before progress.json: the log's step line, above the banner
     facts = collect(run, now)
     assert facts["step"] == 20 and facts["progress_of"] == "previous launch" and facts["eta_s"] is None

@@ -102,8 +102,7 @@ def missing(arg: str, path: Path, output_dir: str) -> ConfigError:
 
 
 def locate(arg: str, output_dir: str) -> Path:
-    """The path an argument names: itself, else `latest` or a run id under output_dir. ConfigError for an
-    empty one or one that is not there."""
+    """The path an argument names: itself, else `latest` or a run id under output_dir (ConfigError: empty)."""
     if not arg.strip():
         raise ConfigError(f"an empty path {arg!r}: {WHERE}")
     path = Path(arg).expanduser()
@@ -180,8 +179,7 @@ def _launcher_alive(run_dir: Path) -> bool:
 
 
 def _checkpoint(run_dir: Path, now: float, problems: list[str]) -> dict | None:
-    """The newest complete checkpoint (sizes only: no checkpoint file is read); one it cannot look into
-    is a problem, not a failure."""
+    """The newest complete checkpoint (sizes only, no file read); an unreadable one is a problem."""
     best = None
     for p in run_dir.iterdir():
         step = checkpoint_step(p)
@@ -250,10 +248,12 @@ def _total_from_config(run_dir: Path) -> int | None:
         return None
 
 
-def _launch_time(run_dir: Path, manifest: list[dict]) -> float | None:
-    """When the current launch began: node 0's .lock (each launch rewrites it; the filesystem's clock,
-    as the heartbeats'), else the newest manifest record's time."""
-    return _mtime(run_dir / ".lock") or (record_time(manifest[-1]) if manifest else None)
+def _launch_times(run_dir: Path, manifest: list[dict], live: bool) -> tuple[float | None, float | None]:
+    """When the current launch began, (by the writers' clocks, by the filesystem's): the newest manifest
+    record's time (kept by a copy of the run dir, as progress.json's are; the .lock's while its launcher
+    runs here), and node 0's .lock mtime (each launch rewrites it; as the heartbeats' mtimes)."""
+    at, lock = (record_time(manifest[-1]) if manifest else None), _mtime(run_dir / ".lock")
+    return (lock if live and lock else at or lock), lock or at
 
 
 def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
@@ -272,20 +272,21 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
 
     logs = guard("launch logs", lambda: _node_files(run_dir, "launch", "log"), {})
     manifest = read_manifest(run_dir)
-    since = _launch_time(run_dir, manifest)
+    launcher = _launcher_alive(run_dir)
+    since, fs_since = _launch_times(run_dir, manifest, launcher)
     tails = {n: _tail(p) for n, p in logs.items()}
     log0 = logs.get(0)
     progress = progress_of(run_dir, tails.get(0, ""), log0.name if log0 else "", log0 and _mtime(log0), since)
     if not progress:
         progress = {"total": _total_from_config(run_dir)}
-    ranks = guard("heartbeat", lambda: rank_rows(run_dir, now, LIVE_S, since), [])
+    ranks = guard("heartbeat", lambda: rank_rows(run_dir, now, LIVE_S, fs_since), [])
     nodes = node_rows(ranks)
     exit_files = guard("exit status", lambda: _node_files(run_dir, "exit_status", "json"), {})
     exits = []
     for node in sorted({0, *logs, *exit_files}):
         path = status_path(run_dir, node)
         rec = read_exit_status(path)
-        if rec is not None and (since is None or (_mtime(path) or 0) >= since):  # else an earlier launch's
+        if rec is not None and not (launcher and fs_since and (_mtime(path) or 0) < fs_since):  # an earlier launch's
             exits.append({"node": node, **rec})
     errors = [(n, m[-1]) for n, tail in tails.items() if (m := ERROR_LINE.findall(this_launch(tail)[0]))]
     last_error = (
@@ -298,7 +299,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         state = {0: "ended", 75: "stopped", 130: "stopped"}.get(node0["code"], "failed")
     elif newest_hb is not None and newest_hb < LIVE_S:
         state = "running"
-    elif _launcher_alive(run_dir) or (log_age is not None and log_age < LIVE_S):
+    elif launcher or (log_age is not None and log_age < LIVE_S):
         state = "starting" if newest_hb is None or (log_age is not None and log_age < newest_hb) else "running"
     elif logs:
         state = "lost"  # no exit status and nothing alive: killed, or its node was lost
@@ -314,7 +315,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     if live and beats and (step is None or min(beats) > step):
         step = min(beats)
     plan = part(manifest[-1], "plan") if manifest else {}
-    hang = read_hang_reports(run_dir, since=since or 0.0)
+    hang = read_hang_reports(run_dir, since=fs_since or 0.0)
     return {
         "run": run_dir.name,
         "run_dir": str(run_dir),
@@ -355,8 +356,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
 
 
 def unreadable(run_dir: Path, why: str, now: float) -> dict[str, Any]:
-    """The facts of a run whose directory cannot be read: its name, state "unreadable" and why; every
-    field collect() gives, none of them known."""
+    """collect()'s fields for a run whose directory cannot be read: state "unreadable", and why."""
     known: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir), "state": "unreadable", "now": now}
     empty = {"count": 0, "last": None, "stopped": None}
     return {
