@@ -296,3 +296,11 @@ def test_status_of_a_failed_and_a_killed_run(tmp_path):
         line.split()[0]: line for line in table.stdout.splitlines()[1:] if line.strip() and not line.startswith("(")
     }
     assert set(rows) == {"bad", "gone"} and "failed (2)" in rows["bad"], table.stdout
+
+
+def test_the_docs_list_every_json_field():
+    from conftest import REPO
+
+    for doc in ("docs/watching.md", "docs/zh/watching.md"):
+        text = (REPO / doc).read_text()
+        assert not [f for f in sorted(FIELDS) if f"`{f}`" not in text], doc

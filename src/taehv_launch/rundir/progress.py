@@ -131,5 +131,5 @@ def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None,
 
 def _previous(progress: dict) -> dict:
     """An earlier launch's progress: where it got to, nothing about this launch's speed or end."""
-    keep = ("step", "total", "global_batch", "progress_from")
+    keep = ("step", "total", "global_batch", "progress_time", "progress_from")
     return {**{k: (v if k in keep else None) for k, v in progress.items()}, "of": "previous launch"}
