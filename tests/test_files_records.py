@@ -20,8 +20,9 @@ def test_a_record_and_what_is_wrong_with_a_bad_one(tmp_path):
         b"": "not JSON",
         b"{trunc": "not JSON",
         b"\xff\xfe": "not UTF-8",
-        b"[1, 2]": "holds list, not a JSON object",
-        b"null": "holds NoneType",
+        b"[1, 2]": "holds a JSON array, not an object",
+        b"null": "holds a JSON null, not an object",
+        b'"x"': "holds a JSON string, not an object",
         b"[" * 200_000 + b"]" * 200_000: "nests too deeply",
     }
     for data, words in cases.items():

@@ -62,10 +62,22 @@ def read_json(path: str | Path, want: type | None = dict, limit: int = RECORD_LI
     path = Path(path)
     value = _parse(_read_text(path, limit), str(path))
     if want is not None and not isinstance(value, want):
-        raise BadRecord(
-            f"{path} holds {type(value).__name__}, not a JSON {'object' if want is dict else want.__name__}"
-        )
+        raise BadRecord(f"{path} holds a JSON {_json_kind(value)}, not {_JSON_KINDS.get(want, want.__name__)}")
     return value
+
+
+_JSON_KINDS = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+}
+
+
+def _json_kind(value: Any) -> str:
+    return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__).split()[-1]
 
 
 def read_json_or_none(path: str | Path, limit: int = RECORD_LIMIT) -> dict | None:
