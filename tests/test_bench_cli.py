@@ -81,3 +81,57 @@ def test_old_and_new_forms_refuse_bad_input_in_one_line(args, match):
     proc = run_cli_here(*args)
     assert_one_line_error(proc, match)
     assert match in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("loader", "--data-root", "{tmp}", "--workers", "-1"), "--workers -1: give DataLoader worker counts of 0"),
+        (("loader", "--data-root", "{tmp}", "--decoder", "bogus"), "--decoder 'bogus' is not a decoder: use one of"),
+        (("loader", "--data-root", "{tmp}", "--micro", "0"), "--micro 0: give a micro-batch size of at least 1"),
+        (("loader", "--data-root", "{tmp}", "--seconds", "-5"), "--seconds -5.0: give a positive time"),
+        (("loader", "--data-root", "{tmp}", "--clips", "0"), "--clips 0"),
+        (("loader", "--data-root", "{tmp}", "--height", "7"), "--height 7: give a positive multiple of 8"),
+        (("step", "--micro", "0"), "--micro 0: give micro-batch sizes of at least 1"),
+        (("step", "--micro", "-1"), "--micro -1"),
+        (("step", "--height", "7"), "--height 7: give a positive multiple of 8"),
+        (
+            ("step", "--n-frames", "13", "--height", "16", "--width", "16"),
+            "--n-frames 13: give a positive multiple of 12",
+        ),
+        (("step", "--ref-vae-type", "bogus"), "--ref-vae-type: ref_vae_type='bogus' is not supported"),
+        (("step", "--chunk", "0"), "--chunk 0"),
+        (("compare", "1", "cpu", "--trainer-steps", "0"), "--trainer-steps 0: the trainer run needs at least 2 steps"),
+        (("compare", "1", "cpu", "--steps", "0"), "--steps 0"),
+        (("compare", "1", "cpu", "--data-root", "/nonexistent"), "--data-root: data_root /nonexistent does not exist"),
+        (("compare", "1", "cpu", "--cached", "-1"), "--cached -1"),
+        (("compare", "1", "cpu", "--chunk", "0"), "--chunk 0"),
+        (("compare", "1", "cpu", "--crop", "12"), "--crop 12: give 0 .* or a positive multiple of 8"),
+        (("compare", "1", "cpu", "--cached-set", "nonsense"), "nonsense"),
+        (("--compare", "1", "cpu", "--trainer-steps", "0"), "--trainer-steps 0"),  # the old form too
+    ],
+)
+def test_bench_arguments_are_checked_before_anything_runs(args, match, tmp_path):
+    """One line, exit 2, at once: nothing built, measured or written first (the workdir stays empty)."""
+    args = tuple(a.replace("{tmp}", str(tmp_path)) for a in args)
+    proc = run_cli_here("bench", *args, "--set", f"output_dir='{tmp_path / 'out'}'") if "cpu" in args else None
+    proc = proc or run_cli_here("bench", *args, cwd=tmp_path)
+    assert_one_line_error(proc, match)
+    assert not (tmp_path / "out").exists() and proc.stdout == ""
+
+
+def test_a_dataloader_workers_error_is_its_message_not_a_traceback(tmp_path):
+    from taehv_launch.bench.loader import worker_message
+
+    for i in range(3):
+        (tmp_path / f"v{i}.mp4").write_bytes(b"\0not a video" * 100)
+    proc = run_cli(
+        "bench", "loader", "--data-root", str(tmp_path), "--workers", "1", "--seconds", "1", "--decoder", "opencv",
+        "--clips", "1", timeout=300,
+    )  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert errors[0].startswith("error: no usable video among 3 files") and "Traceback" not in errors[0]
+    wrapped = 'Caught DataError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  File "x"\ntaehv_launch.errors.DataError: the message: with a colon'
+    assert worker_message(wrapped) == "the message: with a colon"
+    assert worker_message("plain: message") == "plain: message"

@@ -1,4 +1,4 @@
-"""`taehv-launch bench --compare GPUS PROFILE`: the naive pipeline and our trainer, side by side, one run.
+"""`taehv-launch bench compare GPUS PROFILE`: the naive pipeline and our trainer, side by side, one run.
 
 naive  what a notebook does (the speed issue's definition): the reference VAE in bf16 encodes the
        whole micro-batch in one call, TAEHV keeps fp32 weights under fp16 autocast with a
@@ -286,12 +286,12 @@ def run(
     plan = build_plan(req)
     cfg = plan.config
     if plan.world_size != 1:
-        raise ConfigError(f"bench --compare measures one GPU: use `taehv-launch bench --compare 1 {req.profile}`")
+        raise ConfigError(f"bench compare measures one GPU: use `taehv-launch bench compare 1 {req.profile}`")
     want_gpu = plan.profile.device == "cuda"
     if want_gpu and not torch.cuda.is_available():
         raise ConfigError(
             f"profile {req.profile} needs a GPU and this machine has none: run it on a GPU machine, "
-            f"or `taehv-launch bench --compare 1 cpu` for a CPU smoke run"
+            f"or `taehv-launch bench compare 1 cpu` for a CPU smoke run"
         )
     device = torch.device("cuda" if want_gpu else "cpu")
     work = Path(workdir or Path(cfg["output_dir"]).expanduser() / "bench-compare")

@@ -1,4 +1,4 @@
-"""`taehv-launch bench --loader`: how many clips per second the data loader delivers.
+"""`taehv-launch bench loader`: how many clips per second the data loader delivers.
 
 Three views, side by side in one run, on the same files and the same clip plans:
 - decode: one process decoding clips (12 frames at a random start and stride), per decoder,
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from ..errors import UserError
 
 
 def _videos(data_root: str) -> list[str]:
@@ -264,14 +266,27 @@ def run(
     for label, files in groups:
         if label:
             log(f"--- sources {label}: {len(files)} files")
-        report = _run_set(
-            files, data_root, height, width, n_frames, micro, workers, decoders, seconds, clips, log, threads
-        )
+        try:
+            report = _run_set(
+                files, data_root, height, width, n_frames, micro, workers, decoders, seconds, clips, log, threads
+            )
+        except UserError as err:
+            raise type(err)(worker_message(str(err))) from None
         rows += [r | ({"sources": label} if label else {}) for r in report["rows"]]
     report.update(rows=rows, files=len(everything))
     if as_json:
         print(json.dumps(report, indent=2))
     return 0
+
+
+def worker_message(message: str) -> str:
+    """A DataLoader worker's error as torch re-raises it in the main process ("Caught DataError in
+    DataLoader worker process 0.\nOriginal Traceback ...\nmodule.DataError: the message"): the message."""
+    if not message.startswith("Caught ") or "Original Traceback" not in message:
+        return message
+    last = message.rstrip().splitlines()[-1]
+    name, sep, rest = last.partition(": ")
+    return rest if sep and " " not in name else last
 
 
 def _run_set(

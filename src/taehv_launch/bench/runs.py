@@ -1,4 +1,4 @@
-"""The real runs `bench --compare` measures: the assets they train on and the launcher as a subprocess."""
+"""The real runs `bench compare` measures: the assets they train on and the launcher as a subprocess."""
 
 from __future__ import annotations
 

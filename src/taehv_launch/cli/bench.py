@@ -19,7 +19,12 @@ from .options import JsonOpt, plan_options
 if TYPE_CHECKING:
     from ..run.request import Request
 
-LOADER_DECODERS = ["opencv", "opencv-1thread", "pyav", "pyav-1thread"]
+LOADER_DECODERS = [
+    "opencv",
+    "opencv-1thread",
+    "pyav",
+    "pyav-1thread",
+]  # = bench/checks.py's (no import: --help stays light)
 
 
 class BenchGroup(TyperGroup):
@@ -62,9 +67,15 @@ def step_cmd(
     chunk: Chunk = None,
     as_json: JsonOpt = False,
 ) -> None:
-    from ..bench import step
+    def go() -> int:
+        from ..bench import checks
 
-    exit_with(lambda: step.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json))
+        checks.step_args(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1])
+        from ..bench import step
+
+        return step.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json)
+
+    exit_with(go)
 
 
 @bench_app.command(
@@ -102,10 +113,13 @@ def compare_cmd(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    from ..bench import compare
+    def go() -> int:
+        from ..bench import checks
 
-    exit_with(
-        lambda: compare.run(
+        checks.compare_args(steps, trainer_steps, chunk or [], crop, data_root, cached, cached_set)
+        from ..bench import compare
+
+        return compare.run(
             req,
             steps,
             trainer_steps,
@@ -119,7 +133,8 @@ def compare_cmd(
             cached,
             cached_set or [],
         )
-    )
+
+    exit_with(go)
 
 
 @bench_app.command("loader", help="The data loader's clips/s per decoder and worker count, on --data-root.")
@@ -143,11 +158,25 @@ def loader_cmd(
 ) -> None:
     if not data_root:
         fail("bench loader needs --data-root DIR (a folder of videos)")
-    from ..bench import loader
-
     more = {"resolutions": resolution} if resolution else {}  # loader.run's default: every height found
-    exit_with(
-        lambda: loader.run(
+
+    def go() -> int:
+        from ..bench import checks
+
+        checks.loader_args(
+            height,
+            width,
+            n_frames,
+            micro,
+            workers or [4, 8, 12],
+            decoder or LOADER_DECODERS,
+            seconds,
+            clips,
+            resolution,
+        )
+        from ..bench import loader
+
+        return loader.run(
             data_root,
             height,
             width,
@@ -160,7 +189,8 @@ def loader_cmd(
             as_json,
             **more,
         )
-    )
+
+    exit_with(go)
 
 
 @bench_app.command(
