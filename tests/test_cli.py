@@ -182,3 +182,16 @@ def test_dry_run_names_the_demo_assets_and_the_resume_checkpoint(tmp_path):
     assert plan["resume"] is None and any("fresh" in n or "no complete checkpoint" in n for n in plan["notes"]), plan[
         "notes"
     ]
+
+
+def test_config_that_is_a_folder_says_so(tmp_path):
+    assert_one_line_error(
+        run_cli("1", "cpu", "--config", str(tmp_path), "--dry-run"), r"config file .* is a folder: pass a \.py"
+    )
+
+
+def test_help_as_a_word_is_the_help():
+    top = run_cli("help")
+    assert top.returncode == 0 and "Usage:" in top.stdout and "COMMAND" in top.stdout, top.stderr
+    sub = run_cli("help", "render")
+    assert sub.returncode == 0 and "render [OPTIONS]" in sub.stdout, sub.stderr

@@ -696,3 +696,16 @@ def test_module_does_not_import_torch():
     env = {**os.environ, "PYTHONPATH": str(src)}
     code = "import taehv_launch.plan.topology, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_a_gpu_count_past_the_profiles_maximum_suggests_only_counts_it_takes():
+    from conftest import assert_one_line_error, run_cli_here
+
+    for count in ("65", "72", "1000001"):
+        assert_one_line_error(run_cli_here(count, "h100", "--dry-run"), rf"supports at most 64 GPUs, got {count}$")
+    with pytest.raises(TopologyError, match=r"ask for 63 GPUs, or pass --gpus-per-node"):
+        detect_topology(64, {}, gpus_per_node=7, max_gpus=64)  # 70 would be past the maximum
+    for count in ("0", "-1"):  # one line for both, wherever it is caught
+        assert_one_line_error(
+            run_cli_here(count, "h100", "--dry-run"), rf"^error: GPU count must be at least 1, got {count} \(usage:"
+        )

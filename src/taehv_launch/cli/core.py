@@ -31,7 +31,11 @@ class DefaultCommandGroup(TyperGroup):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and re.fullmatch(r"-\d+", args[0]):  # click would read `-1` as an option
-            raise click.exceptions.UsageError(f"GPU count must be at least 1, got {args[0]}")
+            from ..plan.profiles import gpu_count_line
+
+            fail(gpu_count_line(args[0]))
+        if args[:1] == ["help"]:  # `taehv-launch help [COMMAND]`: what --help says
+            args = [*args[1:2], "--help"]
         if args and args[0] not in self.commands and args[0] not in ROOT_OPTIONS:
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)

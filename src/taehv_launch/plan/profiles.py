@@ -231,6 +231,22 @@ def nccl_buffsize_for(num_nodes: int) -> int:
     return mib * 1024 * 1024
 
 
+def check_gpu_count(profile: Profile, gpus: int) -> None:
+    """1 to the profile's max_gpus: checked before the topology, which would suggest counts past it."""
+    if gpus < 1:
+        raise ConfigError(gpu_count_line(str(gpus)))
+    if gpus > profile.max_gpus:
+        raise ConfigError(
+            f"profile {profile.name!r} supports at most {profile.max_gpus} "
+            f"{'processes' if profile.device == 'cpu' else 'GPUs'}, got {gpus}"
+        )
+
+
+def gpu_count_line(text: str) -> str:
+    """The one line for a GPU count below 1 (0 reaches the plan, -1 the command line: the same words)."""
+    return f"GPU count must be at least 1, got {text} (usage: taehv-launch GPUS PROFILE)"
+
+
 def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
     """The row for `gpus` and how it was obtained (a table row, or the derivation rule).
 
@@ -241,13 +257,7 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
     A800 (micro_override) then replaces the micro-batch with 2 and re-derives accumulation
     to keep that row's global batch, scaling the LR if the batch cannot be kept exactly.
     """
-    if gpus < 1:
-        raise ConfigError(f"GPU count must be at least 1, got {gpus}")
-    if gpus > profile.max_gpus:
-        raise ConfigError(
-            f"profile {profile.name!r} supports at most {profile.max_gpus} "
-            f"{'processes' if profile.device == 'cpu' else 'GPUs'}, got {gpus}"
-        )
+    check_gpu_count(profile, gpus)
     exact = [r for r in profile.rows if r.gpus == gpus]
     unit = "process" if profile.device == "cpu" else "GPU"
     if exact:

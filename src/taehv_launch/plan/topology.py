@@ -135,11 +135,13 @@ def detect_topology(
     default_gpus_per_node: int = 8,
     default_port: int = 29500,
     profile: str | None = None,
+    max_gpus: int | None = None,
 ) -> Topology:
     """Resolve the topology for `gpus` GPUs in all from the options and the scheduler `env`.
 
     See the module docstring for the sources and rules. `profile` only fills in the commands
-    suggested by error messages. Raises TopologyError.
+    suggested by error messages, `max_gpus` (the profile's) keeps them to counts it takes.
+    Raises TopologyError.
     """
     _check_options(gpus, num_nodes, node_rank, master_port, gpus_per_node)
     _refuse_nested_launch(env)
@@ -164,10 +166,10 @@ def detect_topology(
     elif gpus % per_node == 0:
         num, num_from, derived = gpus // per_node, f"{gpus} GPUs / {per_node} per node", True
     else:
-        lower, upper = gpus // per_node * per_node, (gpus // per_node + 1) * per_node
+        counts = [c for c in (gpus // per_node * per_node, (gpus // per_node + 1) * per_node) if c <= (max_gpus or c)]
         raise TopologyError(
             f"{gpus} GPUs are more than one node of {per_node} and not a whole number of nodes: "
-            f"ask for {lower} or {upper} GPUs, or pass --gpus-per-node N with N dividing {gpus}"
+            f"ask for {' or '.join(map(str, counts))} GPUs, or pass --gpus-per-node N with N dividing {gpus}"
         )
 
     # GPUs per node.

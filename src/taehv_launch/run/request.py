@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import CheckpointError, ConfigError
 from ..plan.configfile import ConfigFile, load_config_file, parse_sets
 from ..plan.demo import demo_cache_dir, demo_paths
-from ..plan.profiles import get_profile
+from ..plan.profiles import check_gpu_count, get_profile
 from ..plan.resolve import Options, Plan, resolve
 from ..plan.scaling import Prediction, predict
 from ..plan.text import PATH_KEYS, check_path, check_text
@@ -60,9 +60,12 @@ def build_plan(req: Request, env: dict[str, str] | None = None, local: bool = Tr
         check_text("--set", item)  # a NUL byte breaks even a path lookup
     if req.config:
         check_path("--config", req.config)
+        if os.path.isdir(os.path.expanduser(req.config)):
+            raise ConfigError(f"config file {req.config!r} is a folder: pass a .py config file to --config")
     file = load_config_file(req.config) if req.config else ConfigFile({}, [], {})
     set_values = parse_sets(req.sets)
-    get_profile(req.profile)  # an unknown profile is the first thing to report
+    profile = get_profile(req.profile)  # an unknown profile is the first thing to report
+    check_gpu_count(profile, gpus)  # then a count it does not take, before the topology suggests counts
     if "world_size" in file.launch and file.launch["world_size"] != gpus:
         raise ConfigError(
             f"{req.config} says world_size={file.launch['world_size']} but the command asks for {gpus} "
@@ -78,6 +81,7 @@ def build_plan(req: Request, env: dict[str, str] | None = None, local: bool = Tr
         master_port=master_port,
         gpus_per_node=req.gpus_per_node,
         profile=req.profile,
+        max_gpus=profile.max_gpus,
     )
     env_values, notes = environment_values(env), list(file.notes)
     if env_values and "nccl_timeout" not in {**file.values, **set_values}:
