@@ -100,6 +100,7 @@ WRONG = [  # (file, text): valid JSON (or nearly) of the wrong type or value
     ("events.jsonl", '{"event": "rollback", "time": "yesterday", "step": [1], "reason": {"x": 1}}\n[1]\n'),
     (".lock", '{"host": "x", "pid": "1"}'),
     ("heartbeat/rank0.dead", ""),
+    ("heartbeat/rank0.hang", '{"line": null, "time": "x"}'),
     ("launch.log", "step 999999999999999999999/1 | x | 1e999 samples/s | ETA 99999 days, 0:00:00\n"),
 ]
 

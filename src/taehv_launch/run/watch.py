@@ -342,7 +342,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "log_age_s": log_age,
         "exit": exits,
         "last_error": last_error,
-        "hang": next((str(r.get("line")) for r in hang.values()), None),
+        "hang": next((r["line"] for r in hang.values() if isinstance(r.get("line"), str)), None),
         "requeues": _requeues(run_dir),
         "requeue_marker": guard(REQUEUE, lambda: (run_dir / REQUEUE).exists(), False),
         "rollbacks": _rollbacks(run_dir),
