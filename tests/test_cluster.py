@@ -485,3 +485,38 @@ def test_dry_run_json_shows_a_nodes_place_in_the_job():
     plan = json.loads(proc.stdout)
     assert plan["topology"]["ranks"] == list(range(8, 16)) and plan["topology"]["world_size"] == 16
     assert plan["topology"]["main_process_ip"] == "node0.cluster" and plan["run_id_source"] == "--run-name"
+
+
+def _k8s(*extra: str):
+    from conftest import run_cli_here
+
+    args = ["render", "k8s", "16", "h100", "--image", "img:1", "--pvc", "claim", "--set", "ref_vae_path=/v"]
+    return run_cli_here(*args, *extra)
+
+
+@pytest.mark.parametrize("mount", ["/dev/shm", "/", "/usr", "/usr/", "//usr", "/dev", "/proc/x", "/usr/local"])
+def test_k8s_refuses_a_mount_over_the_image_or_shm(mount):
+    from conftest import assert_one_line_error
+
+    out = mount.rstrip("/") + "/out"
+    proc = _k8s("--mount", mount, "--output-dir", out, "--set", "data_root=/d")
+    assert_one_line_error(proc, r"--mount .* would put the shared volume over .*: mount it at a folder of its own")
+
+
+def test_k8s_mount_paths_are_unique_and_user_values_reach_the_pod_literally():
+    import yaml
+
+    value = "/d/$(JOB_NAME)/$$x/$HOME"
+    proc = _k8s("--mount", "/mnt/shared", "--output-dir", "/mnt/shared/o$(NNODES)", "--set", f"data_root={value}")
+    assert proc.returncode == 0, proc.stderr
+    _, job = yaml.safe_load_all("apiVersion: v1\n" + proc.stdout.partition("\napiVersion: v1\n")[2])
+    pod = job["spec"]["template"]["spec"]
+    for c in pod["containers"] + pod["initContainers"]:
+        paths = [m["mountPath"] for m in c["volumeMounts"]]
+        assert len(paths) == len(set(paths)), paths
+    (trainer,), (check,) = pod["containers"], pod["initContainers"]
+    assert "data_root=/d/$$(JOB_NAME)/$$$$x/$$HOME" in trainer["command"]  # Kubernetes reads $$ as $
+    assert "output_dir=/mnt/shared/o$$(NNODES)" in trainer["command"]
+    assert check["command"][check["command"].index("--output-dir") + 1] == "/mnt/shared/o$$(NNODES)"
+    assert check["command"][check["command"].index("--job-id") + 1] == "$(JOB_NAME)"  # ours: expanded
+    assert {"name": "JOB_NAME", "value": f"{job['metadata']['name']}-$(JOB_UID)"} in trainer["env"]

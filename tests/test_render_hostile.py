@@ -180,6 +180,22 @@ def _check_slurm(text: str, want: dict, tmp: Path) -> None:
         _plan_ok(_node_plan(argv, slurm_node), want)
 
 
+def k8s_expand(text: str, env: dict[str, str]) -> str:
+    """What Kubernetes makes of a command or env value: $(VAR) of a defined VAR is its value, $$ is $."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif (m := re.match(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", text[i:])) and m.group(1) in env:
+            out.append(env[m.group(1)])
+            i += m.end()
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
 def _check_k8s(text: str, want: dict) -> None:
     head, _, body = text.partition("\napiVersion: v1\n")
     assert all(line.startswith("# ") for line in head.split("\n"))
@@ -187,7 +203,13 @@ def _check_k8s(text: str, want: dict) -> None:
     assert (service["kind"], job["kind"]) == ("Service", "Job")
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    _argv_ok(container["command"], want)
+    env = {e["name"]: e.get("value", "") for e in container["env"]}
+    env["JOB_UID"] = "0f1e2d3c-uid"
+    env = {k: k8s_expand(v, env) for k, v in env.items()}
+    command = [k8s_expand(a, env) for a in container["command"]]  # what the pod runs
+    _argv_ok(command, want)
+    (check,) = pod["initContainers"]
+    assert k8s_expand(check["command"][check["command"].index("--output-dir") + 1], env) == want["output_dir"]
     opts = want["opts"]
     assert container["image"] == opts["image"]
     assert {v["name"]: v for v in pod["volumes"]}["shared"]["persistentVolumeClaim"] == {"claimName": opts["pvc"]}
@@ -200,10 +222,8 @@ def _check_k8s(text: str, want: dict) -> None:
     else:
         for doc in (service, job):
             kubernetes_validate.validate(doc, "1.37", strict=True)
-    env = {e["name"]: e.get("value", "") for e in container["env"]}
-    env["JOB_NAME"] = env["JOB_NAME"].replace("$(JOB_UID)", "0f1e2d3c-uid")
     if want["field"] in ("mount", "run_name"):  # the other argv fields: the SLURM case runs the same argv
-        _plan_ok(_node_plan(container["command"], env | {"JOB_COMPLETION_INDEX": "0"}), want)
+        _plan_ok(_node_plan(command, env | {"JOB_COMPLETION_INDEX": "0"}), want)
 
 
 CASES = [(kind, field, name) for kind in FIELDS for field in FIELDS[kind] for name in HOSTILE]

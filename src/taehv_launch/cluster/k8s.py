@@ -17,6 +17,7 @@ podFailurePolicy and the Job's uid label on its pods need Kubernetes 1.27 or new
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import PurePosixPath
 from typing import Any
@@ -27,6 +28,7 @@ from .job import ClusterJob, one_line_word
 
 JOB_UID = "metadata.labels['batch.kubernetes.io/controller-uid']"  # the Job's uid, on each of its pods
 CHECK = "requeue-check"  # the init container that counts restarts
+JOB_ID = "$(JOB_NAME)"  # the requeue check's --job-id: Kubernetes puts the pod's JOB_NAME there
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _NAMES = {  # option: (pattern, what Kubernetes accepts)
     "namespace": (re.compile(rf"^{_LABEL}$"), "a DNS label: lowercase letters, digits and '-', at most 63"),
@@ -48,6 +50,35 @@ def _check_names(**values: str | None) -> None:
             raise ConfigError(f"--{key} {value!r} is not {what}")
 
 
+# Where the claim may not be mounted: over the image's own system folders (`/`, `/usr`: the
+# container would not find taehv-launch or Python) or anything under the ones the runtime fills
+# (/dev, /proc, /sys: /dev/shm is the pod's memory volume, a second mount there is refused by the API).
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/proc")
+SYSTEM_DIRS += ("/root", "/run", "/sbin", "/sys", "/usr", "/var")
+SYSTEM_TREES = ("/bin", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr")
+SHM = "/dev/shm"
+
+
+def check_mount(mount: str) -> None:
+    if not mount.isprintable() or not PurePosixPath(mount).is_absolute():
+        raise ConfigError(
+            f"--mount {mount!r} is not an absolute path of printable characters: pass e.g. --mount /shared"
+        )
+    norm = posixpath.normpath("/" + mount.lstrip("/"))
+    if norm in SYSTEM_DIRS or any(PurePosixPath(norm).is_relative_to(tree) for tree in SYSTEM_TREES):
+        where = "the pod's /dev/shm memory volume" if PurePosixPath(norm).is_relative_to(SHM) else "the image's files"
+        raise ConfigError(
+            f"--mount {mount!r} would put the shared volume over {where}: mount it at a folder of its own, "
+            f"e.g. --mount /shared"
+        )
+
+
+def literal(text: str) -> str:
+    """`text` as Kubernetes passes it on in a command or env value: it expands $(VAR) there and reads
+    $$ as $, so every $ of a user's value is doubled."""
+    return text.replace("$", "$$")
+
+
 def render_k8s(
     job: ClusterJob,
     *,
@@ -59,10 +90,7 @@ def render_k8s(
     restarts: int = 3,
 ) -> str:
     _check_names(namespace=namespace, pvc=pvc, image=image)
-    if not mount.isprintable() or not PurePosixPath(mount).is_absolute():
-        raise ConfigError(
-            f"--mount {mount!r} is not an absolute path of printable characters: pass e.g. --mount /shared"
-        )
+    check_mount(mount)
     if not PurePosixPath(job.output_dir).is_relative_to(mount):
         raise ConfigError(
             f"output_dir {job.output_dir!r} is not on the shared volume mounted at {mount}: pass "
@@ -90,7 +118,9 @@ def render_k8s(
     check = {  # pod 0 counts the run's restarts; the others let their pod start (cluster/requeue.py)
         "name": CHECK,
         "image": image,
-        "command": job.requeue_check("$(JOB_NAME)", at_start=True),
+        "command": [  # the job id is ours, expanded by Kubernetes; the rest the user's, literal
+            a if a == JOB_ID else literal(a) for a in job.requeue_check(JOB_ID, at_start=True)
+        ],
         "env": job_env,
         "terminationMessagePolicy": "FallbackToLogsOnError",  # its one line in `kubectl describe pod`
         "volumeMounts": [shared],
@@ -98,7 +128,7 @@ def render_k8s(
     container = {
         "name": "trainer",
         "image": image,
-        "command": list(job.argv),
+        "command": [literal(a) for a in job.argv],
         "env": [{"name": k, "value": v} for k, v in env.items()] + job_env,
         "ports": [{"containerPort": job.port, "name": "rendezvous"}],
         "resources": {"limits": {"nvidia.com/gpu": job.gpus_per_node}},
