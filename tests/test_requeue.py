@@ -443,8 +443,10 @@ def test_k8s_job_fails_when_the_check_refuses_a_restart(tmp_path):
 
 def _init(check: dict, uid: str, index: int) -> subprocess.CompletedProcess:
     """The init container's command as the kubelet runs it: $(JOB_NAME) expanded from the pod's env."""
+    from test_render_hostile import k8s_expand
+
     env = _pod_env(check, uid, index)
-    argv = [env["JOB_NAME"] if a == "$(JOB_NAME)" else a for a in check["command"]]
+    argv = [k8s_expand(a, env) for a in check["command"]]
     return subprocess.run(
         [sys.executable, "-m", "taehv_launch.cli", *argv[1:]], env=env, capture_output=True, text=True, timeout=120
     )
@@ -500,10 +502,13 @@ def test_k8s_a_job_applied_again_with_run_name_starts_once_more(tmp_path):
 @pytest.mark.parametrize("name", sorted(HOSTILE_DIRS))
 def test_k8s_a_hostile_output_dir_is_the_checks_exactly(tmp_path, name):
     output_dir = "/shared/o" + HOSTILE_DIRS[name]
+    from test_render_hostile import k8s_expand  # what the kubelet makes of $(VAR) and $$
+
     job, check, trainer = _k8s(output_dir, "/shared")
-    argv = check["command"]
+    env = _pod_env(trainer, "u", 0)
+    argv = [k8s_expand(a, _pod_env(check, "u", 0)) for a in check["command"]]
     assert argv[argv.index("--output-dir") + 1] == output_dir
     plan = json.loads(
-        run_cli_here(*trainer["command"][1:], "--dry-run", "--json", env=_pod_env(trainer, "u", 0)).stdout
+        run_cli_here(*(k8s_expand(a, env) for a in trainer["command"][1:]), "--dry-run", "--json", env=env).stdout
     )
     assert plan["config"]["output_dir"] == output_dir

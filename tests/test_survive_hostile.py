@@ -205,6 +205,26 @@ def test_the_launch_notes_bad_rollback_records_and_goes_on(tmp_path):
     assert check_inputs(config, ("", ""), "train") == []
 
 
+def test_the_launcher_and_its_dry_run_make_the_run_dir_checks(tmp_path):
+    """Through the CLI, as a user meets them: `--run-name x` again on a run dir whose heartbeat path is a
+    file is refused by the dry run and by the launch, in one line, before anything is written; bad
+    rollback records are a note of the dry run."""
+    out = tmp_path / "out"
+    run = out / "x"
+    run.mkdir(parents=True)
+    (run / "heartbeat").write_text("not a folder")
+    append_event(run, {**good(), "to_step": "abc"})
+    before = tree(out)
+    argv = ["1", "cpu", "--run-name", "x", "--set", f"output_dir='{out}'"]
+    for extra in (["--dry-run"], []):
+        assert_one_line_error(run_cli_here(*argv, *extra, cwd=tmp_path), r"heartbeat is a file, where the trainer")
+        assert tree(out) == before
+    (run / "heartbeat").unlink()
+    proc = run_cli_here(*argv, "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "note      1 rollback record in" in proc.stdout and "line 1: to_step is" in proc.stdout, proc.stdout
+
+
 # ------------------------------------------------------------------------------ the watchdog
 @pytest.mark.parametrize(
     "make,name",

@@ -37,7 +37,7 @@ def check_this_machine(plan: Plan) -> list[str]:
     notes the input checks made."""
     from .inputs import check_inputs
 
-    notes = check_inputs(plan.config, plan.demo_assets, task=plan.options.task)
+    notes = check_inputs(plan.config, plan.demo_assets, task=plan.options.task, run_dir=plan.run_dir)
     check_output_dir(plan.run_dir)
     if plan.topology.machine_rank == 0 and plan.options.task == "train":  # the node that repoints `latest`
         check_latest_link(plan.run_dir.parent)
