@@ -47,10 +47,11 @@ def test_profile_table_covers_the_steady_window_only(monkeypatch):
     assert float(lines["outside"].split()[3]) == pytest.approx(1250.0)  # 9 s of wall - 4 s of phases
 
 
-def _view(crop: int, h: int = 48, w: int = 64):
+def _view(crop: int, h: int = 48, w: int = 64, cell: int = 8, seed: int = 0):
     target = torch.arange(2 * 9 * 3 * h * w, dtype=torch.float32).view(2, 9, 3, h, w)
-    latents = torch.arange(2 * 3 * 4 * (h // 8) * (w // 8), dtype=torch.float32).view(2, 3, 4, h // 8, w // 8)
-    return target, latents, seraena_crop(target, target + 1, latents, crop, torch.Generator().manual_seed(0))
+    lh, lw = h // cell, w // cell
+    latents = torch.arange(2 * 3 * 4 * lh * lw, dtype=torch.float32).view(2, 3, 4, lh, lw)
+    return target, latents, seraena_crop(target, target + 1, latents, crop, torch.Generator().manual_seed(seed))
 
 
 def test_seraena_crop_takes_one_window_on_the_latent_grid():
@@ -64,6 +65,16 @@ def test_seraena_crop_takes_one_window_on_the_latent_grid():
     for crop in (0, 64, 100):  # off, or not smaller than the frame
         t, l, (r, _, la) = _view(crop)
         assert r is t and la is l
+
+
+def test_seraena_crop_with_patch_size_2_keeps_to_its_16_pixel_cells():
+    """patch_size 2: a latent cell is 16 pixels, so the window starts on a 16-pixel line and its latents
+    are crop / 16 cells (an 8-pixel grid put half the windows off their latents)."""
+    for seed in range(8):
+        target, latents, (real, _, lat) = _view(32, h=64, w=96, cell=16, seed=seed)
+        y, x = divmod(int(real[0, 0, 0, 0, 0].item()) % (64 * 96), 96)
+        assert y % 16 == 0 and x % 16 == 0 and real.shape[-2:] == (32, 32) and lat.shape[-2:] == (2, 2)
+        assert torch.equal(lat, latents[..., y // 16 : y // 16 + 2, x // 16 : x // 16 + 2])
 
 
 class _Threads(Dataset):

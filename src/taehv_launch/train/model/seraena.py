@@ -367,15 +367,17 @@ class VideoSeraena(nn.Module):
 def seraena_crop(
     target: torch.Tensor, dec: torch.Tensor, latents: torch.Tensor, crop: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(target, decoded, latents) as Seraena sees them: one random crop x crop window on the 8-pixel
-    latent grid, the same for every clip of the micro-batch; the whole frames when crop is 0 or
-    not smaller than the frame. target/dec NTCHW, latents NT'chw with h, w = H/8, W/8."""
+    """(target, decoded, latents) as Seraena sees them: one random crop x crop window on the latent grid
+    (a latent cell is 8 x patch_size pixels: H / h), the same for every clip of the micro-batch; the
+    whole frames when crop is 0 or not smaller than the frame. target/dec NTCHW, latents NT'chw. The
+    plan keeps crop a multiple of the cell (plan/resolve.py)."""
     h, w = target.shape[-2:]
     if crop <= 0 or (crop >= h and crop >= w):
         return target, dec, latents
+    cell = h // latents.shape[-2]  # 8, or 16 with patch_size 2
     ch, cw = min(crop, h), min(crop, w)
-    y = 8 * int(torch.randint(0, (h - ch) // 8 + 1, (1,), generator=gen))
-    x = 8 * int(torch.randint(0, (w - cw) // 8 + 1, (1,), generator=gen))
+    y = cell * int(torch.randint(0, (h - ch) // cell + 1, (1,), generator=gen))
+    x = cell * int(torch.randint(0, (w - cw) // cell + 1, (1,), generator=gen))
     window = (..., slice(y, y + ch), slice(x, x + cw))
-    lat_window = (..., slice(y // 8, (y + ch) // 8), slice(x // 8, (x + cw) // 8))
+    lat_window = (..., slice(y // cell, (y + ch) // cell), slice(x // cell, (x + cw) // cell))
     return target[window], dec[window], latents[lat_window]
