@@ -94,6 +94,7 @@ class Watchdog:
             stacks_dir(self.run_dir).mkdir(exist_ok=True)  # also where torch dumps at the NCCL timeout
         for suffix in ("", ".dead", ".done", HANG_SUFFIX):
             self._path(self.rank, suffix).unlink(missing_ok=True)
+        self._beat()
 
     def _beat(self) -> None:
         info = {"rank": self.rank, "node": self.node, "host": socket.gethostname(), "pid": self.pid}
