@@ -62,3 +62,42 @@ def test_json_lines_skip_and_count_what_they_cannot_read(tmp_path):
     big.write_text("".join(f'{{"i": {i}}}\n' for i in range(1000)))
     recs, skipped = read_json_lines(big, limit=100)
     assert recs[-1] == {"i": 999} and skipped == 0 and len(recs) < 20  # the tail, from a whole line on
+
+
+def test_a_checkpoint_marker_or_state_that_is_not_ours_reads_as_incomplete(tmp_path):
+    """COMPLETE and trainer_state.json hand-edited or torn: 'incomplete' / one CheckpointError line,
+    never a traceback in a resume, `status` or the rotation."""
+    from taehv_launch.errors import CheckpointError
+    from taehv_launch.rundir.checkpoint import (
+        COMPLETE,
+        STATE_FILE,
+        checkpoint_dir,
+        checksum_problem,
+        incomplete_reason,
+        list_checkpoints,
+        read_state,
+        write_complete,
+    )
+
+    ckpt = checkpoint_dir(tmp_path, 10)
+    ckpt.mkdir()
+    (ckpt / STATE_FILE).write_text('{"world_size": 1, "zero_stage": 0}')
+    write_complete(ckpt, 10)
+    assert incomplete_reason(ckpt) is None and checksum_problem(ckpt) == (None, None)
+    bad_markers = [
+        b"[1]",
+        b'{"files": "abc"}',
+        b'{"files": [], "sizes": [1]}',
+        b'{"files": [1]}',
+        b"[" * 100_000,
+        b"\xff",
+    ]
+    for bad in bad_markers:
+        (ckpt / COMPLETE).write_bytes(bad)
+        assert incomplete_reason(ckpt) == "unreadable COMPLETE marker", bad
+        assert checksum_problem(ckpt) == ("unreadable COMPLETE marker", None)
+        assert list_checkpoints(tmp_path)[0][2] == "unreadable COMPLETE marker"
+    for bad in ("[1]", "[" * 100_000, '{"world_size": "x", "zero_stage": 0}', '{"world_size": 1e999, "zero_stage": 0}'):
+        (ckpt / STATE_FILE).write_text(bad)
+        with pytest.raises(CheckpointError, match="has no readable trainer_state.json"):
+            read_state(ckpt)

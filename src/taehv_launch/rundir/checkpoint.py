@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_FAILED, CheckpointError
-from ..files import write_atomic
+from ..files import read_json, write_atomic
 
 COMPLETE = "COMPLETE"  # marker file inside a finished checkpoint
 CHECKSUM = "crc32"  # zlib.crc32 of the whole file, 8 hex digits
@@ -103,10 +103,10 @@ def estimate_bytes(
 def read_state(ckpt: Path) -> dict:
     """trainer_state.json of a checkpoint, or CheckpointError in one line."""
     try:
-        state = json.loads((ckpt / STATE_FILE).read_text())
+        state = read_json(ckpt / STATE_FILE)
         int(state["world_size"]), int(state["zero_stage"])
         return state
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):
         raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE}: pass another checkpoint") from None
 
 
@@ -128,15 +128,31 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path, str | None]]:
     return sorted(out, key=lambda t: t[0])
 
 
+def read_marker(marker: Path) -> dict | None:
+    """A COMPLETE marker's record, or None when it is unreadable or not one we wrote: `files` a list of
+    names, `sizes` and `checksums` name -> value (a hand edit or a torn write must not crash a resume)."""
+    try:
+        meta = read_json(marker)
+    except (OSError, ValueError):
+        return None
+    files, sizes, sums = meta.get("files", []), meta.get("sizes") or {}, meta.get("checksums") or {}
+    if not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
+        return None
+    if not (isinstance(sizes, dict) and all(isinstance(n, int) for n in sizes.values())):
+        return None
+    if not (isinstance(sums, dict) and all(isinstance(v, str) for v in sums.values())):
+        return None
+    return meta
+
+
 def incomplete_reason(ckpt: Path) -> str | None:
     """Why `ckpt` is not complete (marker missing or unreadable, a listed file missing or of
     another size), or None. Cheap: no file is read; see checksum_problem for that."""
     marker = ckpt / COMPLETE
     if not marker.is_file():
         return "no COMPLETE marker (interrupted while saving)"
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, ValueError):
+    meta = read_marker(marker)
+    if meta is None:
         return "unreadable COMPLETE marker"
     missing = [f for f in meta.get("files", []) if not (ckpt / f).exists()]
     if missing:
@@ -191,9 +207,8 @@ def write_complete(folder: Path, step: int) -> dict:
 def checksum_problem(ckpt: Path) -> tuple[str | None, str | None]:
     """(problem, note): reads every file of a complete checkpoint and compares its checksum.
     A marker without checksums (an earlier version) is no problem, only a note."""
-    try:
-        meta = json.loads((ckpt / COMPLETE).read_text())
-    except (OSError, ValueError):
+    meta = read_marker(ckpt / COMPLETE)
+    if meta is None:
         return "unreadable COMPLETE marker", None
     sums = meta.get("checksums")
     if not sums:
