@@ -15,10 +15,8 @@ import resource
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
 
 from conftest import assert_one_line_error, clean_env, run_cli_here
 from taehv_launch.errors import LaunchError
@@ -47,18 +45,9 @@ def good(to_step=10, **over):
 
 
 def guard(run: Path, step: int, lines: list[str]) -> Guard:
-    cfg = SimpleNamespace(
-        loss_spike_factor=10.0,
-        loss_spike_window=4,
-        max_consecutive_bad_steps=3,
-        rollback_lr_factor=0.5,
-        rollback_lr_steps=100,
-        rollback_window=50,
-        reconstruction_loss_weight=1.0,
-        encoder_loss_weight=1.0,
-        seed=42,
-    )
-    return Guard(cfg, 0, 1, torch.device("cpu"), lines.append, run, step)
+    from test_divergence import make_guard  # the divergence tests' config: window 4, tolerance 3, seed 42
+
+    return make_guard(run, step=step, lines=lines)
 
 
 def tree(root: Path) -> dict[str, bytes | None]:

@@ -80,6 +80,18 @@ def _json_kind(value: Any) -> str:
     return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__).split()[-1]
 
 
+def show_field(rec: dict, key: str) -> str:
+    """A record's field as a one-line message shows it: `missing`, `a JSON list`/`a JSON object`, or its
+    JSON text cut at 40 characters (a hand-edited value can be anything)."""
+    if key not in rec:
+        return "missing"
+    value = rec[key]
+    if isinstance(value, (list, dict)):
+        return f"a JSON {'list' if isinstance(value, list) else 'object'}"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def read_json_or_none(path: str | Path, limit: int = RECORD_LIMIT) -> dict | None:
     """A JSON object, or None whatever is wrong with the file (missing, unreadable, not an object)."""
     try:

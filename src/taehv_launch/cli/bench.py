@@ -160,35 +160,15 @@ def loader_cmd(
         fail("bench loader needs --data-root DIR (a folder of videos)")
     more = {"resolutions": resolution} if resolution else {}  # loader.run's default: every height found
 
+    workers, decoders = workers or [4, 8, 12], decoder or LOADER_DECODERS
+
     def go() -> int:
         from ..bench import checks
 
-        checks.loader_args(
-            height,
-            width,
-            n_frames,
-            micro,
-            workers or [4, 8, 12],
-            decoder or LOADER_DECODERS,
-            seconds,
-            clips,
-            resolution,
-        )
+        checks.loader_args(height, width, n_frames, micro, workers, decoders, seconds, clips, resolution)
         from ..bench import loader
 
-        return loader.run(
-            data_root,
-            height,
-            width,
-            n_frames,
-            micro,
-            workers or [4, 8, 12],
-            decoder or LOADER_DECODERS,
-            seconds,
-            clips,
-            as_json,
-            **more,
-        )
+        return loader.run(data_root, height, width, n_frames, micro, workers, decoders, seconds, clips, as_json, **more)
 
     exit_with(go)
 

@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..files import RECORD_LIMIT, disk_errors, read_json_lines
+from ..files import RECORD_LIMIT, disk_errors, read_json_lines, show_field
 
 EVENTS_FILE = "events.jsonl"
 SEED_LIMIT = 2**40  # |data_seed| below this: the sampler multiplies it by ~1e6 into torch's 64-bit seed
@@ -43,25 +43,15 @@ def rollback_problem(rec: dict[str, Any]) -> str | None:
     """Why a resume cannot use this rollback record (None: it can)."""
     for key in ("to_step", "lr_until"):
         if not _whole(rec.get(key), 0):
-            return f"{key} is {_show(rec, key)}, not a step number (a whole number >= 0)"
+            return f"{key} is {show_field(rec, key)}, not a step number (a whole number >= 0)"
     if not _whole(rec.get("data_seed"), -SEED_LIMIT, SEED_LIMIT):
-        return f"data_seed is {_show(rec, 'data_seed')}, not a whole number of magnitude below 2**40"
+        return f"data_seed is {show_field(rec, 'data_seed')}, not a whole number of magnitude below 2**40"
     f = rec.get("lr_factor")
     if not (isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and 0 < f <= 1):
-        return f"lr_factor is {_show(rec, 'lr_factor')}, not a number in (0, 1]"
+        return f"lr_factor is {show_field(rec, 'lr_factor')}, not a number in (0, 1]"
     if not isinstance(rec.get("checkpoint"), str):
-        return f"checkpoint is {_show(rec, 'checkpoint')}, not a checkpoint name"
+        return f"checkpoint is {show_field(rec, 'checkpoint')}, not a checkpoint name"
     return None
-
-
-def _show(rec: dict[str, Any], key: str) -> str:
-    if key not in rec:
-        return "missing"
-    value = rec[key]
-    if isinstance(value, (list, dict)):
-        return f"a JSON {'list' if isinstance(value, list) else 'object'}"
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def rollbacks(run_dir: Path) -> tuple[list[dict[str, Any]], int, str]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import one_line
-from ..files import read_json, read_json_or_none, write_atomic
+from ..files import read_json, read_json_or_none, show_field, write_atomic
 from .checkpoint import CKPT_RE, newest_complete
 
 REQUEUE_FILE = "requeue.json"
@@ -46,21 +46,11 @@ def record_problem(rec: dict) -> str | None:
     for key in ("count", "without_progress"):
         value = rec.get(key)
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-            return f"its {key} is {_show(rec, key)}, not a whole number >= 0"
+            return f"its {key} is {show_field(rec, key)}, not a whole number >= 0"
     for key in ("last_checkpoint", "stopped", "job"):
         if rec.get(key) is not None and not isinstance(rec.get(key), str):
-            return f"its {key} is {_show(rec, key)}, not text"
+            return f"its {key} is {show_field(rec, key)}, not text"
     return None
-
-
-def _show(rec: dict, key: str) -> str:
-    if key not in rec:
-        return "missing"
-    value = rec[key]
-    if isinstance(value, (list, dict)):
-        return f"a JSON {'list' if isinstance(value, list) else 'object'}"
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def load_requeues(run_dir: Path) -> tuple[dict | None, str]:
