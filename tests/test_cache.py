@@ -163,7 +163,7 @@ def test_the_job_writes_every_view_once_and_skips_broken_videos(cache):
 def test_training_reads_the_stored_views_exactly(cache):
     """The dataset decodes each view's recorded frames and crop again: the clip the job encoded."""
     from taehv_launch.train.data.cached import CachedViewDataset
-    from taehv_launch.train.reference.cachejob import ViewDataset
+    from taehv_launch.train.cachejob import ViewDataset
 
     manifest = json.loads((cache / lc.MANIFEST).read_text())
     shard = manifest["shards"][0]["name"]

@@ -192,6 +192,63 @@ def test_the_package_graph_has_no_circle():
     )
 
 
+def child_of(module: str, parent: str) -> str | None:
+    """The direct child of package `parent` that holds `module` (taehv_launch.train.loop.guard under
+    taehv_launch.train -> taehv_launch.train.loop), or None when the module lies outside it."""
+    if not module.startswith(parent + "."):
+        return None
+    return parent + "." + module[len(parent) + 1 :].split(".")[0]
+
+
+def child_graph(parent: str, files: dict[str, Path], sources: dict[Path, str] | None = None) -> dict[str, dict]:
+    """Inside package `parent`: child (subpackage or module) -> {child it imports: the first import}."""
+    g: dict[str, dict[str, Edge]] = {}
+    for mod, path in files.items():
+        src = child_of(mod, parent)
+        if src is None:
+            continue
+        g.setdefault(src, {})
+        for e in imports(path, (sources or {}).get(path)):
+            dst = child_of(e.target, parent)
+            if dst is not None and dst != src and dst in files:
+                g[src].setdefault(dst, e)
+    return g
+
+
+def nested_cycles(files: dict[str, Path] | None = None, sources: dict[Path, str] | None = None) -> list[str]:
+    """One line per package (at any depth below taehv_launch) whose children import each other in a
+    circle: the circle and the import that makes each edge."""
+    files = files or modules()
+    packages = sorted({m for m, p in files.items() if p.name == "__init__.py" and m != "taehv_launch"})
+    bad = []
+    for parent in packages:
+        g = child_graph(parent, files, sources)
+        cycle = find_cycle(g)
+        if cycle:
+            hops = "; ".join(f"{a} -> {b} at {g[a][b].where}" for a, b in zip(cycle, cycle[1:]))
+            bad.append(f"circle inside {parent}: {' -> '.join(cycle)} ({hops})")
+    return bad
+
+
+def test_no_package_has_a_circle_between_its_children():
+    """Every level, not only the top: train/'s stages (data, reference, model, loop, durability) and
+    the modules beside them must not import each other in a circle (issue #40)."""
+    bad = nested_cycles()
+    assert not bad, "\n".join(bad)
+
+
+def test_a_circle_inside_a_package_is_caught():
+    files = modules()
+    data = PKG / "train" / "data" / "cached.py"
+    loop = PKG / "train" / "loop" / "build.py"
+    sources = {
+        data: data.read_text() + "\ndef _injected():\n    from ..loop import build\n",  # data -> loop
+        loop: loop.read_text(),  # loop -> data already
+    }
+    bad = nested_cycles(files, sources)
+    assert any(b.startswith("circle inside taehv_launch.train: ") and "taehv_launch.train.data" in b for b in bad), bad
+
+
 def test_the_module_graph_has_no_circle():
     files = modules()
     # an empty package __init__ is not an edge worth following

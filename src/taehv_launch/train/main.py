@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = make_config(read_rendered_config(args.config))
         if args.task == "cache":
-            from taehv_launch.train.reference.cachejob import run_cache_job
+            from taehv_launch.train.cachejob import run_cache_job
 
             code, message = run_cache_job(cfg, run_dir, args.debug), "ok"
         else:

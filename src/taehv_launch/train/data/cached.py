@@ -25,7 +25,7 @@ from ...plan.schema import Config
 from ...dataindex import latentcache as lc
 from .clips import Crop, Ticket, View, VideoClipDataset, read_view
 from .decode import codec_of
-from ..reference.refvae import weights_digest
+from ...dataindex.refweights import weights_digest
 from ...dataindex.viewtable import ViewTable, as_table
 
 log = logging.getLogger(__name__)

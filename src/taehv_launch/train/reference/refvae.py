@@ -17,7 +17,6 @@ decode no longer lines up with frames 0-8. `encode` therefore feeds only the fir
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from ...dataindex.refweights import model_dir
 from ...errors import ConfigError, ModelError
 from ...plan.families import Family, family_of_class, get_family
 
@@ -52,20 +52,6 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if not isinstance(value, torch.dtype):
         raise ConfigError(f"ref_vae_dtype={dtype!r} is not a torch dtype: use float32, bfloat16 or float16")
     return value
-
-
-def _model_dir(path: str) -> tuple[str, str | None]:
-    """(folder holding config.json, subfolder arg for from_pretrained) or ModelError."""
-    fix = "set ref_vae_path to a local diffusers folder (with vae/config.json or config.json)"
-    if not path:
-        raise ModelError(f"ref_vae_path is empty: {fix}, or set use_ref_vae=False")
-    if not os.path.isdir(path):
-        raise ModelError(f"reference VAE folder not found: {path}: {fix}")
-    if os.path.isfile(os.path.join(path, "vae", "config.json")):
-        return os.path.join(path, "vae"), "vae"
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path, None
-    raise ModelError(f"no config.json in {path} or {path}/vae: {fix}")
 
 
 def _check_folder(folder: str, kind: str) -> None:
@@ -108,29 +94,6 @@ def _from_pretrained(kind: str, path: str, subfolder: str | None, dtype: torch.d
             f"check ref_vae_type={kind}, or re-download the VAE"
         )
     return model
-
-
-def weight_files(path: str) -> list[str]:
-    """config.json and the weight files of a reference VAE folder, sorted (what its latents depend on)."""
-    folder, _ = _model_dir(path)
-    names = sorted(
-        n
-        for n in os.listdir(folder)
-        if n == "config.json"
-        or (n.startswith("diffusion_pytorch_model") and n.endswith((".safetensors", ".bin", ".json")))
-    )
-    return [os.path.join(folder, n) for n in names]
-
-
-def weights_digest(ref_vae_path: str) -> str:
-    """SHA-256 of the reference VAE folder's config.json and weight files (what its latents depend on)."""
-    h = hashlib.sha256()
-    for path in weight_files(ref_vae_path):
-        h.update(os.path.basename(path).encode())
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def _first_sentence(err: Exception) -> str:
@@ -275,7 +238,7 @@ def load_reference_vae(
     weights or weights that do not fit; never returns a randomly initialised model.
     """
     get_family(kind)
-    folder, subfolder = _model_dir(path)
+    folder, subfolder = model_dir(path)
     _check_folder(folder, kind)
     torch_dtype = _as_dtype(dtype)
     device = torch.device(device)

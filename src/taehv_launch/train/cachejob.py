@@ -18,21 +18,21 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ...errors import EXIT_OK, EXIT_RESUMABLE
-from ...plan.schema import Config
-from ..loop import build
-from ...dataindex import latentcache as lc
-from .refvae import weights_digest
-from ..durability.stop import StopFlag
-from ..loop.timing import hms
+from ..errors import EXIT_OK, EXIT_RESUMABLE
+from ..plan.schema import Config
+from .loop import build
+from ..dataindex import latentcache as lc
+from ..dataindex.refweights import weights_digest
+from .durability.stop import StopFlag
+from .loop.timing import hms
 
 
 class ViewDataset(Dataset):
     """Work item j -> {"frames": uint8 TCHW or None, "view": the record stored in the shard index}."""
 
     def __init__(self, work: list[tuple[str, str, int]], root: str, cfg: Config):
-        from ..data.clips import VideoClipDataset
-        from ...dataindex.index import VideoEntry
+        from .data.clips import VideoClipDataset
+        from ..dataindex.index import VideoEntry
 
         self.work, self.root, self.seed = work, root, cfg.seed
         self.clips = VideoClipDataset(
@@ -75,7 +75,7 @@ def plan_work(
 ) -> tuple[dict[str, Any], list[tuple[str, range]], list[tuple[str, str, int]], str]:
     """The job record, the shards (name, work positions), the work items and the data root.
     weights: the reference VAE's digest if known (else it is computed: it reads every weight file)."""
-    from ...dataindex.index import build_index, check_root, index_dir, split_train_val
+    from ..dataindex.index import build_index, check_root, index_dir, split_train_val
 
     entries = build_index(cfg.data_root, cfg.annotation_file, index_dir(cfg))  # rank 0 first: run_cache_job
     root = check_root(cfg.data_root, cfg.annotation_file)
@@ -138,7 +138,7 @@ def run_cache_job(cfg: Config, run_dir: Path, debug: bool) -> int:
     log(f"cache: {done_before} of {len(shards)} shards already complete; {world} process(es) encode the rest")
     ref = build.load_reference(replace(cfg, latent_cache=""), device)  # the job that fills the cache encodes
     if cfg.compile != "none" and device.type == "cuda":
-        from ..loop.speed import compile_reference, enable_compile_cache
+        from .loop.speed import compile_reference, enable_compile_cache
 
         enable_compile_cache(cfg)
         compile_reference(ref, cfg.ref_channels_last)
@@ -229,7 +229,7 @@ def _write_speed(run_dir: Path, clock: Clock, world: int, device: torch.device) 
     """run_dir/cache_speed.json: this rank's clips/s overall and after its first batch (compile warm-up)."""
     import json
 
-    from ...files import write_atomic
+    from ..files import write_atomic
 
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     write_atomic(
@@ -272,7 +272,7 @@ def _encode_shard(
 
 
 def _loader(dataset: Dataset, batches: list[list[int]], cfg: Config) -> DataLoader:
-    from ..data.clips import worker_init_fn
+    from .data.clips import worker_init_fn
 
     workers = cfg.dataloader_num_workers
     extra = dict(prefetch_factor=cfg.prefetch_factor) if workers > 0 else {}
