@@ -54,7 +54,12 @@ KEYS: dict[str, Key] = {
     ),
     "index_cache_dir": Key("", str, "where the dataset index is cached (default: <output_dir>/.index)"),
     # --- reference VAE ----------------------------------------------------------------
-    "use_ref_vae": Key(True, bool, "distil from a reference VAE (False: decoder trains on its own encodings)"),
+    "use_ref_vae": Key(
+        True,
+        bool,
+        "distil from a reference VAE (False: the decoder trains on TAEHV's own encodings, with "
+        "encoder_loss_weight=0; one process only for now: on 2 or more, DDP stops on unused parameters)",
+    ),
     "ref_vae_type": Key("cogvideox", str, "diffusers reference VAE family (plan/families.py)", FAMILIES),
     "ref_vae_path": Key(
         "", str, "local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE"
