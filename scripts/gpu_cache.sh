@@ -5,6 +5,7 @@
 #                                  compiled, and a --profile run from the cache (phases)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_cache}; W=${W:-/tmp/bc}; mkdir -p "$OUT" "$W"
+trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 tl() { python3 -c 'from taehv_launch.cli import main; main()' "$@"; }
 REF=$W/ref_vae_cogvideox_real_c16

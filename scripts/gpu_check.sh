@@ -14,6 +14,7 @@ set -uo pipefail
 mode=$1
 out=${2:-${OUT:-/tmp/gpu-check}}
 mkdir -p "$out"
+trap 'OUT="$out" python3 scripts/scrub_paths.py "$out"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD/src

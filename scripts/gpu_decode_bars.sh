@@ -10,6 +10,7 @@
 #   (SET: a folder name under .decvid, e.g. h264_480p h264_1080p; DECODER=opencv for the CPU rows)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_decode}; W=${W:-$PWD/.gpuwork}; mkdir -p "$OUT" "$W"
+trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 if [ ! -d /tmp/site/PyNvVideoCodec ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1

@@ -16,6 +16,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_hang}; W=${W:-/tmp/gpu_hang_work}; HANG_TIMEOUT=${HANG_TIMEOUT:-30}
 mkdir -p "$OUT" "$W"
+trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 if [ -d .whl ] && [ ! -f /tmp/site/.gpu_hang_installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && touch /tmp/site/.gpu_hang_installed || exit 1

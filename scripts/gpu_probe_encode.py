@@ -14,6 +14,7 @@ Measured 2026-11-24 on the H100 (docs/benchmarks.md, docs/evidence/speed/probe_*
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -426,6 +427,10 @@ def overlap(encode, step):
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import scrub_paths  # noqa: E402  (the evidence says what ran, not where: <repo>, <tmp>, <python>, ...)
+
+    scrub_paths.scrub_stdio()
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     modes = {
         "ref": ref_layouts,

@@ -12,6 +12,7 @@
 #                                         (scripts/train_sanity_reference.py): latents that hold the picture
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_sanity}; W=${W:-/tmp/bc}; mkdir -p "$OUT" "$W"
+trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 REF=$W/ref_vae_cogvideox_real_c16
 if [ "${1:-}" = teacher ]; then

@@ -10,6 +10,7 @@
 # Each row prints its speed.json (steady state: steps 11..STEPS; clips_per_s_per_gpu).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_scale}; W=${W:-/tmp/bc}; STEPS=${STEPS:-24}; mkdir -p "$OUT" "$W"
+trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 tl() { python3 -c 'from taehv_launch.cli import main; main()' "$@"; }
 REF=$W/ref_vae_cogvideox_real_c16

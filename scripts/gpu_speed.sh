@@ -11,6 +11,7 @@
 #   loader DIR  bench --loader on DIR at 4, 8, 12 workers
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_speed}; W=${W:-/tmp/bc}; mkdir -p "$OUT" "$W"
+trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 tl() { python3 -c 'from taehv_launch.cli import main; main()' "$@"; }
 case "$1" in

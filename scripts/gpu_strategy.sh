@@ -26,6 +26,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu_strategy}; W=${W:-/tmp/bs}; STEPS=${STEPS:-24}; GPUS=${GPUS:-1}
 DEADLINE=${DEADLINE:-100000}; ROW_S=${ROW_S:-240}; NEED_S=${NEED_S:-90}
 mkdir -p "$OUT" "$W"
+trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import torch, accelerate, deepspeed, diffusers; print(f"torch {torch.__version__}, accelerate {accelerate.__version__}, DeepSpeed {deepspeed.__version__}, diffusers {diffusers.__version__}")'

@@ -11,6 +11,7 @@
 set -uo pipefail
 GPUS=${1:-2}; PROFILE=${2:-cpu}; ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-60}
 W=${W:-/tmp/survive}; OUT=${OUT:-$W/out}; mkdir -p "$W" "$OUT"
+trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 # the base tree's cpu profile does not hide the GPU itself (gloo's barrier would ask for cuda:<rank>)
 [ "$PROFILE" = cpu ] && export CUDA_VISIBLE_DEVICES=

@@ -407,3 +407,66 @@ def test_docs_set_values_parse():
                 if "=0" not in item or "unknown" in str(err):
                     bad.append(f"{md.relative_to(REPO)}: --set {item}: {err}")
     assert not bad, bad
+
+
+# --- no machine's paths in the docs ----------------------------------------------------------------
+# An absolute path in the docs says where something ran (a temporary folder, the checkout, the home
+# folder, the Python install), which is no use to a reader: evidence is written with placeholders
+# (<repo>, <out>, <python>, ~, <tmp>; scripts/scrub_paths.py, which the evidence scripts run on their
+# output). A path here is a '/' that starts no relative path, URL or placeholder, then 2+ components.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~<>$}-])(?<!:/)/[A-Za-z_.][\w.+-]*/[^\s\"'`,;:()\[\]{}<>|\\]*")
+# The paths that are part of the product's documented interface, kept as written:
+ALLOWED_PATHS = (
+    "/data/",  # example data, model and cache folders in commands a user types (--set data_root=/data/videos)
+    "/models/",  # example reference VAE folder (--set ref_vae_path=/models/CogVideoX-2b)
+    "/shared/",  # example shared filesystem of the cluster commands (render slurm --output-dir /shared/runs)
+    "/runs/r/",  # the run directory in the quoted one-line messages of docs/troubleshooting.md
+    "/dev/shm",  # the DataLoader's shared memory: validate-env checks it, the k8s Job mounts it
+    "/proc/self/",  # what `bench index` reads for worker memory (/proc/self/smaps_rollup)
+    "/mnt/shared/datasets/",  # the synthetic paths `bench index` makes up (docs/benchmarks.md)
+    "/bin/bash",  # the rendered sbatch scripts' first line (docs/cluster/)
+)
+PATH_PAGES = [
+    REPO / "README.md",
+    REPO / "ARCHITECTURE.md",
+    *sorted(p for p in (REPO / "docs").rglob("*") if p.is_file()),
+]
+
+
+def machine_paths(text: str) -> list[str]:
+    return [m for m in ABSOLUTE_PATH.findall(text) if not m.startswith(ALLOWED_PATHS)]
+
+
+def test_no_machine_paths_in_the_docs():
+    bad = []
+    for page in PATH_PAGES:
+        if page.suffix in (".png", ".jpg", ".gif"):
+            continue
+        text = page.read_bytes().decode("utf-8", "replace")  # a pickled flight-recorder dump's strings too
+        for n, line in enumerate(text.splitlines(), 1):
+            bad += [f"{page.relative_to(REPO)}:{n}: {path}" for path in machine_paths(line)]
+    assert not bad, "absolute paths of a machine (python3 scripts/scrub_paths.py FILE rewrites them):\n" + "\n".join(
+        bad[:40]
+    )
+
+
+def test_scrub_paths_leaves_none(tmp_path):
+    """What the evidence scripts run on their output passes the check above and keeps the interface's paths."""
+    machine = (
+        f"run dir {REPO}/output/g2; /work/main/src/x.py /opt/torch/.venv/bin/accelerate /tmp/bc/output/a "
+        "file:///tmp/all4/mlruns /usr/local/lib/python3.12/site-packages/torch/x.py /usr/lib/python3.10/y.py "
+        "/home/alice/.cache/x /root/.cache/taehv-launch/demo /root/out/hang /private/var/folders/ab/cd/T/tmpq/v.mp4 "
+        "/var/tmp/x/y /usr/local/nvidia/lib64"
+    )
+    interface = "--set data_root=/data/videos /dev/shm https://pytorch.org/docs/stable/x.html rel/tmp/x"
+    source = tmp_path / "log.txt"
+    source.write_text(machine + "\n" + interface + "\n")
+    proc = subprocess.run(
+        ["python3", str(REPO / "scripts" / "scrub_paths.py"), str(tmp_path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert machine_paths(machine), "the check must see the machine paths before"
+    out = source.read_text().splitlines()
+    assert machine_paths(out[0]) == [], out[0]
+    assert out[1] == interface
+    assert "<repo>/output/g2" in out[0] and "<python>/bin/accelerate" in out[0] and "<tmp>/bc/output/a" in out[0]
