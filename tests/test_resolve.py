@@ -295,3 +295,53 @@ def test_seraena_crop_values_that_work():
 def test_an_empty_output_dir_is_refused(value):
     with pytest.raises(ConfigError, match="output_dir is empty"):
         plan_for(1, "cpu", set_values={"output_dir": value})
+
+
+@pytest.mark.parametrize(
+    "profile,sets,match",
+    [
+        ("cpu", {"dataloader_num_workers": 100000}, r"dataloader_num_workers=100000 is out of range: use 0-64 "),
+        ("h100", {"dataloader_num_workers": 65}, r"use 0-64 worker processes per rank"),
+        ("cpu", {"prefetch_factor": 17}, r"prefetch_factor=17 is out of range: use 1-16 batches per worker"),
+        ("cpu", {"prefetch_factor": 0}, r"prefetch_factor=0 is out of range: use 1-16"),
+        ("h100", {"nccl_timeout": 10**15}, r"nccl_timeout=1000000000000000 is out of range: use 1-604800 seconds"),
+        # #35: a 100000x100000 crop passed the cpu dry run; a clip no profile can hold, on every profile
+        ("cpu", {"height": 100000, "width": 100000}, r"clips of 12x100000x100000 .* at most 126,438,365 "),
+        ("h100", {"height": 100000, "width": 100000}, r"more than the largest profile holds \(h200, 140\.4 GiB\)"),
+        ("cpu", {"n_frames": 1200, "height": 1024, "width": 1024}, r"clips of 1200x1024x1024"),
+        # the cpu profile has no GPU memory plan: its micro-batch is held to the same floor
+        (
+            "cpu",
+            {"micro_batch_size": 100000},
+            r"micro_batch_size=100000 of 12x64x64 clips .*use micro_batch_size 1-2572 ",
+        ),
+    ],
+)
+def test_values_past_the_upper_bounds_name_the_range(profile, sets, match):
+    with pytest.raises(ConfigError, match=match):
+        plan_for(1, profile, set_values=sets)
+
+
+def test_values_at_the_upper_bounds_are_taken():
+    plan_for(1, "cpu", set_values={"dataloader_num_workers": 64, "prefetch_factor": 16, "nccl_timeout": 604800})
+    plan_for(1, "cpu", set_values={"height": 2048, "width": 2048})  # 12x2048x2048: far from the floor's limit
+    plan_for(1, "cpu", set_values={"micro_batch_size": 64})
+    # a GPU profile's micro-batch past its memory is the memory plan's to refuse, with one that fits
+    plan = plan_for(1, "h100", set_values={"micro_batch_size": 64})
+    assert plan.memory.fits is False and "use --set micro_batch_size=8" in plan.memory.detail
+    for profile in PROFILES:  # every shipped row is far inside the bounds
+        for row in PROFILES[profile].rows:
+            plan_for(row.gpus, profile)
+
+
+def test_the_bounds_are_one_line_in_the_dry_run(tmp_path):
+    from conftest import assert_one_line_error, run_cli_here
+
+    out = f"output_dir='{tmp_path}'"
+    for sets, match in (
+        (["dataloader_num_workers=100000"], r"^error: dataloader_num_workers=100000 is out of range: use 0-64"),
+        (["height=100000", "width=100000"], r"^error: clips of 12x100000x100000 .* at most 126,438,365"),
+    ):
+        argv = [x for s in sets for x in ("--set", s)]
+        assert_one_line_error(run_cli_here("1", "cpu", "--dry-run", "--set", out, *argv), match)
+    assert list(tmp_path.iterdir()) == []

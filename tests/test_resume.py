@@ -325,8 +325,13 @@ def test_a_flipped_byte_is_refused_and_auto_resume_falls_back(tmp_path):
     (older / "ema.safetensors").write_bytes(data[:-10])
     assert newest_complete(run) == (newer, [])
     assert newest_complete(run, verify=True)[0] is None
-    found, notes = resolve_resume("auto", tmp_path / "output", run)
-    assert found is None and "checkpoint-2: ema.safetensors changed size since it was saved" in notes[1]
+    # every checkpoint damaged: refused, naming each, never started over (#35)
+    with pytest.raises(
+        CheckpointError,
+        match=r"no checkpoint of run .*/r can be resumed.*checkpoint-4: model\.safetensors does not match.*"
+        r"checkpoint-2: ema\.safetensors changed size since it was saved",
+    ):
+        resolve_resume("auto", tmp_path / "output", run)
 
 
 def test_a_marker_without_checksums_still_resumes_with_a_note(tmp_path):

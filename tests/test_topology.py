@@ -709,3 +709,53 @@ def test_a_gpu_count_past_the_profiles_maximum_suggests_only_counts_it_takes():
         assert_one_line_error(
             run_cli_here(count, "h100", "--dry-run"), rf"^error: GPU count must be at least 1, got {count} \(usage:"
         )
+
+
+# --- the rendezvous address (#35: `--master-addr 'bad host!'` passed the dry run, torchrun died) ---
+
+
+@pytest.mark.parametrize(
+    "addr",
+    ["gpu-node07", "taehv-16-node-0-0.taehv-16", "node0.cluster.local.", "10.0.0.11", "fd00::1", "[fd00::1]", "a" * 63],
+)
+def test_a_hostname_or_ip_is_taken_as_the_master_address(addr):
+    topo = detect_topology(16, {}, num_nodes=2, node_rank=1, master_addr=addr)
+    assert topo.main_process_ip == addr
+
+
+@pytest.mark.parametrize(
+    "addr", ["bad host!", "node_07", "-node", "node-", "a..b", "10.0.0.256", "1.2.3", "a" * 64, f"{'a' * 60}." * 5]
+)
+def test_a_master_address_that_is_no_hostname_or_ip_is_refused(addr):
+    with pytest.raises(TopologyError, match=r"^--master-addr '.*' is not a hostname or IP address: give node 0's"):
+        detect_topology(16, {}, num_nodes=2, node_rank=1, master_addr=addr)
+    with pytest.raises(TopologyError, match="not a hostname"):  # on one node too: accelerate is given it
+        detect_topology(1, {}, master_addr=addr)
+
+
+@pytest.mark.parametrize(
+    "env,origin",
+    [
+        (with_rank(CLOUD, MASTER_ADDR="bad host"), "MASTER_ADDR"),
+        (with_rank(TRAINJOB, PET_MASTER_ADDR="x!"), "PET_MASTER_ADDR"),
+        (with_rank(K8S, MASTER_ADDR="svc/0"), "MASTER_ADDR"),
+        (
+            {**{k: v for k, v in SLURM.items() if "NODELIST" not in k}, "SLURM_NODELIST": "gpu_a[1-2]"},
+            "the first host of SLURM_NODELIST",
+        ),
+        (with_rank(SKYPILOT, SKYPILOT_NODE_IPS="10.0.0.300\n10.0.0.12"), "the first address of SKYPILOT_NODE_IPS"),
+    ],
+)
+def test_a_schedulers_bad_master_address_is_refused_naming_its_variable(env, origin):
+    with pytest.raises(TopologyError, match=rf"^{origin} '.*' is not a hostname or IP address"):
+        detect_topology(16, env)
+
+
+def test_a_bad_master_address_is_one_line_in_the_dry_run_and_the_launch_writes_nothing(tmp_path):
+    from conftest import assert_one_line_error, run_cli, run_cli_here
+
+    args = ("1", "cpu", "--master-addr", "bad host!", "--set", f"output_dir='{tmp_path / 'out'}'")
+    match = r"^error: --master-addr 'bad host!' is not a hostname or IP address"
+    assert_one_line_error(run_cli_here(*args, "--dry-run"), match)
+    assert_one_line_error(run_cli(*args, cwd=tmp_path), match)  # the real launch: refused in the plan
+    assert not (tmp_path / "out").exists()

@@ -75,6 +75,30 @@ def predict_gib(
     return TRAINER_OVERHEAD_GIB + max(step, ref) + CUDA_CONTEXT_GIB
 
 
+def _measured_shape(cfg: dict) -> bool:
+    """Whether TAEHV has the shape STEP_FIT was measured on: patch_size 1, 4x in time."""
+    return (cfg["patch_size"], 2 ** sum(cfg["encoder_time_downscale"])) == (1, 4)
+
+
+def step_floor_gib(cfg: dict, micro: int) -> float:
+    """The least memory a training step on clips of this size can take on any device: the step of the
+    model above with gradient checkpointing on, its fixed costs, and no reference encode (a latent cache
+    can spare it). The GPU's bf16 activations are a floor for the CPU too, which computes in fp32 or
+    bf16. For a TAEHV of another shape (not measured) only what must exist whatever the model: the
+    micro-batch's decoded uint8 clips. resolve.check_clip_size refuses clips no profile could hold."""
+    if not _measured_shape(cfg):
+        return micro * cfg["n_frames"] * 3 * cfg["height"] * cfg["width"] / 2**30
+    return predict_gib(micro, cfg["n_frames"], cfg["height"], cfg["width"], True, cfg["ref_vae_type"], 1, False)
+
+
+def max_clip_pixels(cfg: dict, gib: float, micro: int = 1) -> int:
+    """The largest n_frames x height x width whose step_floor_gib at `micro` is at most `gib`."""
+    if not _measured_shape(cfg):
+        return int(gib * 2**30 / (3 * micro))
+    fixed, per_clip = STEP_FIT[True]
+    return max(0, int((gib - TRAINER_OVERHEAD_GIB - CUDA_CONTEXT_GIB - fixed) / (per_clip * micro) * REF_PIXELS))
+
+
 def decode_gib(cfg: dict) -> float:
     """GPU memory of the GPU video decoder (0 when training decodes on the CPU)."""
     if cfg.get("video_decoder", "opencv") == "opencv":

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from .families import get_family
-from .memory import MemoryPlan, plan_memory
-from .profiles import STRATEGY_SPEED, STRATEGY_TABLE, Profile, Row, get_profile, nccl_timeout_for, row_for
+from .memory import MemoryPlan, max_clip_pixels, plan_memory, step_floor_gib
+from .profiles import PROFILES, STRATEGY_SPEED, STRATEGY_TABLE, Profile, Row, get_profile, nccl_timeout_for, row_for
 from .schema import DEFAULTS, global_batch
 from .topology import Topology
 
@@ -157,6 +157,17 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab")  # the `trackers` key's
 
 HANG_TIMEOUT_FLOOR = 10  # seconds: twice the heartbeat period (train/durability/watchdog.py period_s=5)
 
+# Upper bounds (#35): a value past these is a typo or brings the machine down, never a setting.
+# DataLoader workers are processes, per rank: the profiles run 1-12; a node of 8 GPUs with 256 cores
+# has 32 per GPU, so 64 is twice what any node can keep busy (100000 forks the machine to a halt).
+MAX_WORKERS = 64
+# Batches queued per worker: the queue only hides decode jitter (the workers set the rate) and each
+# queued batch holds memory in /dev/shm (memory.shm_bytes); the profiles use 2.
+MAX_PREFETCH = 16
+# The process-group timeout becomes a datetime.timedelta in the trainer, which overflows far above
+# this; a collective waiting a week is hung (hang_timeout finds it much sooner).
+MAX_NCCL_TIMEOUT = 7 * 24 * 3600
+
 
 def tracker_names(value: Any) -> list[str]:
     """The `trackers` key as names, in the order given, each once ("tensorboard, mlflow" -> two names);
@@ -185,6 +196,36 @@ def check_seraena_crop(c: dict[str, Any], space: int, given: bool) -> None:
         f"seraena_crop={crop} must be 0 (off: the whole frame) or a multiple of {space} (TAEHV's latent grid, "
         f"8 x patch_size) from {space} to {largest} (the {c['height']}x{c['width']} clips' larger side), "
         f"e.g. --set seraena_crop={min(largest, max(space, abs(crop) // space * space))}"
+    )
+
+
+def check_clip_size(c: dict[str, Any], profile: Profile) -> None:
+    """Clips far beyond what any profile can hold (#35: a 100000x100000 crop passed): the least memory
+    one clip's training step can take (memory.step_floor_gib: micro 1, gradient checkpointing, no
+    reference encode; for a TAEHV shape never measured, the clip's own bytes) above the largest GPU of
+    any profile is refused everywhere. On the cpu profile, where no GPU memory model applies, the same
+    floor at its micro-batch is refused too (a GPU profile's memory plan refuses that one with a
+    micro-batch that fits)."""
+    biggest = max((p for p in PROFILES.values() if p.gpu_gib), key=lambda p: p.gpu_gib)
+    largest, holds = biggest.gpu_gib, f"more than the largest profile holds ({biggest.name}, {biggest.gpu_gib:g} GiB)"
+    micro = c["micro_batch_size"] if profile.gpu_gib is None else 1
+    floor = step_floor_gib(c, micro)
+    if floor <= largest:
+        return
+    pixels = c["n_frames"] * c["height"] * c["width"]
+    limit = max_clip_pixels(c, largest, micro)
+    if micro > 1 and pixels <= max_clip_pixels(c, largest):
+        raise ConfigError(
+            f"micro_batch_size={micro} of {c['n_frames']}x{c['height']}x{c['width']} clips needs at least "
+            f"{floor:.0f} GiB per process, {holds}: use micro_batch_size "
+            f"{'1' if (most := max_clip_pixels(c, largest) // pixels) <= 1 else f'1-{most}'} "
+            f"(raise gradient_accumulation_steps instead)"
+        )
+    raise ConfigError(
+        f"clips of {c['n_frames']}x{c['height']}x{c['width']} (n_frames x height x width = {pixels:,} pixels) "
+        f"need at least {floor:.0f} GiB per process{f' at micro {micro}' if micro > 1 else ''}, {holds}: keep "
+        f"n_frames x height x width at most {limit:,} "
+        f"(e.g. 12x480x720 = 4,147,200)"
     )
 
 
@@ -228,6 +269,7 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology, given:
             f"{k}={c[k]} must be a positive multiple of {space} (TAEHV downsamples 8x x patch_size)",
         )
     check_seraena_crop(c, space, "seraena_crop" in given)
+    check_clip_size(c, profile)
     need(str(c["output_dir"]).strip() != "", "output_dir is empty: give a folder, e.g. --set output_dir=output")
     need(
         1 <= c["min_frame_delta"] <= c["max_frame_delta"],
@@ -263,7 +305,19 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology, given:
     ):
         need(c[k] >= 0, f"{k}={c[k]} must not be negative")
     need(c["bucket_size_mb"] >= 0, f"bucket_size_mb={c['bucket_size_mb']} must not be negative (0 = the profile's)")
-    need(c["prefetch_factor"] >= 1, f"prefetch_factor={c['prefetch_factor']} must be at least 1")
+    need(
+        c["dataloader_num_workers"] <= MAX_WORKERS,
+        f"dataloader_num_workers={c['dataloader_num_workers']} is out of range: use 0-{MAX_WORKERS} worker "
+        f"processes per rank (the profiles use 1-12)",
+    )
+    need(
+        1 <= c["prefetch_factor"] <= MAX_PREFETCH,
+        f"prefetch_factor={c['prefetch_factor']} is out of range: use 1-{MAX_PREFETCH} batches per worker (default 2)",
+    )
+    need(
+        c["nccl_timeout"] <= MAX_NCCL_TIMEOUT,
+        f"nccl_timeout={c['nccl_timeout']} is out of range: use 1-{MAX_NCCL_TIMEOUT} seconds (a week; default 1800)",
+    )
     need(0.0 < c["learning_rate"] < 1.0, f"learning_rate={c['learning_rate']} is out of range (0, 1)")
     need(0.0 <= c["ema_decay"] < 1.0, f"ema_decay={c['ema_decay']} must be in [0, 1)")
     need(0.0 <= c["validation_fraction"] < 1.0, f"validation_fraction={c['validation_fraction']} must be in [0, 1)")

@@ -68,11 +68,13 @@ class Prediction:
     hours: float  # to max_train_steps from `from_step`
     gpu_hours: float
     basis: str
+    from_step: int = 0  # a resume's checkpoint step: hours and GPU-hours cover only the steps after it
 
     def line(self, world: int, steps: int) -> str:
+        todo = f"{max(0, steps - self.from_step)} steps left (to {steps})" if self.from_step else f"{steps} steps"
         return (
             f"~{self.clips_per_s_per_gpu:.2f} clips/s per GPU ({self.clips_per_s_per_gpu * world:.1f} on {world}), "
-            f"{self.efficiency * 100:.1f}% of one GPU's: {steps} steps in {self.hours:.1f} h, "
+            f"{self.efficiency * 100:.1f}% of one GPU's: {todo} in {self.hours:.1f} h, "
             f"{self.gpu_hours:.0f} GPU-hours ({self.basis})"
         )
 
@@ -96,4 +98,4 @@ def predict(
             f"all-reduce over an assumed {NVLINK_GBPS:g} GB/s NVLink, {NETWORK_GBPS:g} GB/s per GPU between nodes"
         )
     seconds = steps * clips_per_step * world / (per_gpu * world)
-    return Prediction(per_gpu, eff, seconds / 3600, seconds / 3600 * world, basis)
+    return Prediction(per_gpu, eff, seconds / 3600, seconds / 3600 * world, basis, from_step)

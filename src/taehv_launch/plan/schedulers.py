@@ -41,6 +41,7 @@ class Found:
     rank: int | None = None
     rank_from: str = ""
     addr: str | None = None
+    addr_from: str = ""
     port: int | None = None
     job_id: str | None = None
 
@@ -77,7 +78,8 @@ def _from_pet(env: Mapping[str, str], given: set[str]) -> Found:
     rank = env_int(env, rank_var)
     if rank is None and "rank" not in given and num > 1:
         raise TopologyError(f"PET_NNODES={raw} is set but PET_NODE_RANK is not: pass --node-rank")
-    addr = get_var(env, "PET_MASTER_ADDR") or get_var(env, "MASTER_ADDR")
+    addr_var = "PET_MASTER_ADDR" if get_var(env, "PET_MASTER_ADDR") else "MASTER_ADDR"
+    addr = get_var(env, addr_var)
     port_var = "PET_MASTER_PORT" if get_var(env, "PET_MASTER_PORT") else "MASTER_PORT"
     return Found(
         source=SOURCE_PET,
@@ -86,6 +88,7 @@ def _from_pet(env: Mapping[str, str], given: set[str]) -> Found:
         rank=rank,
         rank_from=f"{rank_var}={rank}",
         addr=addr,
+        addr_from=addr_var,
         port=env_int(env, port_var, port=True),
         job_id=job_from_host(addr),
     )
@@ -107,6 +110,7 @@ def _from_cloud(env: Mapping[str, str]) -> Found:
         rank=rank,
         rank_from=f"RANK={rank}",
         addr=addr,
+        addr_from="MASTER_ADDR",
         port=env_int(env, "MASTER_PORT", port=True),
         job_id=job_from_host(addr),
     )
@@ -122,12 +126,12 @@ def _from_slurm(env: Mapping[str, str], nodes_var: str, given: set[str]) -> Foun
             f"SLURM reports {num} nodes but SLURM_NODEID is not set: start taehv-launch once per node "
             "with `srun --ntasks-per-node=1 taehv-launch ...`"
         )
-    addr = get_var(env, "MASTER_ADDR")
+    addr, addr_from = get_var(env, "MASTER_ADDR"), "MASTER_ADDR"
     if not addr and num > 1 and "addr" not in given:
         nodelist_var = first_set(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
         if nodelist_var is None:
             raise TopologyError(f"SLURM reports {num} nodes but no node list: set MASTER_ADDR or pass --master-addr")
-        addr = slurm_first_host(get_var(env, nodelist_var))
+        addr, addr_from = slurm_first_host(get_var(env, nodelist_var)), f"the first host of {nodelist_var}"
     return Found(
         source=SOURCE_SLURM,
         num=num,
@@ -135,6 +139,7 @@ def _from_slurm(env: Mapping[str, str], nodes_var: str, given: set[str]) -> Foun
         rank=rank,
         rank_from=f"SLURM_NODEID={rank}",
         addr=addr,
+        addr_from=addr_from,
         port=env_int(env, "MASTER_PORT", port=True),
         job_id=get_var(env, "SLURM_JOB_ID"),
     )
@@ -166,6 +171,7 @@ def _from_kubernetes(env: Mapping[str, str], given: set[str]) -> Found:
         rank=rank,
         rank_from=f"JOB_COMPLETION_INDEX={rank}",
         addr=addr,
+        addr_from="MASTER_ADDR",
         port=env_int(env, "MASTER_PORT", port=True),
         job_id=job or None,
     )
@@ -184,6 +190,7 @@ def _from_skypilot(env: Mapping[str, str], given: set[str]) -> Found:
         rank=rank,
         rank_from=f"SKYPILOT_NODE_RANK={rank}",
         addr=get_var(env, "MASTER_ADDR") or (ips[0] if ips else None),
+        addr_from="MASTER_ADDR" if get_var(env, "MASTER_ADDR") else "the first address of SKYPILOT_NODE_IPS",
         port=env_int(env, "MASTER_PORT", port=True),
         job_id=get_var(env, "SKYPILOT_TASK_ID"),
     )
@@ -247,6 +254,35 @@ def parse_int(name: str, raw: str, text: str, *, minimum: int) -> int:
     if value < minimum:
         raise TopologyError(f"{name}={raw!r} must be at least {minimum}: fix or unset {name}")
     return value
+
+
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")  # RFC 1123 section 2.1
+
+
+def check_host(addr: str, origin: str) -> None:
+    """The rendezvous address is a hostname (RFC 1123: dot-separated labels of letters, digits and
+    inner hyphens, 1-63 characters each, 253 in all; a trailing dot allowed), an IPv4 address or an
+    IPv6 address (bare or in brackets), else TopologyError in one line naming where it came from
+    (`origin`: --master-addr, MASTER_ADDR, ...).
+    All-numeric dotted names must be a valid IPv4 address (RFC 1123: a hostname's top label is never
+    all digits), so `10.0.0.256` is refused rather than looked up as a name."""
+    import ipaddress
+
+    bare = addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr
+    try:
+        ipaddress.ip_address(bare)
+        return
+    except ValueError:
+        pass
+    name = addr[:-1] if addr.endswith(".") else addr
+    labels = name.split(".")
+    numeric = all(part.isdigit() for part in labels)
+    if not numeric and len(name) <= 253 and all(_LABEL.match(part) for part in labels):
+        return
+    raise TopologyError(
+        f"{origin} {addr!r} is not a hostname or IP address: give node 0's address as a hostname (letters, digits, "
+        f"'-' and '.', RFC 1123), an IPv4 address (10.0.0.1) or an IPv6 address (fd00::1)"
+    )
 
 
 def check_port(port: int, label: str) -> None:

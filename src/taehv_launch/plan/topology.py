@@ -46,6 +46,8 @@ local, 0..gpus_per_machine-1 on every node (passing 0-15 on 8-GPU nodes was the 
 "invalid device ordinal" crash).
 
 Master port: --master-port, else the source's port variable, else MASTER_PORT, else 29500.
+Main node address, wherever it came from: a hostname (RFC 1123), an IPv4 or an IPv6 address
+(schedulers.check_host), refused in one line naming its origin, before anything is written.
 
 Job id (for the run id; the same on every node): the source's own id, then SLURM_JOB_ID,
 SKYPILOT_TASK_ID, MLP_TASK_ID (Volcengine ML platform). Source-specific: kubernetes reads
@@ -70,6 +72,7 @@ from .schedulers import (
     SOURCE_ASSUMED,
     SOURCE_OPTIONS,
     SOURCE_SINGLE,
+    check_host,
     check_port,
     env_int,
     first_set,
@@ -102,6 +105,7 @@ class Topology:
                 f"invalid topology: node rank {self.machine_rank} is outside 0..{self.num_machines - 1}"
             )
         check_port(self.main_process_port, f"main_process_port {self.main_process_port}")
+        check_host(self.main_process_ip, "main_process_ip")
 
     @property
     def gpu_ids(self) -> str:
@@ -207,20 +211,22 @@ def detect_topology(
 
     # Main node address and port.
     if master_addr is not None:
-        addr = master_addr
+        addr, addr_from = master_addr, "--master-addr"
     elif num == 1:
-        addr = LOCALHOST
+        addr, addr_from = LOCALHOST, ""
     elif found is not None and found.addr:
-        addr = found.addr
+        addr, addr_from = found.addr, found.addr_from
     elif get_var(env, "MASTER_ADDR"):
-        addr = get_var(env, "MASTER_ADDR")
+        addr, addr_from = get_var(env, "MASTER_ADDR"), "MASTER_ADDR"
     elif derived and node_rank is None:
-        addr = LOCALHOST  # shown by --dry-run; check_local_gpus refuses to launch it
+        addr, addr_from = LOCALHOST, ""  # shown by --dry-run; check_local_gpus refuses to launch it
     else:
         raise TopologyError(
             f"{num} nodes ({num_from}) but no address for the main node: "
             "pass --master-addr (hostname or IP of node rank 0) or set MASTER_ADDR"
         )
+    if addr_from:  # torchrun would die on it after the run folder is written: refused in the plan
+        check_host(addr, addr_from)
     if master_port is not None:
         port = master_port
     elif found is not None and found.port is not None:

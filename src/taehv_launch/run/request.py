@@ -16,13 +16,13 @@ from ..errors import CheckpointError, ConfigError
 from ..plan.configfile import ConfigFile, load_config_file, parse_sets
 from ..plan.demo import demo_cache_dir, demo_paths
 from ..plan.profiles import check_gpu_count, get_profile
-from ..plan.resolve import Options, Plan, resolve
+from ..plan.resolve import MAX_NCCL_TIMEOUT, Options, Plan, resolve
 from ..plan.scaling import Prediction, predict
 from ..plan.text import PATH_KEYS, check_path, check_text
 from ..plan.topology import detect_topology
 from ..rundir.checkpoint import read_state
 from .checkpoints import layout_change_note, resume_problem
-from .runs import resolve_resume, run_id_for
+from .runs import check_rerun, resolve_resume, run_id_for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,8 +124,11 @@ def environment_values(env: dict[str, str]) -> dict[str, int]:
         raise ConfigError(
             f"NCCL_TIMEOUT={raw!r} is not a whole number of seconds: unset it or use --set nccl_timeout=SECONDS"
         ) from None
-    if value < 1:
-        raise ConfigError(f"NCCL_TIMEOUT={raw} must be at least 1 second: unset it or use --set nccl_timeout=SECONDS")
+    if not 1 <= value <= MAX_NCCL_TIMEOUT:
+        raise ConfigError(
+            f"NCCL_TIMEOUT={raw} is out of range: use 1-{MAX_NCCL_TIMEOUT} seconds (a week), unset it, "
+            f"or use --set nccl_timeout=SECONDS"
+        )
     return {"nccl_timeout": value}
 
 
@@ -150,6 +153,10 @@ def settle(plan: Plan, env: dict[str, str], local: bool = True) -> Plan:
             if not explicit_run:
                 run_dir, source = ckpt.parent, "resumed run"  # continue the run the checkpoint belongs to
         options = replace(options, resume=str(ckpt) if ckpt else None)
+    if not options.resume:
+        if options.task == "train" and local:  # a fresh start never trains over a run's checkpoints or exports
+            check_rerun(run_dir, plan.options.resume)
+        options = replace(options, resume=None)  # `--resume ''` (an unset variable in a script): a fresh start
     demo = ("", "")
     if plan.profile.device == "cpu":
         demo = demo_paths(demo_cache_dir(env), config["ref_vae_type"], config["latent_channels"])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, ConfigError, LaunchError
 from ..rundir.checkpoint import checkpoint_step, checksum_problem, incomplete_reason, newest_complete
+from ..rundir.layout import BEST_MODEL, EXPORT_SAFETENSORS, FINAL_MODEL
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LATEST = "latest"
@@ -102,6 +103,8 @@ THIS_RUN = "this-run"
 def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple[Path | None, list[str]]:
     """`auto` with a named run (run_dir: --run-name or the scheduler's job id) -> newest complete
     checkpoint of that run only, else start fresh: naming the run is how a user says which one.
+    A named run whose checkpoints are all damaged or incomplete is refused (CheckpointError naming
+    them), never started over; one with exports but no checkpoint is refused by check_rerun.
     `auto` without a name (each launch gets a new timestamped run) -> the newest complete checkpoint
     of the newest run that has one (a run that failed before its first checkpoint is passed over);
     the caller continues in that checkpoint's run directory. None: start fresh.
@@ -120,6 +123,8 @@ def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple
         )
     if resume in (THIS_RUN, "auto") and run_dir is not None:
         found, skipped = newest_complete(run_dir, verify=True) if run_dir.is_dir() else (None, [])
+        if found is None and skipped:  # checkpoints, none of them usable: never start over them (#35)
+            raise CheckpointError(damaged_line(resume, run_dir, skipped))
         if found is None:
             skipped.append(
                 f"--resume {resume}: no complete checkpoint in {run_dir} yet; starting from scratch "
@@ -174,6 +179,65 @@ def resolve_resume(resume: str, output_dir: Path, run_dir: Path | None) -> tuple
             f"--resume auto to take the newest intact one"
         )
     return path, [note] if note else []
+
+
+def trained_contents(run_dir: Path) -> tuple[list[str], list[str]]:
+    """What a launch from scratch would train over in a run folder: its checkpoint-<step> folders,
+    complete or not (newest first), and its exports (best_model, final_model). The launch files,
+    logs and a `.tmp-checkpoint-*` of a run that failed before its first checkpoint are not in it:
+    such a folder may be launched again."""
+    try:
+        entries = list(run_dir.iterdir()) if run_dir.is_dir() else []
+    except OSError:
+        entries = []
+    steps = sorted(((s, p.name) for p in entries if (s := checkpoint_step(p)) is not None and p.is_dir()), reverse=True)
+    exports = [name for name in (BEST_MODEL, FINAL_MODEL) if os.path.lexists(run_dir / name)]
+    return [name for _, name in steps], exports
+
+
+def weights_hint(run_dir: Path, exports: list[str]) -> str:
+    """How to start a new run from a run's exported weights ("" when it has none)."""
+    if not exports:
+        return ""
+    folder = run_dir / (FINAL_MODEL if FINAL_MODEL in exports else exports[0])
+    try:  # the export's own weight file, whatever its name (taehv.safetensors, or the family's)
+        weights = min(folder.glob("*.safetensors"), default=folder / EXPORT_SAFETENSORS)
+    except OSError:
+        weights = folder / EXPORT_SAFETENSORS
+    return f" (add --set pretrained_model_path={weights} to start from its weights)"
+
+
+def check_rerun(run_dir: Path, resume: str | None) -> None:
+    """A run folder that holds checkpoints or exports is never trained over from scratch (a rerun
+    of a finished run's name replaced its final_model, and rotation deleted its checkpoints, #35):
+    ConfigError in one line naming the folder and the ways out, before anything is written."""
+    checkpoints, exports = trained_contents(run_dir)
+    if not (checkpoints or exports):
+        return
+    shown = checkpoints[:3] + ([f"{len(checkpoints) - 3} older checkpoint(s)"] if len(checkpoints) > 3 else [])
+    if resume in ("auto", THIS_RUN):
+        how = f"--resume {resume} finds no checkpoint there to continue, so it"
+    else:
+        how = "a launch " + ("without --resume" if resume is None else f"with --resume {resume!r}")
+    if checkpoints:
+        ways = "continue it with --resume auto, or pick a new --run-name to start another run"
+    else:
+        ways = f"pick a new --run-name{weights_hint(run_dir, exports)}"
+    raise ConfigError(
+        f"run folder {run_dir} already holds a run ({', '.join(shown + exports)}): {how} would train from "
+        f"scratch over it; {ways}"
+    )
+
+
+def damaged_line(resume: str, run_dir: Path, skipped: list[str]) -> str:
+    """--resume auto/this-run of a named run whose every checkpoint is damaged or incomplete."""
+    damaged = "; ".join(s.removeprefix("skipping ") for s in skipped)
+    _, exports = trained_contents(run_dir)
+    return (
+        f"--resume {resume}: no checkpoint of run {run_dir} can be resumed, each is damaged or incomplete "
+        f"({damaged}); continue from an intact copy with --resume PATH, or start over under a new "
+        f"--run-name{weights_hint(run_dir, exports)}; the damaged checkpoints are left as they are"
+    )
 
 
 def point_latest(output_dir: Path, run_dir: Path) -> None:
