@@ -716,7 +716,16 @@ def test_a_gpu_count_past_the_profiles_maximum_suggests_only_counts_it_takes():
 
 @pytest.mark.parametrize(
     "addr",
-    ["gpu-node07", "taehv-16-node-0-0.taehv-16", "node0.cluster.local.", "10.0.0.11", "fd00::1", "[fd00::1]", "a" * 63],
+    [
+        "gpu-node07",
+        "node_07",  # Docker Compose services and some cluster hosts; glibc and torch resolve them
+        "taehv-16-node-0-0.taehv-16",
+        "node0.cluster.local.",
+        "10.0.0.11",
+        "fd00::1",
+        "[fd00::1]",
+        "a" * 63,
+    ],
 )
 def test_a_hostname_or_ip_is_taken_as_the_master_address(addr):
     topo = detect_topology(16, {}, num_nodes=2, node_rank=1, master_addr=addr)
@@ -724,7 +733,8 @@ def test_a_hostname_or_ip_is_taken_as_the_master_address(addr):
 
 
 @pytest.mark.parametrize(
-    "addr", ["bad host!", "node_07", "-node", "node-", "a..b", "10.0.0.256", "1.2.3", "a" * 64, f"{'a' * 60}." * 5]
+    "addr",
+    ["bad host!", "_node", "node_", "-node", "node-", "a..b", "10.0.0.256", "1.2.3", "a" * 64, f"{'a' * 60}." * 5],
 )
 def test_a_master_address_that_is_no_hostname_or_ip_is_refused(addr):
     with pytest.raises(TopologyError, match=r"^--master-addr '.*' is not a hostname or IP address: give node 0's"):

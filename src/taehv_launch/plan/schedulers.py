@@ -256,12 +256,14 @@ def parse_int(name: str, raw: str, text: str, *, minimum: int) -> int:
     return value
 
 
-_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")  # RFC 1123 section 2.1
+# RFC 1123 section 2.1, plus '_' inside a label: Docker Compose services and some cluster hosts are
+# named node_07, and glibc's resolver and torch's rendezvous take such names.
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$")
 
 
 def check_host(addr: str, origin: str) -> None:
     """The rendezvous address is a hostname (RFC 1123: dot-separated labels of letters, digits and
-    inner hyphens, 1-63 characters each, 253 in all; a trailing dot allowed), an IPv4 address or an
+    inner hyphens or underscores, 1-63 characters each, 253 in all; a trailing dot allowed), an IPv4 address or an
     IPv6 address (bare or in brackets), else TopologyError in one line naming where it came from
     (`origin`: --master-addr, MASTER_ADDR, ...).
     All-numeric dotted names must be a valid IPv4 address (RFC 1123: a hostname's top label is never
@@ -281,7 +283,7 @@ def check_host(addr: str, origin: str) -> None:
         return
     raise TopologyError(
         f"{origin} {addr!r} is not a hostname or IP address: give node 0's address as a hostname (letters, digits, "
-        f"'-' and '.', RFC 1123), an IPv4 address (10.0.0.1) or an IPv6 address (fd00::1)"
+        f"'-', '_' and '.', RFC 1123), an IPv4 address (10.0.0.1) or an IPv6 address (fd00::1)"
     )
 
 
