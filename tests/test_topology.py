@@ -750,7 +750,7 @@ def test_a_master_address_that_is_no_hostname_or_ip_is_refused(addr):
         (with_rank(TRAINJOB, PET_MASTER_ADDR="x!"), "PET_MASTER_ADDR"),
         (with_rank(K8S, MASTER_ADDR="svc/0"), "MASTER_ADDR"),
         (
-            {**{k: v for k, v in SLURM.items() if "NODELIST" not in k}, "SLURM_NODELIST": "gpu_a[1-2]"},
+            {**{k: v for k, v in SLURM.items() if "NODELIST" not in k}, "SLURM_NODELIST": "gpu!a[1-2]"},
             "the first host of SLURM_NODELIST",
         ),
         (with_rank(SKYPILOT, SKYPILOT_NODE_IPS="10.0.0.300\n10.0.0.12"), "the first address of SKYPILOT_NODE_IPS"),
