@@ -33,6 +33,7 @@ from taehv_launch.train.durability.hang import (
     process_state,
     rank_view,
     ranks_text,
+    unsettled,
 )
 from taehv_launch.train.durability.progress import WARMUP_STEPS, Progress
 from taehv_launch.train.durability.watchdog import Watchdog
@@ -162,6 +163,40 @@ def test_rank_view_ages_a_silent_rank_from_its_last_heartbeat():
     assert silent["state"] is None  # another host: nothing can be told
 
 
+def test_the_verdict_waits_until_every_rank_beat_after_the_limit_or_is_late():
+    """#35 item 12: hang_timeout 10 s with 5 s beats, a rank frozen in backward next to a peer blocked in
+    DDP's all-reduce (the same step, phase and count): when the limit passes its heartbeat is a few
+    seconds old, not late (15 s). Deciding then said "every rank is stuck"; the verdict waits until
+    each rank beat after the limit passed (live) or is late (frozen: the culprit)."""
+    live, frozen = view(phase="backward", age=10.4, beat=0.0), view(phase="backward", age=10.6, beat=4.0)
+    assert unsettled({0: live, 1: frozen}, 10, 5.0)  # its beat is older than the limit's passing (0.6 s ago)
+    assert not unsettled({0: live, 1: {**frozen, "beat_age_s": 0.5}}, 10, 5.0)  # beat since: live
+    assert name_culprits({0: live, 1: frozen}) == ([0, 1], "all")  # what deciding now would say
+    assert not unsettled({0: live, 1: {**frozen, "late": True}}, 10, 5.0)  # late: the culprit
+    assert name_culprits({0: live, 1: {**frozen, "late": True}}) == ([1], "late")
+    assert not unsettled({0: live, 1: {**frozen, "progress_age_s": 25.1}}, 10, 5.0)  # bounded: 3 periods
+
+
+def test_a_stopped_process_is_late_at_once_whatever_its_heartbeats_age(tmp_path):
+    host = socket.gethostname()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while process_state(host, child.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = {"step": 4, "phase": "backward", "progress_age_s": 9.0, "collectives": 9, "mtime": 1000.0}
+        info |= {"host": host, "pid": child.pid, "node": 0, "warmup": True}
+        v = rank_view(info, 1001.0, 5.0)  # one second old: no beat missed yet
+        assert (v["late"], v["state"], v["beat_age_s"]) == (True, "T", 1.0)
+        assert job_limit({0: view(phase="backward"), 1: v}, 0, 10, 1800) == (10, "hang_timeout")  # no warm-up grace
+    finally:
+        child.kill()
+        child.wait()
+    v = rank_view(info | {"pid": os.getpid()}, 1001.0, 5.0)
+    assert (v["late"], v["state"] in ("R", "S")) == (False, True)  # a live process on this host
+
+
 def test_process_state_sees_stopped_live_and_gone_processes():
     host = socket.gethostname()
     assert process_state(host, os.getpid()) in ("R", "S")
@@ -252,6 +287,66 @@ def test_a_gloo_process_groups_flight_recorder_dump_holds_its_collectives():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[] ['fr'] gloo:all_reduce [[3]]"  # nothing recorded: no file
+
+
+GLOO_PAIR = textwrap.dedent("""
+    import os, sys, time, torch, torch.distributed as dist
+    from pathlib import Path
+    from taehv_launch.train.durability.hang import dump_stacks
+    run, port, rank = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(3))
+    if rank == 1:  # does not join the 4th: dumps, and leaves while rank 0 waits in it
+        dump_stacks(run, 1, "rank 1")
+        time.sleep(4)
+    else:
+        dist.all_reduce(torch.ones(3), async_op=True)
+        time.sleep(1)
+        dump_stacks(run, 0, "rank 0")
+    print("dumped", flush=True)
+    os._exit(0)
+""")
+
+
+@pytest.mark.slow
+def test_torchs_analyser_reads_the_gloo_dumps_and_needs_a_flag_when_a_rank_left_none(tmp_path):
+    """#35 item 13: `torchfrtrace <run>/heartbeat/stacks -p fr_trace_rank_` names the rank that did not
+    join (torch records a gloo group nameless, and the analyser failed on it with a KeyError); with a
+    rank's dump missing (a frozen rank) the plain command fails and --allow-incomplete-ranks runs."""
+    from conftest import free_port
+
+    env, port = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}, str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", GLOO_PAIR, str(tmp_path), port, str(r)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for r in (0, 1)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and out == "dumped\n", err
+    stacks, analyser = stacks_dir(tmp_path), [str(Path(sys.executable).parent / "torchfrtrace")]
+
+    def analyse(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*analyser, str(stacks), "-p", "fr_trace_rank_", *flags], capture_output=True, text=True, timeout=120
+        )
+
+    both = analyse()
+    assert both.returncode == 0, both.stderr
+    text = both.stdout + both.stderr
+    assert "Not all ranks joining collective, sequence number: 4" in text and "missing ranks: {1}" in text, text
+    (stacks / "fr_trace_rank_1").unlink()  # rank 1 frozen: no dump
+    plain = analyse()
+    assert plain.returncode != 0 and "Missing dump files from ranks {1}" in plain.stderr
+    partial = analyse("--allow-incomplete-ranks")
+    assert partial.returncode == 0, partial.stderr
+    assert "we missed FR dumps from ranks ({1})" in partial.stdout + partial.stderr
 
 
 # ----------------------------------------------------------------------------- the watchdog, real threads
@@ -385,6 +480,29 @@ def test_a_stopped_peer_on_this_host_is_reported_as_hung_not_dead(tmp_path):
     assert w0._problem(1, w0._fs_now() + 60).startswith("rank 1 (node 0")  # its process gone: dead
 
 
+def test_a_silent_peer_elsewhere_is_named_once_late_even_when_the_limit_is_shorter(tmp_path):
+    """A peer on another host (no process state) stops beating 0.7 s into a backward of the step rank 0
+    waits in, with hang_timeout (1 s) under LATE_PERIODS periods (3 x 0.5 s): when the limit passes its
+    heartbeat is young (not late, not even a beat missed). The report waits until it is late and names
+    it, instead of naming every rank at the limit."""
+    h0, busy = Hangs(), stuck(5, "backward", 9)
+    busy.since -= 0.7
+    w0 = hang_dog(tmp_path, 0, 2, busy, h0, period_s=0.5, hang_timeout=1.0, hang_timeout_slow=1.0).start()
+    peer = {"rank": 1, "node": 1, "host": "another-host", "pid": 4242, "step": 5, "phase": "backward"}
+    peer |= {"progress_age_s": 0.7, "collectives": 9, "warmup": False}
+    (tmp_path / "heartbeat" / "rank1").write_text(json.dumps(peer))
+    silent_since = time.time()
+    try:
+        assert h0.event.wait(30)
+        report, decided = h0.calls[0]
+        assert decided and report["culprits"] == [1] and report["why"] == "late", report["line"]
+        assert time.time() - silent_since >= 1.5  # once late, not at the limit
+        assert report["line"].startswith("job hung: rank 1 stuck in backward at step 5, no progress for ")
+        assert "its process is gone or on another node; waiting: rank 0 (backward, step 5)" in report["line"]
+    finally:
+        w0.stop(clean=False)
+
+
 END_SCRIPT = textwrap.dedent("""
     import atexit, sys
     from pathlib import Path
@@ -442,7 +560,7 @@ class HangRun:
     """`taehv-launch 2 cpu` as users run it (the cpu profile's DataLoader worker per rank), hang_timeout
     20 s, no validation or checkpoint during the run (slow phases), output into files."""
 
-    def __init__(self, tmp: Path, name: str, **env: str):
+    def __init__(self, tmp: Path, name: str, hang_timeout: int = HANG_TIMEOUT, **env: str):
         from conftest import CLI, clean_env, free_port
 
         self.run = tmp / "output" / name
@@ -454,7 +572,7 @@ class HangRun:
             "max_train_steps=10000",
             "validation_steps=100000",
             "checkpointing_steps=100000",
-            f"hang_timeout={HANG_TIMEOUT}",
+            f"hang_timeout={hang_timeout}",
         ):
             argv += ["--set", key]
         environ = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1", **env)
@@ -577,3 +695,43 @@ def test_a_rank_sleeping_inside_a_collective_is_named_and_every_rank_dumps(tmp_p
     assert {"rank0.txt", "rank1.txt", "fr_trace_rank_0", "fr_trace_rank_1"} <= set(report["dumps"])
     status = json.loads((run.run / "exit_status.json").read_text())
     assert status == {"code": 76, "message": line.removeprefix("error: ")}
+
+
+@pytest.mark.slow
+def test_at_the_smallest_hang_timeout_a_rank_frozen_in_backward_is_named(tmp_path):
+    """#35 item 12: hang_timeout=10 (the floor), rank 1 SIGSTOPped while its heartbeat says backward,
+    past warm-up: rank 0 then blocks in DDP's gradient all-reduce at the same step, phase and count.
+    The limit passed before rank 1's heartbeat was 3 periods (15 s) old, and the report said "every
+    rank is stuck"; it names rank 1, stopped."""
+    run = HangRun(tmp_path, "floor", hang_timeout=10)
+    try:
+        run.wait_for("step 4/")
+        pid, beat, seen = run.ranks()[1], run.run / "heartbeat" / "rank1", 0.0
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # a fresh beat in backward: the rank is in (or just past) it
+            try:
+                mtime, info = beat.stat().st_mtime, json.loads(beat.read_text())
+            except (OSError, ValueError):
+                mtime, info = seen, {}
+            if mtime != seen and info.get("phase") == "backward" and info.get("warmup") is False:
+                os.kill(pid, signal.SIGSTOP)
+                break
+            seen = mtime
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"rank 1 never beat in backward past warm-up: {run.text()}")
+        t0 = time.monotonic()
+        code = run.finish(timeout=10 + MARGIN + 60)
+        elapsed = time.monotonic() - t0
+    finally:
+        run.kill()
+    assert code == EXIT_HUNG, run.text()
+    assert 8 <= elapsed < 10 + MARGIN, elapsed
+    line = one_error_line(run)
+    assert re.match(
+        r"error: job hung: rank 1 stuck in \w+ at step \d+, no progress for \d+ s \(hang_timeout 10 s\); ", line
+    )
+    assert "its process is stopped (SIGSTOP" in line and "every rank is stuck" not in line
+    assert re.search(r"; waiting: rank 0 \(\w+, step \d+\); ", line)
+    report = list(read_hang_reports(run.run).values())[0]
+    assert report["culprits"] == [1] and report["why"] == "late" and report["ranks"]["1"]["state"] == "T"

@@ -12,6 +12,14 @@ than the job's limit, the job is hung:
   heartbeat/stacks/, waits until every live rank did, records the exit status EXIT_HUNG with the
   line, and exits; the launcher prints the line and stops what is left (a frozen process).
 
+A rank whose heartbeat stopped is told from a live one by its process state, read at every check
+(this host only: SIGSTOP or a debugger is certain at once), else by its heartbeat's age: late after
+LATE_PERIODS periods. Deciding the moment the limit passes would judge a frozen rank that is not late
+yet as live (hang_timeout 10 s against 15 s for lateness), with the same step and phase as the peers
+blocked on it (DDP's gradient all-reduce inside backward is no counted collective): "every rank is
+stuck". So the verdict waits until every rank either beat after the limit passed (it is live) or is
+late (`unsettled`): a live rank beats within a period, a frozen one is late within LATE_PERIODS.
+
 Who is stuck (`name_culprits`): ranks waiting in a collective for a stuck peer are victims, not
 culprits. In order: ranks whose heartbeat stopped (their process is frozen: SIGSTOP, a debugger,
 a native call holding the GIL); else the ranks behind the others (an older step, or fewer
@@ -78,9 +86,12 @@ def process_state(host: object, pid: object) -> str | None:
 
 def rank_view(info: dict, now: float, period_s: float) -> dict:
     """A rank as the hang detector judges it, from its heartbeat (with `mtime`) at filesystem time `now`:
-    its progress age counts on from its last heartbeat, so a frozen rank's grows like the others'."""
+    its progress age counts on from its last heartbeat, so a frozen rank's grows like the others'. Late
+    (its threads do not run): its heartbeat is LATE_PERIODS periods old, or its process on this host is
+    stopped (SIGSTOP, a debugger), however young its last heartbeat."""
     beat_age = max(0.0, now - float(info["mtime"]))
-    late = beat_age > LATE_PERIODS * period_s
+    state = process_state(info.get("host"), info.get("pid"))
+    late = beat_age > LATE_PERIODS * period_s or state in STOPPED
     return {
         "step": int(info.get("step", 0)),
         "phase": str(info.get("phase", "?")),
@@ -89,7 +100,7 @@ def rank_view(info: dict, now: float, period_s: float) -> dict:
         "progress_age_s": round(float(info.get("progress_age_s", 0.0)) + beat_age, 1),
         "beat_age_s": round(beat_age, 1),
         "late": late,
-        "state": process_state(info.get("host"), info.get("pid")) if late else None,
+        "state": state,
         "host": info.get("host"),
         "pid": info.get("pid"),
         "node": info.get("node"),
@@ -105,6 +116,17 @@ def job_limit(views: dict[int, dict], unstarted: int, hang_timeout: float, slow:
     ):
         return max(slow, hang_timeout), "hang_timeout_slow"
     return hang_timeout, "hang_timeout"
+
+
+def unsettled(views: dict[int, dict], limit_s: float, period_s: float) -> bool:
+    """True while the verdict must wait: a rank that is not late has not beaten since the job passed its
+    limit, so it may be frozen (the culprit) or live. A frozen rank stopped before the job's progress
+    did, so it never beats after that moment and is late at most LATE_PERIODS periods later; a live one
+    beats within a period. Never longer than that past the limit."""
+    excess = max(v["progress_age_s"] for v in views.values()) - limit_s  # how long ago the limit passed
+    if excess > LATE_PERIODS * period_s:
+        return False
+    return any(not v["late"] and v["beat_age_s"] > excess for v in views.values())
 
 
 def name_culprits(views: dict[int, dict]) -> tuple[list[int], str]:
@@ -208,9 +230,30 @@ def dump_stacks(run_dir: Path, rank: int, header: str) -> list[Path]:
     files = [path]
     for kind, data in flight_recorder_dumps().items():
         trace = trace_path(run_dir, rank, kind)
-        write_atomic(trace, data)
+        write_atomic(trace, analysable(data))
         files.append(trace)
     return files
+
+
+def analysable(data: bytes) -> bytes:
+    """A flight-recorder dump that torch's analyser (`torchfrtrace`) reads. torch's generic recorder
+    (gloo; seen on torch 2.13) records the process group nameless, {"": {"name": "", "desc": "", "ranks"}},
+    while its entries name it ("0", "default_pg"): the analyser looks the group up by that name and fails
+    (KeyError). When every entry names one group, the record takes that name and description; anything
+    else (NCCL's dumps, several groups) is written as torch made it."""
+    import pickle
+
+    try:
+        dump = pickle.loads(data)
+        config = dump["pg_config"]
+        groups = {tuple(e["process_group"]) for e in dump["entries"]}
+        if list(config) != [""] or len(groups) != 1:
+            return data
+        ((name, desc),) = groups
+        dump["pg_config"] = {str(name): {**config[""], "name": str(name), "desc": str(desc)}}
+        return pickle.dumps(dump)
+    except Exception:  # not the format this knows: as torch wrote it
+        return data
 
 
 def wait_for_dumps(run_dir: Path, ranks: list[int], since: float, timeout_s: float, poll_s: float = 0.5) -> list[int]:

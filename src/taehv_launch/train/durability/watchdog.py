@@ -37,7 +37,7 @@ from ...errors import EXIT_FAILED, LaunchError
 from ...files import disk_error_message, write_atomic
 from ...rundir.heartbeat import HANG_SUFFIX, read_heartbeat, read_hang_reports, stacks_dir
 from .hang import dump_stacks, dumps_since, hang_line, job_limit, name_culprits, process_state, rank_view
-from .hang import wait_for_dumps
+from .hang import unsettled, wait_for_dumps
 from .progress import PROGRESS, Progress
 
 
@@ -177,6 +177,8 @@ class Watchdog:
         limit = job_limit(views, unstarted, self.hang_timeout, self.hang_timeout_slow)
         if not views or all(v["progress_age_s"] <= limit[0] for v in views.values()):
             return None
+        if unsettled(views, limit[0], self.period_s):
+            return None  # a rank has not beaten since: frozen (the culprit) or live? a later tick knows
         culprits, why = name_culprits(views)
         report = {
             "line": hang_line(views, culprits, why, limit, stacks_dir(self.run_dir)),
