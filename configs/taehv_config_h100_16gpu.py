@@ -6,7 +6,7 @@ from easydict import EasyDict
 
 args = EasyDict()
 args.data_root = ''  # folder of videos; empty on the cpu profile = built-in synthetic demo set
-args.annotation_file = ''  # optional JSON {"list": [{"path": ...}]}, paths relative to data_root
+args.annotation_file = ''  # optional list of the videos instead of a scan: .json ({"list": [{"path": ...}]}), .jsonl, .csv or .txt (one path per line), as `taehv-launch index` writes; paths relative to data_root
 args.height = 480  # training crop height (pixels, multiple of 8)
 args.width = 720  # training crop width (pixels, multiple of 8)
 args.n_frames = 12  # frames per clip: a multiple of 12 (TAEHV stride 4 x Seraena groups of 3)
@@ -21,7 +21,7 @@ args.prefetch_factor = 3  # batches prefetched per worker
 args.video_decoder = 'auto'  # where training clips are decoded: nvdec (the GPU's hardware decoder, in the training process; needs the [nvdec] extra), opencv (CPU, in the DataLoader workers), auto (nvdec on GPUs when installed, else opencv)
 args.video_decode_threads = 4  # with nvdec: decoding threads per rank, each with its own NVDEC session and CUDA stream
 args.index_cache_dir = ''  # where the dataset index is cached (default: <output_dir>/.index)
-args.use_ref_vae = True  # distil from a reference VAE (False: decoder trains on its own encodings)
+args.use_ref_vae = True  # distil from a reference VAE (False: the decoder trains on TAEHV's own encodings, with encoder_loss_weight=0; one process only for now: on 2 or more, DDP stops on unused parameters)
 args.ref_vae_type = 'cogvideox'  # diffusers reference VAE family (plan/families.py)
 args.ref_vae_path = ''  # local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE
 args.ref_vae_dtype = 'bfloat16'  # dtype of the frozen reference VAE

@@ -179,7 +179,7 @@ def test_short_video_falls_back_to_smaller_stride(tmp_path):
 
 def test_video_shorter_than_clip_is_skipped(tmp_path):
     """A clip shorter than n_frames used to freeze on its last frame silently (#29 item 9): now the video is
-    skipped like a broken file (the item's "skipped" list, one warning with the reason) and another is used."""
+    skipped like a broken file (the item's "skipped" list, its reason in "why") and another is used."""
     short, exact = _coded_video(tmp_path / "5.avi", 5), _coded_video(tmp_path / "12.avi", T)
     for train in (True, False):
         ds = VideoClipDataset([short, exact], 16, 24, T, 1, 2, False, seed=0, train=train)
@@ -189,22 +189,19 @@ def test_video_shorter_than_clip_is_skipped(tmp_path):
         VideoClipDataset([short], 16, 24, T, 1, 2, False, seed=0)[0]
 
 
-def test_short_video_reason_is_logged(tmp_path, caplog):
-    ds = VideoClipDataset(
-        [_coded_video(tmp_path / "11.avi", T - 1), _coded_video(tmp_path / "40.avi", 40)],
-        16,
-        24,
-        T,
-        1,
-        2,
-        False,
-        seed=0,
-    )
-    with caplog.at_level("WARNING", logger="taehv_launch.train.data.clips"):
-        ds[0]
-    assert [r.getMessage() for r in caplog.records] == [
-        f"skipping video {tmp_path / '11.avi'}: 11 frames, fewer than n_frames=12"
-    ]
+def test_short_video_reason_goes_with_the_item_not_to_the_log(tmp_path, caplog, capfd):
+    """A skipped video's reason travels in the item's "why" (the trainer prints the one line per video and
+    rank, #35 item 10): the dataset prints nothing itself, in the process or in any DataLoader worker."""
+    short = _coded_video(tmp_path / "11.avi", T - 1)
+    ds = VideoClipDataset([short, _coded_video(tmp_path / "40.avi", 40)], 16, 24, T, 1, 2, False, seed=0)
+    with caplog.at_level("WARNING"):
+        item = ds[0]
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert item["skipped"] == [short] and item["why"] == {short: "11 frames, fewer than n_frames=12"}
+    loader = DataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate, worker_init_fn=worker_init_fn)
+    batches = list(loader)
+    assert {p: w for b in batches for p, w in b["why"].items()} == {short: "11 frames, fewer than n_frames=12"}
+    assert "11.avi" not in capfd.readouterr().err  # the workers' stderr: no line of their own
 
 
 def test_a_short_header_count_is_checked_before_skipping(tmp_path):

@@ -19,11 +19,11 @@ import numpy as np
 
 from ..errors import DataError
 from .flat import FlatIndex, VideoEntry, as_flat
-from .listing import VIDEO_EXTENSIONS, existing, read_annotation, scan
+from .listing import VIDEO_EXTENSIONS, existing, is_utf8, name_text, read_annotation, scan
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 2  # 2: flat arrays in an .npz (1: JSON list)
+INDEX_VERSION = 3  # 3: names that are not UTF-8 left out; 2: flat arrays in an .npz (1: JSON list)
 
 # --- the index --------------------------------------------------------------------------
 
@@ -86,7 +86,7 @@ def check_root(data_root: str, annotation_file: str) -> str:
     """The absolute data root; relative annotation paths are joined to it (or to the file's folder)."""
     if annotation_file and not os.path.isfile(annotation_file):
         raise DataError(
-            f"annotation_file {annotation_file} not found: fix the path, or set "
+            f"annotation_file {name_text(annotation_file)} not found: fix the path, or set "
             f"annotation_file='' to use every video under data_root"
         )
     if not data_root:
@@ -94,9 +94,11 @@ def check_root(data_root: str, annotation_file: str) -> str:
             return os.path.dirname(os.path.abspath(annotation_file))
         raise DataError("data_root is empty: set data_root to a folder of videos")
     if not os.path.exists(data_root):
-        raise DataError(f"data_root {data_root} does not exist: set data_root to a folder of videos")
+        raise DataError(f"data_root {name_text(data_root)} does not exist: set data_root to a folder of videos")
     if not os.path.isdir(data_root):
-        raise DataError(f"data_root {data_root} is not a folder: set data_root to the folder that holds the videos")
+        raise DataError(
+            f"data_root {name_text(data_root)} is not a folder: set data_root to the folder that holds the videos"
+        )
     return os.path.abspath(data_root)
 
 
@@ -121,10 +123,10 @@ def _make_index(root: str, annotation_file: str, probe: Callable[[str], int] | N
     if annotation_file:
         paths, counts, missing = _annotated_paths(root, annotation_file)
     else:
-        paths, counts, missing = scan(root), None, 0
+        paths, counts, missing = _openable(scan(root), None, f"under {name_text(root)}"), None, 0
         if not paths:
             raise DataError(
-                f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {root}: point data_root at "
+                f"no video files ({' '.join(VIDEO_EXTENSIONS)}) under {name_text(root)}: point data_root at "
                 f"your videos or give an annotation_file"
             )
     if probe is not None:
@@ -134,17 +136,36 @@ def _make_index(root: str, annotation_file: str, probe: Callable[[str], int] | N
     return index
 
 
+def _openable(paths: list[str], counts: list[int] | None, where: str) -> list[str]:
+    """The paths whose names are UTF-8 text: OpenCV cannot be given any other (cv2.VideoCapture crashes
+    the process on one), so the rest are left out with a warning, or one DataError line if that is all.
+    counts (if given) is filtered in place alike."""
+    bad = [k for k, p in enumerate(paths) if not is_utf8(p)]
+    if not bad:
+        return paths
+    what = f"{len(bad)} of {len(paths)} videos {where} have names that are not UTF-8 text (e.g. {name_text(paths[bad[0]])})"
+    if len(bad) == len(paths):
+        raise DataError(f"{what}, which OpenCV cannot open: rename them to UTF-8 names")
+    log.warning("%s and are left out: OpenCV cannot open such names; rename them to UTF-8 names", what)
+    left = set(bad)
+    if counts is not None:
+        counts[:] = [n for k, n in enumerate(counts) if k not in left]
+    return [p for k, p in enumerate(paths) if k not in left]
+
+
 def _annotated_paths(root: str, annotation_file: str) -> tuple[list[str], list[int], int]:
     """The existing files listed in annotation_file, their listed frame counts, and how many are missing."""
     listed, listed_counts = read_annotation(annotation_file)
+    name = name_text(annotation_file)
+    listed = _openable(listed, listed_counts, f"listed in {name}")
     paths = [os.path.normpath(os.path.join(root, p)) for p in listed]
     there = existing(paths)
     kept = [k for k, ok in enumerate(there) if ok]
     missing = len(paths) - len(kept)
     if not kept:
         raise DataError(
-            f"none of the {len(paths)} videos listed in {annotation_file} exist (e.g. {paths[0]}): "
-            f"relative paths are joined to data_root={root}; fix data_root or the file"
+            f"none of the {len(paths)} videos listed in {name} exist (e.g. {name_text(paths[0])}): "
+            f"relative paths are joined to data_root={name_text(root)}; fix data_root or the file"
         )
     if missing:
         first = paths[there.index(False)]
@@ -152,8 +173,8 @@ def _annotated_paths(root: str, annotation_file: str) -> tuple[list[str], list[i
             "%d of %d videos listed in %s do not exist and are left out (e.g. %s)",
             missing,
             len(paths),
-            annotation_file,
-            first,
+            name,
+            name_text(first),
         )
     return [paths[k] for k in kept], [listed_counts[k] for k in kept], missing
 
@@ -250,7 +271,7 @@ def split_train_val(
     if validation_fraction <= 0 or max_validation_videos <= 0:
         return entries, entries.take([])
     if n == 1:
-        log.warning("only one video: validation reuses the training video %s", entries[0].path)
+        log.warning("only one video: validation reuses the training video %s", name_text(entries[0].path))
         return entries, entries
     k = held_out_count(n, validation_fraction, max_validation_videos)
     head = hashlib.sha1(f"{seed}:".encode() + entries.prefix.encode("utf-8", "surrogateescape"))

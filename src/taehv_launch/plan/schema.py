@@ -29,7 +29,12 @@ class Key:
 KEYS: dict[str, Key] = {
     # --- data -------------------------------------------------------------------------
     "data_root": Key("", str, "folder of videos; empty on the cpu profile = built-in synthetic demo set"),
-    "annotation_file": Key("", str, 'optional JSON {"list": [{"path": ...}]}, paths relative to data_root'),
+    "annotation_file": Key(
+        "",
+        str,
+        'optional list of the videos instead of a scan: .json ({"list": [{"path": ...}]}), .jsonl, .csv or '
+        ".txt (one path per line), as `taehv-launch index` writes; paths relative to data_root",
+    ),
     "height": Key(480, int, "training crop height (pixels, multiple of 8)"),
     "width": Key(720, int, "training crop width (pixels, multiple of 8)"),
     "n_frames": Key(12, int, "frames per clip: a multiple of 12 (TAEHV stride 4 x Seraena groups of 3)"),

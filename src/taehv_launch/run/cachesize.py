@@ -48,12 +48,20 @@ class CacheSize:
     def needed(self) -> int:
         return max(0, self.total - self.written)
 
+    @property
+    def overhead(self) -> int:
+        """Bytes of the cache that are no view's: shard headers, manifest.json, cache.json's validation list."""
+        return self.total - self.clips * (self.view_bytes + self.record_bytes)
+
     def line(self) -> str:
+        """`... = 13 views x 1,745 B (...) + 5.39 kB of shard headers and job files = about 28.07 kB`: the
+        terms add up to the total (a view in whole bytes, so views x bytes is exact; the rest rounded)."""
         t, c, h, w = self.shape
         return (
             f"{self.train_videos:,} videos x {self.views} views + {self.val_videos:,} validation clips = "
-            f"{self.clips:,} views x {_size(self.view_bytes + self.record_bytes)} ({t}x{c}x{h}x{w} {self.dtype} "
-            f"latents = {self.view_bytes:,} B + ~{self.record_bytes} B of index) = about {_size(self.total)}"
+            f"{self.clips:,} views x {self.view_bytes + self.record_bytes:,} B ({t}x{c}x{h}x{w} {self.dtype} "
+            f"latents = {self.view_bytes:,} B + ~{self.record_bytes} B of index) + {_size(self.overhead)} of "
+            f"shard headers and job files = about {_size(self.total)}"
             + (f", {_size(self.written)} of it already written" if self.written else "")
         )
 
@@ -66,6 +74,7 @@ class CacheSize:
             "shape": list(self.shape),
             "clips": self.clips,
             "needed": self.needed,
+            "overhead": self.overhead,
         }
 
 

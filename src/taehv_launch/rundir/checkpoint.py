@@ -150,7 +150,7 @@ def incomplete_reason(ckpt: Path) -> str | None:
     another size), or None. Cheap: no file is read; see checksum_problem for that."""
     marker = ckpt / COMPLETE
     if not marker.is_file():
-        return "no COMPLETE marker (interrupted while saving)"
+        return f"no COMPLETE marker, {_unmarked(ckpt)}"
     meta = read_marker(marker)
     if meta is None:
         return "unreadable COMPLETE marker"
@@ -162,6 +162,21 @@ def incomplete_reason(ckpt: Path) -> str | None:
     if wrong:
         return f"{', '.join(wrong[:3])} changed size since it was saved (truncated or damaged)"
     return None
+
+
+def _unmarked(ckpt: Path) -> str:
+    """What a checkpoint-<step> folder without a COMPLETE marker is, from its files' names (no file read).
+    Ours are saved under .tmp-checkpoint-<step> and renamed with the marker in them, so a save that
+    stops never leaves one: it is another tool's folder of that name, or ours copied in part."""
+    try:
+        names = {p.name for p in ckpt.iterdir()}
+    except OSError as exc:
+        return f"cannot list it: {exc.strerror or exc}"
+    if not names:
+        return "an empty folder"
+    if STATE_FILE in names and EMA_FILE in names:
+        return "taehv-launch's files, but ours are renamed into place only when complete: copied in part?"
+    return f"not a taehv-launch checkpoint: no {STATE_FILE} and {EMA_FILE} in it, another tool's folder?"
 
 
 def _size(path: Path) -> int:

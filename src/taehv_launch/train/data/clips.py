@@ -3,7 +3,9 @@
 Some files of a large dataset are broken, so:
 - `VideoClipDataset` finds broken files lazily: a file that cannot be opened, has no
   frames, is degenerate or is shorter than n_frames is skipped (reported in the item's
-  "skipped" list) and another video is tried, so a bad file never crashes or stalls training;
+  "skipped" list, and why in its "why" map: the trainer prints one line per video and rank, so
+  the workers, each of which meets the file on its own, print none) and another video is tried,
+  so a bad file never crashes or stalls training;
 - clips are a pure function of (seed, epoch, index): a resumed run that replays the same
   index sequence gets the same clips, whatever the number of workers; indices past
   len(dataset) mean "the same video, a fresh clip" (for endless samplers).
@@ -26,6 +28,7 @@ from torch.utils.data import Dataset
 from ...errors import ConfigError, DataError
 from .decode import _decode_path, codec_of, count_frames, header_frame_count, header_info
 from ...dataindex.flat import VideoEntry, as_flat
+from ...dataindex.listing import name_text
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +179,7 @@ def read_view(path: str, view: View, height: int, width: int) -> torch.Tensor | 
 class VideoClipDataset(Dataset):
     """Clips of n_frames x height x width from a list of videos.
 
-    item i -> {"frames": uint8 TCHW RGB in [0, 255], "skipped": [broken paths hit]}.
+    item i -> {"frames": uint8 TCHW RGB in [0, 255], "skipped": [broken paths hit], "why": {path: why}}.
     Video i % len(entries) is used, so an infinite sampler may pass i >= len to draw fresh
     clips; the clip depends only on (seed, epoch, i) and the files, never on which worker
     or how many items came before (resume-safe). Broken files are skipped: the next
@@ -226,17 +229,21 @@ class VideoClipDataset(Dataset):
             if self.defer:
                 ticket = self.plan(video, int(i))
                 if ticket is not None:
-                    return {"ticket": ticket, "skipped": skipped}
+                    return {"ticket": ticket, "skipped": skipped, "why": self._why(skipped)}
             else:
                 clip = self.clip(video, int(i))
                 if clip is not None:
-                    return {"frames": clip, "skipped": skipped}
+                    return {"frames": clip, "skipped": skipped, "why": self._why(skipped)}
             skipped.append(path)
         raise DataError(
             f"no usable video among {len(self.entries)} files: every one is unreadable, empty, "
             f"shorter than n_frames={self.n_frames} frames or smaller than {MIN_SIDE}x{MIN_SIDE} pixels "
-            f"(e.g. {skipped[0]}): check data_root / annotation_file"
+            f"(e.g. {name_text(skipped[0])}: {self._broken.get(skipped[0], 'unusable')}): "
+            f"check data_root / annotation_file"
         )
+
+    def _why(self, skipped: list[str]) -> dict[str, str]:
+        return {p: self._broken[p] for p in skipped if p in self._broken}
 
     def _rng(self, i: int, video: int, stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed % 2**63, self.epoch % 2**63, i, video, stream])
@@ -351,8 +358,10 @@ class VideoClipDataset(Dataset):
         return self._lengths[path]
 
     def _mark_broken(self, path: str, why: str) -> None:
+        """Remember why `path` is unusable (the item's "why" carries it to the one line the trainer prints;
+        a warning here would be one more line per DataLoader worker)."""
         if path not in self._broken:
-            log.warning("skipping video %s: %s", path, why)
+            log.debug("skipping video %s: %s", name_text(path), why)
         self._broken[path] = why
         return None
 
@@ -370,10 +379,12 @@ def _check_sizes(height: int, width: int, n_frames: int, min_delta: int, max_del
 
 
 def collate(batch: list[dict]) -> dict:
-    """Items -> {"frames": uint8 NTCHW RGB (or "tickets": planned clips), "skipped": all broken paths hit}."""
+    """Items -> {"frames": uint8 NTCHW RGB (or "tickets": planned clips), "skipped": all broken paths hit,
+    "why": {path: why unusable}}."""
     skipped = [p for item in batch for p in item["skipped"]]
+    why = {p: w for item in batch for p, w in item.get("why", {}).items()}
     if "ticket" in batch[0]:
-        return {"tickets": [item["ticket"] for item in batch], "skipped": skipped}
+        return {"tickets": [item["ticket"] for item in batch], "skipped": skipped, "why": why}
     frames = torch.stack([item["frames"] for item in batch])
     assert frames.ndim == 5 and frames.shape[2] == 3 and frames.dtype == torch.uint8, frames.shape
-    return {"frames": frames, "skipped": skipped}
+    return {"frames": frames, "skipped": skipped, "why": why}

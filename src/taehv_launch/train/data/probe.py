@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ...dataindex.flat import VideoEntry
+from ...dataindex.listing import name_text
 from ...errors import DataError
 from .clips import MIN_SIDE
 from .decode import read_prefix
@@ -27,7 +28,7 @@ def probe_first_usable(entries: Sequence[VideoEntry], n_frames: int, max_tries: 
         raise DataError("the dataset has no videos: check data_root / annotation_file")
     raise DataError(
         f"none of the first {len(broken)} videos gives a usable clip of n_frames={n_frames} frames "
-        f"(e.g. {broken[0]}): check data_root / annotation_file, that the files are videos OpenCV can "
+        f"(e.g. {name_text(broken[0])}): check data_root / annotation_file, that the files are videos OpenCV can "
         f"read, and that they are at least {n_frames} frames long"
     )
 

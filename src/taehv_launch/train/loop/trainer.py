@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ...compat import uncount_micro_batch
-from ...errors import EXIT_OK, EXIT_RESUMABLE
+from ...errors import EXIT_OK, EXIT_RESUMABLE, one_line
 from ...plan.families import get_family
 from ...plan.schema import Config, config_dict, global_batch
 from ...rundir.layout import REQUEUE
@@ -34,6 +34,7 @@ from ..model.ema import EMA
 from .evaluate import evaluate
 from ..model.losses import DistillNet, decoder_targets, psnr_t
 from ..model.seraena import seraena_crop
+from ..reference.latentscale import for_run
 from .guard import Guard, roll_back
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, enable_compile_cache
 from ..durability.stop import StopFlag
@@ -58,6 +59,7 @@ class Trainer:
         set_seed(cfg.seed + self.rank)
         self.stop = StopFlag()
         self.ref = build.load_reference(cfg, self.device)
+        self.latent_scale = for_run(cfg, self.ref, self.log)  # logs the latents' RMS and mean once
         from ..model.taehv import build_taehv, count_params
 
         taehv = build_taehv(cfg)
@@ -159,6 +161,7 @@ class Trainer:
                 latents = latents.to(self.device, non_blocking=True).float() if latents is not None else None
             with t("reference VAE encode"):
                 latents = self.reference_latents(frames, latents, batch.get("online"))
+            self.latent_scale.add(latents)
         distilling = latents is not None
         with self.acc.accumulate(self.model):
             with PROGRESS.phase("forward"):
@@ -212,11 +215,15 @@ class Trainer:
             stored[rows] = self.ref.encode(frames[rows])
         return stored
 
-    def note_skipped(self, paths: list[str]) -> None:
+    def note_skipped(self, paths: list[str], why: dict[str, str] | None = None) -> None:
+        """One line per unusable video and rank (the loader's workers print none), with why if known."""
         for p in paths:
             if p not in self.skipped_seen:
                 self.skipped_seen.add(p)
-                self.log(f"data: skipping unreadable or unusable video {p} (logged once)", all_ranks=True)
+                reason = f"{why[p]}; " if why and p in why else ""
+                self.log(
+                    f"data: skipping unreadable or unusable video {one_line(p)} ({reason}logged once)", all_ranks=True
+                )
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> int:
@@ -248,7 +255,7 @@ class Trainer:
                     with PROGRESS.phase("data"), self.timer("data (loader wait)"):
                         batch = self.clock.fetch(self.data_iter)
                     st.samples_seen += micro
-                    self.note_skipped(batch["skipped"])
+                    self.note_skipped(batch["skipped"], batch.get("why"))
                     out = self.train_step(batch)
                     if out is None:
                         st.bad_steps_total += 1
