@@ -188,6 +188,77 @@ def test_a_huge_manifest_is_read_from_its_tail(tmp_path):
     assert doc["runs"][0]["launches"] == 1 and doc["runs"][0]["plan_hash"] == "abc"
 
 
+def test_a_huge_manifest_counts_its_launches_from_the_newest_record_of_its_tail(tmp_path):
+    """#35 item 8: over 16 MiB only the tail is read; launches is its newest record's number, the first
+    launch's time is not claimed, and diff says the tail was read."""
+    run = base_run(tmp_path)
+    rec = json.loads((run / "manifest.jsonl").read_text())
+    with open(run / "manifest.jsonl", "w") as f:
+        for n in (1, 2, 3, 4):
+            f.write(json.dumps({**rec, "launch": n, **({"pad": "x" * (17 << 20)} if n == 2 else {})}) + "\n")
+    doc = json.loads(status("output/r", "--json", cwd=tmp_path).stdout)["runs"][0]
+    assert (doc["launches"], doc["first_launch"], doc["unreadable"]) == (4, None, [])
+    assert "  launches   4 (manifest.jsonl; plan abc)" in status("output/r", cwd=tmp_path).stdout.splitlines()
+    title = diff("output/r", "output/r", cwd=tmp_path).stdout.splitlines()[0]
+    assert "(launch 4 of 4, " in title and "; manifest.jsonl over 16 MiB: its tail read)" in title, title
+
+
+def test_a_huge_manifest_with_no_record_in_its_tail_says_so(tmp_path):
+    """#35 item 8: the tail of a manifest over 16 MiB holds no whole record: the launches line says it
+    could not be read (it was left out, silently), and diff says unreadable, not 'before manifest.jsonl'."""
+    run = base_run(tmp_path)
+    with open(run / "manifest.jsonl", "a") as f:
+        f.write(json.dumps({"pad": "x" * (17 << 20)}) + "\n")
+    why = "manifest.jsonl unreadable (17 MiB, no whole record in its last 16 MiB)"
+    lines = status("output/r", cwd=tmp_path).stdout.splitlines()
+    assert f"  launches   unknown: {why}" in lines and not any(l.startswith("  unreadable") for l in lines), lines
+    doc = json.loads(status("output/r", "--json", cwd=tmp_path).stdout)["runs"][0]
+    assert doc["launches"] is None and doc["unreadable"] == [
+        "manifest.jsonl: 17 MiB, no whole record in its last 16 MiB"
+    ]
+    assert f"({why}: its config.py and env.json only)" in diff("output/r", "output/r", cwd=tmp_path).stdout
+
+
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (lambda p: p.write_text(""), "empty: no record"),
+        (lambda p: p.symlink_to("nowhere.jsonl"), "a link to nowhere.jsonl, which does not exist"),
+        (lambda p: p.symlink_to(p.name), "Too many levels of symbolic links"),
+        (lambda p: p.mkdir(), "Is a directory"),
+    ],
+    ids=["empty", "dangling link", "link loop", "folder"],
+)
+def test_a_manifest_that_is_there_but_gives_no_record_is_unreadable_not_absent(tmp_path, make, why):
+    """#35 item 8: diff called these 'before manifest.jsonl' (a run older than manifests); status left
+    the launches line out."""
+    run = base_run(tmp_path)
+    (run / "manifest.jsonl").unlink()
+    make(run / "manifest.jsonl")
+    proc = diff("output/r", "1 cpu", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"(manifest.jsonl unreadable ({why}): its config.py and env.json only)" in proc.stdout, proc.stdout
+    assert "before manifest.jsonl" not in proc.stdout, proc.stdout
+    assert f"  launches   unknown: manifest.jsonl unreadable ({why})" in status("output/r", cwd=tmp_path).stdout
+
+
+def test_heartbeat_and_event_fields_of_the_wrong_type_read_as_unknown_never_none(tmp_path):
+    """#35 item 8: a heartbeat whose node, host, step and phase are of another type (or missing) printed
+    'node None  None' and 'node None (None): ;'; a rollback without step or reason 'at step None (None)'."""
+    run = base_run(tmp_path)
+    (run / "exit_status.json").unlink()  # live: the node and rank lines are shown
+    hb = {"rank": 0, "node": [0], "host": 3, "step": "7", "phase": {}, "progress_age_s": "x"}
+    (run / "heartbeat" / "rank0").write_text(json.dumps(hb))
+    (run / "events.jsonl").write_text('{"event": "rollback"}\n{"event": "stop", "step": 9}\n')
+    lines = status("output/r", cwd=tmp_path).stdout.splitlines()
+    assert not [line for line in lines if "None" in line], lines
+    assert any(line.startswith("  node ?     ?: rank 0, heartbeat ") for line in lines), lines
+    assert any(line.startswith("  rank 0     node ? (?): step and phase unknown; heartbeat ") for line in lines)
+    assert "  rollbacks  1; last at step ? (events.jsonl); stopped: diverged again at step 9" in lines, lines
+    node = json.loads(status("output/r", "--json", cwd=tmp_path).stdout)["runs"][0]["heartbeat_nodes"][0]
+    assert node["host"] is None and node["node"] is None  # unknown in the JSON too (was the text "None")
+
+
 # ----------------------------------------------------------------- unreadable folders (EACCES)
 
 
@@ -305,6 +376,16 @@ def test_odd_names_and_paths(tmp_path):
     (tmp_path / "output" / "latest").symlink_to("gone")
     assert_one_line_error(status(cwd=tmp_path), r"output/latest points to gone, which does not exist")
     assert_one_line_error(diff("latest", "output/c", cwd=tmp_path), r"latest points to gone, which does not exist")
+    (tmp_path / "output" / "loop").symlink_to("loop")  # #35 item 8: was "points to loop, which does not exist"
+    (tmp_path / "output" / "a").symlink_to("b")
+    (tmp_path / "output" / "b").symlink_to("a")
+    loop = r"is a loop of symbolic links \(it points to {}, which leads back to it\): .* or remove or repoint the link$"
+    for name, to in (("loop", "loop"), ("a", "b")):
+        assert_one_line_error(status(f"output/{name}", cwd=tmp_path), f"output/{name} " + loop.format(to))
+        assert_one_line_error(diff(f"output/{name}", "output/c", cwd=tmp_path), f"output/{name} " + loop.format(to))
+    inside = r"output/loop/r goes through a loop of symbolic links \(a folder on its way\)"
+    assert_one_line_error(status("output/loop/r", cwd=tmp_path), inside)
+    assert_one_line_error(diff("output/c", "output/loop/r", cwd=tmp_path), inside)
     (tmp_path / "empty").mkdir()
     message = r"empty is not a run directory \(no config.py, env.json, launch.log, manifest.jsonl or exit_status.json\)"
     assert_one_line_error(status("empty", cwd=tmp_path), message)

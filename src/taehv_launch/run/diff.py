@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, one_line
-from ..files import read_json_or_none
+from ..files import RECORD_LIMIT, read_json_or_none
 from ..rundir.manifest import (
     GROUPS,
     MISSING,
@@ -34,11 +34,12 @@ from ..rundir.manifest import (
     manifest_nodes,
     part,
     read_manifest,
-    read_manifest_file,
+    read_manifest_state,
     record_time,
     short,
 )
 from .watch import RUN_FILES_TEXT, locate, missing, probe, shown
+from .watchtext import link_text
 
 PLAN_SPEC = re.compile(r"\s*\d+\s+\S.*", re.S)
 ODD_SPACE = re.compile(r"[^\S \t\n]")  # a no-break or other Unicode space: shlex splits on ASCII ones only
@@ -97,7 +98,7 @@ def load(text: str, output_dir: str = "output", other: Side | None = None) -> Si
         return side
     if path.exists():
         raise ConfigError(f"{shown(text)} is a file but not a config file (.py): give {SPEC_HELP}")
-    if path.is_symlink():
+    if link_text(path, "") is not None:  # a link to nothing, a loop of links
         raise missing(text, path, output_dir)
     raise ConfigError(f"no run, config file or plan {text!r}: give {SPEC_HELP}")
 
@@ -174,11 +175,11 @@ def plan_side(text: str, label: str | None = None, kind: str = "plan") -> Side:
 
 
 def run_side(label: str, run_dir: Path) -> Side:
-    records, skipped, problem = read_manifest_file(run_dir)
+    manifest = read_manifest_state(run_dir)  # only its tail when huge
+    records, skipped = manifest.records, manifest.skipped
     if not records:
-        if problem or skipped:
-            why = one_line(problem) if problem else f"{skipped} line(s) left out, none readable"
-            return old_run_side(label, run_dir, f"manifest.jsonl unreadable ({why})")
+        if manifest.why:
+            return old_run_side(label, run_dir, f"manifest.jsonl unreadable ({one_line(manifest.why)})")
         return old_run_side(label, run_dir, "before manifest.jsonl")
     rec = records[-1]
     hosts = []
@@ -190,13 +191,15 @@ def run_side(label: str, run_dir: Path) -> Side:
     plan = part(rec, "plan")
     at = record_time(rec)
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at is not None else "time unknown"
-    launch = rec.get("launch") if isinstance(rec.get("launch"), int) else len(records)
+    launches = manifest.launches or len(records)
+    launch = rec.get("launch") if isinstance(rec.get("launch"), int) else launches
     left_out = f"; {skipped} unreadable line(s) of manifest.jsonl left out" if skipped else ""
+    left_out += "" if manifest.whole else f"; manifest.jsonl over {RECORD_LIMIT >> 20} MiB: its tail read"
     absent = tuple(g for g in GROUPS if not part(rec, g))
     return Side(
         label=label,
         kind="run",
-        title=f"run {shown(run_dir)} (launch {launch} of {len(records)}, {when}{left_out})",
+        title=f"run {shown(run_dir)} (launch {launch} of {launches}, {when}{left_out})",
         rows=flatten(rec, hosts),
         skip=absent,
         words=(str(plan.get("gpus")), str(plan.get("profile"))) if plan.get("gpus") else None,

@@ -24,12 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, one_line
+from ..files import RECORD_LIMIT
 from ..plan.resolve import Plan
 from ..rundir.manifest import (
+    ManifestRead,
     FORMAT,
     append_manifest,
     manifest_notes,
     manifest_path,
+    manifest_size,
     plan_hash,
     read_manifest_file,
     strategy_name,
@@ -237,7 +240,9 @@ def record_launch(plan: Plan, rendered: Rendered, run_dir: Path) -> list[str]:
     if problem:
         return notes
     try:
-        record = build_record(plan, rendered, run_dir, launch=len(previous) + 1)
+        size = manifest_size(run_dir, node)  # over RECORD_LIMIT: `previous` is its tail, counted on from its newest
+        done = ManifestRead(previous, skipped, None, size is None or size <= RECORD_LIMIT).launches or 0
+        record = build_record(plan, rendered, run_dir, launch=done + 1)
         append_manifest(run_dir, record, node)
     except OSError as exc:
         return [*notes, f"manifest: could not write {path}: {exc.strerror or exc}"]

@@ -30,12 +30,12 @@ from ..rundir.checkpoint import COMPLETE, checkpoint_step, incomplete_reason
 from ..rundir.events import EVENTS_FILE
 from ..rundir.heartbeat import node_rows, rank_rows, read_hang_reports
 from ..rundir.layout import REQUEUE
-from ..rundir.manifest import part, read_manifest, record_time
+from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
 from ..rundir.progress import count, progress_of, read_text_part, this_launch, timestamp
 from ..rundir.requeue import REQUEUE_FILE
 from ..rundir.status import read_exit_status, status_path
 from .runs import runs_newest_first
-from .watchtext import shown
+from .watchtext import link_text, shown
 
 LIVE_S = 60.0  # a heartbeat younger than this is a live rank (ranks rewrite theirs every 5 s; stale at 30 s)
 RUN_FILES = ("config.py", "env.json", "launch.log", "manifest.jsonl", "exit_status.json")
@@ -85,16 +85,10 @@ def targets(args: list[str], output_dir: str = "output") -> list[tuple[Path, str
 
 
 def missing(arg: str, path: Path, output_dir: str) -> ConfigError:
-    """The error for a path that is not there: a dangling link says where it points."""
-    try:
-        to = os.readlink(path) if path.is_symlink() else None
-    except OSError:
-        to = None
-    if to is not None:
-        return ConfigError(
-            f"{shown(arg)} points to {shown(to)}, which does not exist (removed or moved): {WHERE}, or launch "
-            f"again to repoint it"
-        )
+    """The error for a path that is not there: a dangling link says where it points, a loop of links
+    that it is one (Path.exists() says False for both)."""
+    if (link := link_text(path, WHERE)) is not None:
+        return ConfigError(f"{shown(arg)} {link}")
     hint = f" (nor {shown(Path(output_dir) / arg)})" if "/" not in arg else ""
     return ConfigError(
         f"no run directory {shown(arg)}{hint}: {WHERE} (default: {output_dir}/latest, from the folder you launched in)"
@@ -271,7 +265,8 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             return default
 
     logs = guard("launch logs", lambda: _node_files(run_dir, "launch", "log"), {})
-    manifest = read_manifest(run_dir)
+    manifest = (manifest_read := read_manifest_state(run_dir)).records  # only its tail when huge
+    problems += [f"{MANIFEST_FILE}: {manifest_read.why}"] if manifest_read.why else []  # one there, no record
     launcher = _launcher_alive(run_dir)
     since, fs_since = _launch_times(run_dir, manifest, launcher)
     tails = {n: _tail(p) for n, p in logs.items()}
@@ -346,8 +341,8 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "requeues": _requeues(run_dir),
         "requeue_marker": guard(REQUEUE, lambda: (run_dir / REQUEUE).exists(), False),
         "rollbacks": _rollbacks(run_dir),
-        "launches": len(manifest) or None,
-        "first_launch": record_time(manifest[0]) if manifest else None,
+        "launches": manifest_read.launches,
+        "first_launch": record_time(manifest[0]) if manifest and manifest_read.whole else None,
         "resume_from": Path(r).name if manifest and isinstance(r := manifest[-1].get("resume"), str) else None,
         "plan_hash": plan.get("hash") if isinstance(plan.get("hash"), str) else None,
         "node_logs": {str(n): p.name for n, p in logs.items()},

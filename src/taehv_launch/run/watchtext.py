@@ -3,7 +3,10 @@ a run). The facts are watch.collect()'s; times are said as ages ("3 min ago") an
 
 from __future__ import annotations
 
+import errno
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 MAX_RANK_LINES = 8  # more ranks than this: only the ones that look wrong get a line (--json has all)
@@ -12,6 +15,27 @@ MAX_RANK_LINES = 8  # more ranks than this: only the ones that look wrong get a 
 def shown(text: Any) -> str:
     """A name or message on one line as typed: control characters (a newline in a run name) escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def link_text(path: Path, where: str) -> str | None:
+    """What a path that Path.exists() calls absent is, when it is a link: "is a loop of symbolic links
+    ...", "points to X, which does not exist ..." (then what to do: `where`, and how); else None."""
+    try:
+        to = os.readlink(path) if path.is_symlink() else None
+    except OSError:
+        to = None
+    try:
+        os.stat(path)
+        loop = False
+    except OSError as exc:
+        loop = exc.errno == errno.ELOOP
+    if loop and to is not None:
+        return f"is a loop of symbolic links (it points to {shown(to)}, which leads back to it): {where}, or remove or repoint the link"
+    if loop:
+        return f"goes through a loop of symbolic links (a folder on its way): {where}, or remove or repoint the link"
+    if to is not None:
+        return f"points to {shown(to)}, which does not exist (removed or moved): {where}, or launch again to repoint it"
+    return None
 
 
 def duration(seconds: float) -> str:
@@ -132,7 +156,7 @@ def run_block(f: dict[str, Any]) -> list[str]:
     for n in f["heartbeat_nodes"] if beats else []:
         spread = f" (oldest {ago(n['oldest_age_s'])})" if n["oldest_age_s"] - n["newest_age_s"] > 10 else ""
         out.append(
-            f"  node {n['node']!s:<5} {shown(n['host'])}: {ranks_text(n['ranks'])}, heartbeat "
+            f"  node {known(n['node']):<5} {known(n['host'])}: {ranks_text(n['ranks'])}, heartbeat "
             f"{ago(n['newest_age_s'])}{spread}"
         )
     listed = (
@@ -148,8 +172,8 @@ def run_block(f: dict[str, Any]) -> list[str]:
             what.append("done")
         if r["dead"]:
             what.append(f"dead: {text(r['dead'])}")
-        words = ", ".join(w for w in what if w)
-        where = f"node {r['node']} ({shown(r['host'])})"
+        words = ", ".join(w for w in what if w) or "step and phase unknown"
+        where = f"node {known(r['node'])} ({known(r['host'])})"
         out.append(f"  rank {r['rank']!s:<5} {where}: {words}; heartbeat {ago(r['age_s'])}")
     if beats and len(listed) < len(ranks):
         out.append(
@@ -172,12 +196,21 @@ def run_block(f: dict[str, Any]) -> list[str]:
     rb = f["rollbacks"]
     if rb["count"] or rb["stopped"]:
         out.append(f"  rollbacks  {rollback_text(rb, now)}")
+    manifest = next((u for u in f["unreadable"] if isinstance(u, str) and u.startswith("manifest.jsonl: ")), None)
     if f["launches"]:
         first = f", first {clock(f['first_launch'], now)}" if f["first_launch"] else ""
         out.append(f"  launches   {f['launches']}{first} (manifest.jsonl; plan {shown(f['plan_hash'] or '?')})")
+    elif manifest:
+        out.append(f"  launches   unknown: {text(manifest.replace(': ', ' unreadable (', 1))})")
     for what in f["unreadable"]:
-        out.append(f"  unreadable {text(what)}")
+        if what != manifest:
+            out.append(f"  unreadable {text(what)}")
     return out
+
+
+def known(value: Any) -> str:
+    """A field from a record as typed, "?" where it was missing or of another type (read as None)."""
+    return "?" if value is None else shown(value)
 
 
 def one_line(value: Any) -> str:
@@ -196,11 +229,16 @@ def rollback_text(rb: dict[str, Any], now: float) -> str:
     if last:
         back = f", back to {text(last['checkpoint'])}" if last.get("checkpoint") else ""
         when = f", {ago(now - last['time'])}" if isinstance(last.get("time"), (int, float)) else ""
-        line += f"; last at step {text(last.get('step'))} ({text(last.get('reason'))}){back}{when} (events.jsonl)"
+        line += f"; last at step {known(last.get('step'))}{why(last)}{back}{when} (events.jsonl)"
     stop = rb["stopped"]
     if stop:
-        line += f"; stopped: diverged again at step {text(stop.get('step'))} ({text(stop.get('reason'))})"
+        line += f"; stopped: diverged again at step {known(stop.get('step'))}{why(stop)}"
     return line
+
+
+def why(event: dict[str, Any]) -> str:
+    """ " (its reason)", or nothing when the event names none."""
+    return f" ({text(event['reason'])})" if event.get("reason") is not None else ""
 
 
 def table(facts: list[dict[str, Any]]) -> list[str]:

@@ -144,7 +144,8 @@ def rank_rows(run_dir: Path, now: float, live_s: float, since: float | None = No
 
 
 def node_rows(ranks: list[dict]) -> list[dict]:
-    """rank_rows() grouped by node: node, host (every host its ranks named), ranks, newest_age_s, oldest_age_s."""
+    """rank_rows() grouped by node: node, host (every host its ranks named; None when none did), ranks,
+    newest_age_s, oldest_age_s."""
     nodes: dict[int | None, dict] = {}
     for r in ranks:
         n = nodes.setdefault(r["node"], {"node": r["node"], "hosts": [], "ranks": [], "ages": []})
@@ -155,7 +156,7 @@ def node_rows(ranks: list[dict]) -> list[dict]:
     return [
         {
             "node": n["node"],
-            "host": ", ".join(str(h) for h in n["hosts"]),
+            "host": ", ".join(str(h) for h in n["hosts"] if h is not None) or None,
             "ranks": n["ranks"],
             "newest_age_s": min(n["ages"]),
             "oldest_age_s": max(n["ages"]),

@@ -28,10 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files import BadRecord, read_json_lines
+from ..files import RECORD_LIMIT, BadRecord, read_json_lines
 from .layout import node_suffix
 from .progress import LATEST_TIME
 
@@ -58,6 +60,59 @@ def read_manifest_file(run_dir: Path, node: int = 0) -> tuple[list[dict], int, s
     except OSError as exc:
         return [], 0, f"{path}: {exc.strerror or exc}"
     return records, skipped, None
+
+
+@dataclass
+class ManifestRead:
+    """A manifest as `status` and `diff` read it: its records (oldest first; only those in its last
+    RECORD_LIMIT bytes when `whole` is False), the unreadable lines left out, and `why` a manifest that
+    is there gave no record (None: it gave some, or there is none: a run from before manifest.jsonl)."""
+
+    records: list[dict]
+    skipped: int
+    why: str | None
+    whole: bool
+
+    @property
+    def launches(self) -> int | None:
+        """This node's launches of the run: the records; from a tail, the newest record's `launch`
+        number (the launcher counts on from its previous record), else at least the records read."""
+        last = self.records[-1].get("launch") if self.records else None
+        if not self.whole and isinstance(last, int) and not isinstance(last, bool) and last >= len(self.records):
+            return last
+        return len(self.records) or None
+
+
+def manifest_size(run_dir: Path, node: int = 0) -> int | None:
+    """The manifest's size in bytes (over RECORD_LIMIT: only its tail is read), None when it cannot be told."""
+    try:
+        return manifest_path(run_dir, node).stat().st_size
+    except OSError:
+        return None
+
+
+def read_manifest_state(run_dir: Path, node: int = 0) -> ManifestRead:
+    """read_manifest_file(), and why a manifest that is there gave no record: unreadable (a loop of
+    links, a folder, no permission), a link to nothing, lines none of which is a record, a file over
+    RECORD_LIMIT whose tail holds no whole record, or empty."""
+    path = manifest_path(run_dir, node)
+    records, skipped, problem = read_manifest_file(run_dir, node)
+    size = manifest_size(run_dir, node)
+    whole = size is None or size <= RECORD_LIMIT
+    if records:
+        return ManifestRead(records, skipped, None, whole)
+    why = problem[len(str(path)) :].lstrip(": ") if problem and problem.startswith(str(path)) else problem
+    if why is None and skipped:
+        why = f"{skipped} line(s) left out, none readable"
+    if why is None and size is None and path.is_symlink():
+        try:
+            why = f"a link to {os.readlink(path)}, which does not exist"
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+    if why is None and size is not None:
+        big = f"{size / 2**20:.0f} MiB, no whole record in its last {RECORD_LIMIT >> 20} MiB"
+        why = big if not whole else "empty: no record" if size == 0 else "no record"
+    return ManifestRead([], skipped, why, whole)
 
 
 def read_manifest(run_dir: Path, node: int = 0) -> list[dict]:
