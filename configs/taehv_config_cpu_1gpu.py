@@ -9,7 +9,7 @@ args.data_root = ''  # folder of videos; empty on the cpu profile = built-in syn
 args.annotation_file = ''  # optional list of the videos instead of a scan: .json ({"list": [{"path": ...}]}), .jsonl, .csv or .txt (one path per line), as `taehv-launch index` writes; paths relative to data_root
 args.height = 64  # training crop height (pixels, multiple of 8)
 args.width = 64  # training crop width (pixels, multiple of 8)
-args.n_frames = 12  # frames per clip: a multiple of 12 (TAEHV stride 4 x Seraena groups of 3)
+args.n_frames = 12  # frames per clip; the default and the valid values follow ref_vae_type (12, 24, ... for the 4x families; 16, 40, ... for ltx2/ltx23; 39, 90, ... for h3: docs/families.md)
 args.min_frame_delta = 1  # smallest frame stride when sampling a clip
 args.max_frame_delta = 2  # largest frame stride when sampling a clip
 args.random_flip = True  # random horizontal flip
@@ -22,7 +22,7 @@ args.video_decoder = 'auto'  # where training clips are decoded: nvdec (the GPU'
 args.video_decode_threads = 4  # with nvdec: decoding threads per rank, each with its own NVDEC session and CUDA stream
 args.index_cache_dir = ''  # where the dataset index is cached (default: <output_dir>/.index)
 args.use_ref_vae = True  # distil from a reference VAE (False: the decoder trains on TAEHV's own encodings, with encoder_loss_weight=0; one process only for now: on 2 or more, DDP stops on unused parameters)
-args.ref_vae_type = 'cogvideox'  # diffusers reference VAE family (plan/families.py)
+args.ref_vae_type = 'cogvideox'  # reference VAE family (docs/families.md); upstream's file stems (taecvx, taehv, taew2_1, taew2_2, taehv1_5, taeltx_2, taeltx2_3, taeh3) are accepted too and stored as the family's name
 args.ref_vae_path = ''  # local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE
 args.ref_vae_dtype = 'float32'  # dtype of the frozen reference VAE
 args.allow_family_change = False  # let a resume distil from another reference VAE family than its checkpoint's (refused otherwise); the change is noted in the run

@@ -111,7 +111,7 @@ def test_validate_env_is_a_subcommand_beside_the_default():
         (["abc", "h100"], "whole number"),
         (["8", "h900"], "unknown profile 'h900'"),
         (["8", "h100", "--set", "learnig_rate=1"], "did you mean learning_rate"),
-        (["8", "h100", "--set", "n_frames=13"], "multiple of 12"),
+        (["8", "h100", "--set", "n_frames=13"], "n_frames=13 does not fit ref_vae_type=cogvideox"),
         (["8", "h100", "--set", "height='480'"], "height must be int"),
         (["8", "h100", "--config", "/nonexistent/cfg.py"], "not found"),
         (["3", "cpu"], "at most 2"),

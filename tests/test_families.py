@@ -26,12 +26,21 @@ from taehv_launch.plan.topology import detect_topology
 
 FAKE = Family(
     name="fakevae",
+    upstream="taefake",
+    aliases=("taefake",),
+    models="a fake Wan-like model",
     class_name="AutoencoderKLWan",
     channels_key="z_dim",
     latent_channels=16,
     time_stride=4,
     space_stride=8,
+    patch_size=1,
+    encoder_time_downscale=(True, True, False),
+    decoder_time_upscale=(False, True, True),
     even_latents_decode_all=True,
+    latent_norm="latents_mean_std",
+    norm_source="a test",
+    default_n_frames=12,
     encode_gib=9.0,
     demo_config=families.FAMILIES["wan"].demo_config,
 )
@@ -69,12 +78,21 @@ def plan_for(gpus: int, profile: str, **sets):
 REQUIRED = {
     Family: [
         "name",
+        "upstream",
+        "aliases",
+        "models",
         "class_name",
         "channels_key",
         "latent_channels",
         "time_stride",
         "space_stride",
+        "patch_size",
+        "encoder_time_downscale",
+        "decoder_time_upscale",
         "even_latents_decode_all",
+        "latent_norm",
+        "norm_source",
+        "default_n_frames",
         "encode_gib",
         "demo_config",
     ],
@@ -93,22 +111,48 @@ def test_an_incomplete_record_cannot_be_built(record):
 
 
 def test_every_shipped_record_is_complete():
-    import diffusers
-
     for fam in families.FAMILIES.values():
-        assert fam.time_stride >= 1 and fam.space_stride >= 1 and fam.encode_gib > 0 and fam.latent_channels > 0
-        # the demo config builds the family's diffusers class with the asked channels under channels_key,
-        # and the tiny model has the record's strides: 9 frames of 32x48 -> 3 latents of 4x6
-        torch.manual_seed(0)
-        vae = getattr(diffusers, fam.class_name)(**fam.demo_config(3)).eval()
-        assert vae.config[fam.channels_key] == 3, f"{fam.name}: demo_config ignores the channel count"
-        with torch.no_grad():
-            z = vae.encode(torch.rand(1, 3, 9, 32, 48) * 2 - 1).latent_dist.mode()
-        expect = (1, 3, fam.latent_frames(9), 32 // fam.space_stride, 48 // fam.space_stride)
-        assert tuple(z.shape) == expect, f"{fam.name}: demo VAE gives {tuple(z.shape)}, its record says {expect}"
+        assert fam.time_stride >= 1 and fam.space_stride >= 1 and fam.latent_channels > 0
+        assert fam.encode_gib is None or fam.encode_gib > 0  # None: not measured, never a guess
+        assert fam.valid_n_frames(fam.default_n_frames), f"{fam.name}: its default n_frames breaks its rule"
+        assert fam.upstream in fam.aliases and get_family(fam.upstream) is fam
     for prof in PROFILES.values():
         assert (prof.gpu_gib is None) == (prof.device == "cpu"), f"{prof.name}: gpu_gib must be set on GPU profiles"
         assert prof.rows and prof.description
+
+
+@pytest.mark.parametrize("name", list(families.FAMILIES))
+def test_the_demo_vae_has_the_familys_real_strides(name):
+    """The tiny demo VAE (demo_config) builds the family's diffusers class with the asked channels under
+    channels_key and compresses like the released one: a clip of the family's default n_frames at the
+    smallest size its strides allow (2 latents a side) encodes to the record's latent shape and decodes
+    to its decoded_frames."""
+    import diffusers
+
+    fam = families.FAMILIES[name]
+    torch.manual_seed(0)
+    vae = getattr(diffusers, fam.class_name)(**fam.demo_config(4)).eval()
+    assert vae.config[fam.channels_key] == 4, f"{fam.name}: demo_config ignores the channel count"
+    n, side = fam.ref_frames(fam.default_n_frames), 2 * fam.space_stride
+    with torch.no_grad():
+        z = vae.encode(torch.rand(1, 3, n, side, side * 2) * 2 - 1).latent_dist.mode()
+        frames = vae.decode(z).sample.shape[2]
+    expect = (1, 4, fam.latent_frames(fam.default_n_frames), 2, 4)
+    assert tuple(z.shape) == expect, f"{fam.name}: demo VAE gives {tuple(z.shape)}, its record says {expect}"
+    assert (
+        frames == fam.decoded_frames(z.shape[2]) == fam.default_n_frames - (fam.time_stride - 1) * (not fam.clip_length)
+    )
+
+
+def test_real_configs_fit_their_class():
+    """bench's real-architecture VAE (class defaults + real_config) takes every key the record gives."""
+    import inspect
+
+    import diffusers
+
+    for fam in families.FAMILIES.values():
+        params = inspect.signature(getattr(diffusers, fam.class_name).__init__).parameters
+        assert set(fam.real_config) <= set(params), f"{fam.name}: {set(fam.real_config) - set(params)}"
 
 
 def test_a_new_family_is_one_record(fake_family, tmp_path):
@@ -131,31 +175,42 @@ def test_a_new_family_is_one_record(fake_family, tmp_path):
     assert not net.trims(6) and net.trims(3)
 
 
-def test_a_family_with_other_strides_is_refused_until_taehv_matches(monkeypatch):
-    ltx = dataclasses.replace(FAKE, name="ltxish", time_stride=8, space_stride=32)
-    monkeypatch.setitem(families.FAMILIES, ltx.name, ltx)
-    with pytest.raises(ConfigError, match="compresses 4x in time and 8x in space.*ltxish.*8x and 32x"):
-        plan_for(1, "cpu", ref_vae_type="ltxish")
-    # matching strides: TAEHV downscales 8x in time and patch 4 x 8 = 32x in space
-    plan = plan_for(
-        1,
-        "cpu",
-        ref_vae_type="ltxish",
+def test_a_family_with_other_strides_gives_taehv_its_shape(monkeypatch):
+    """TAEHV's shape and n_frames come from the record; a --set that breaks the strides is refused."""
+    ltx = dataclasses.replace(
+        FAKE,
+        name="ltxish",
+        aliases=(),
+        time_stride=8,
+        space_stride=32,
+        patch_size=4,
         encoder_time_downscale=(True, True, True),
         decoder_time_upscale=(True, True, True),
-        patch_size=4,
-        n_frames=24,
-        height=64,
-        width=64,
+        even_latents_decode_all=False,
+        default_n_frames=16,
+        encode_gib=None,
     )
-    assert plan.config["patch_size"] == 4
+    monkeypatch.setitem(families.FAMILIES, ltx.name, ltx)
+    plan = plan_for(1, "cpu", ref_vae_type="ltxish")
+    c = plan.config
+    assert (c["patch_size"], c["encoder_time_downscale"], c["n_frames"]) == (4, (True, True, True), 16)
+    assert c["latent_channels"] == 4  # the cpu profile's demo channels stay
+    assert plan_for(8, "h100", ref_vae_type="ltxish").config["latent_channels"] == 16  # the record's
+    with pytest.raises(ConfigError, match="compresses 8x in time and 8x in space.*ltxish.*8x and 32x"):
+        plan_for(1, "cpu", ref_vae_type="ltxish", patch_size=1)
+    with pytest.raises(ConfigError, match="n_frames=24 does not fit ref_vae_type=ltxish.*use 16, 40 or 64"):
+        plan_for(1, "cpu", ref_vae_type="ltxish", n_frames=24)
+    with pytest.raises(Exception, match="TAEHV's space stride"):  # a record that contradicts itself
+        dataclasses.replace(ltx, patch_size=2)
 
 
 def test_unknown_family_is_one_line():
-    with pytest.raises(ConfigError, match="ref_vae_type='ltx' .*not one of cogvideox, hunyuan, wan"):
+    with pytest.raises(ConfigError, match="ref_vae_type='ltx' .*not one of cogvideox, hunyuan, wan, wan22"):
         from taehv_launch.plan.configfile import parse_sets
 
         parse_sets(["ref_vae_type='ltx'"])
+    with pytest.raises(ConfigError, match="ref_vae_type='ltx' is not supported: use one of cogvideox \\(taecvx\\)"):
+        get_family("ltx")
 
 
 def test_a_new_profile_is_one_record(fake_profile):

@@ -22,6 +22,7 @@ from taehv_launch.train.reference.refvae import load_reference_vae
 from taehv_launch.train.data.synthetic import make_tiny_ref_vae
 
 FAMILIES = tuple(families.FAMILIES)  # every family record is tested
+FOUR_X = tuple(k for k, f in families.FAMILIES.items() if f.time_stride == 4 and not f.clip_length)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,36 +50,50 @@ def _frames(n=2, t=12, h=64, w=64, seed=0) -> torch.Tensor:
     return torch.rand(n, t, 3, h, w, generator=torch.Generator().manual_seed(seed))
 
 
+def _fam(kind):
+    return families.FAMILIES[kind]
+
+
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_encode_shapes_and_frozen(vae_dirs, kind):
+    fam = _fam(kind)
+    n = fam.default_n_frames
     vae = load_reference_vae(kind, vae_dirs[kind], "float32", "cpu")
-    z = vae.encode(_frames(n=1))
-    assert z.shape == (1, 3, 4, 8, 8) and z.dtype == torch.float32
-    assert vae.latent_channels == 4 and vae.latent_frames(12) == 3
+    z = vae.encode(_frames(n=1, t=n))
+    s = 64 // fam.space_stride
+    assert z.shape == (1, fam.latent_frames(n), 4, s, s) and z.dtype == torch.float32
+    assert vae.latent_channels == 4 and vae.latent_frames(n) == fam.latent_frames(n)
     assert not vae.model.training and not any(p.requires_grad for p in vae.model.parameters())
     # uint8 in [0, 255] is the same input as float in [0, 1]
-    x8 = (_frames(n=1, h=16, w=16) * 255).round().to(torch.uint8)
+    side = 2 * fam.space_stride
+    x8 = (_frames(n=1, t=n, h=side, w=side) * 255).round().to(torch.uint8)
     torch.testing.assert_close(vae.encode(x8), vae.encode(x8.float() / 255))
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
-def test_decode_of_encode_gives_nine_frames(vae_dirs, kind):
+def test_decode_of_encode_lines_up_with_the_clip(vae_dirs, kind):
+    """decode(encode(n frames)) gives the family's decoded_frames: the first n - (stride - 1) frames
+    (9 of 12 for the 4x families, 9 of 16 for LTX), or all of them for H3's chunks."""
+    fam = _fam(kind)
+    n, side = fam.default_n_frames, 2 * fam.space_stride
     vae = load_reference_vae(kind, vae_dirs[kind])
-    y = vae.decode(vae.encode(_frames(n=1)))
-    assert y.shape == (1, 9, 3, 64, 64) and vae.decoded_frames(3) == 9
+    y = vae.decode(vae.encode(_frames(n=1, t=n, h=side, w=side)))
+    assert y.shape == (1, fam.decoded_frames(fam.latent_frames(n)), 3, side, side)
+    assert y.shape[1] == (n if fam.clip_length else n - fam.time_stride + 1)
     assert 0 <= y.min() and y.max() <= 1
-    # frames 9-11 (beyond 1 + 4k) never reach the latents: targets are frames[:, :-3]
-    x = _frames(n=1, h=16, w=16)
-    x2 = x.clone()
-    x2[:, 9:] = 1 - x2[:, 9:]
-    assert torch.equal(vae.encode(x), vae.encode(x2))
+    if not fam.clip_length:  # frames beyond 1 + sk never reach the latents: the targets are the first ones
+        x = _frames(n=1, t=n, h=side, w=side)
+        x2 = x.clone()
+        x2[:, fam.ref_frames(n) :] = 1 - x2[:, fam.ref_frames(n) :]
+        assert torch.equal(vae.encode(x), vae.encode(x2))
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("kind", FOUR_X)
 def test_even_latent_counts(vae_dirs, kind):
     """24 frames -> 6 latents; CogVideoX decodes an even count to 4L frames, the others to 1 + 4(L - 1)."""
+    side = 2 * _fam(kind).space_stride
     vae = load_reference_vae(kind, vae_dirs[kind])
-    z = vae.encode(_frames(n=1, t=24, h=16, w=16))
+    z = vae.encode(_frames(n=1, t=24, h=side, w=side))
     assert z.shape[1] == vae.latent_frames(24) == 6
     y = vae.decode(z)
     assert y.shape[1] == vae.decoded_frames(6) == (24 if kind == "cogvideox" else 21)
@@ -108,18 +123,18 @@ def _per_frame_group_norm(monkeypatch):
     monkeypatch.setattr(nn.GroupNorm, "forward", forward)
 
 
-def _changed(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+def _changed(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-9) -> list[int]:
     """Time indices (dim 1, NTCHW) where a and b differ."""
-    return [t for t in range(a.shape[1]) if (a[:, t] - b[:, t]).abs().max() > 1e-9]
+    return [t for t in range(a.shape[1]) if (a[:, t] - b[:, t]).abs().max() > tol]
 
 
-def _encoder_dependence(encode, x):
+def _encoder_dependence(encode, x, tol=1e-9):
     z = encode(x)
     out = []
     for f in range(x.shape[1]):
         x2 = x.clone()
         x2[:, f] += 0.1
-        out.append(_changed(z, encode(x2)))
+        out.append(_changed(z, encode(x2), tol))
     return out
 
 
@@ -127,21 +142,46 @@ CAUSAL_ENC = [[0, 1, 2]] + [[1, 2]] * 4 + [[2]] * 4 + [[]] * 3  # 1 + 4k: latent
 CAUSAL_DEC = [list(range(0, 9)), list(range(1, 9)), list(range(5, 9))]  # latent k first shows at frame 4k-3
 
 
+def _expected(fam, n):
+    """Which latents each input frame reaches, and the first decoded frame each latent reaches: causal
+    inside every chunk (the whole clip when not chunked), latent k of a chunk <- its frames sk-s+1..sk."""
+    s, latents = fam.time_stride, fam.latent_frames(n)
+    clip = fam.clip_length or n
+    per_chunk = -(-clip // s)
+    enc = []
+    for f in range(n):
+        c, p = divmod(f, clip)
+        ks = [c * per_chunk + k for k in range(per_chunk) if s * k >= p] if f < fam.ref_frames(n) else []
+        enc.append([k for k in ks if k < latents])
+    first = [(k // per_chunk) * clip + max(0, s * (k % per_chunk) - s + 1) for k in range(latents)]
+    return enc, first
+
+
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_frame_alignment(vae_dirs, kind, monkeypatch):
-    """Latent 0 <- frame 0, latent k <- frames 4k-3..4k; decoded frame j <- latent ceil(j/4): frames 0-8 align."""
+    """Latent 0 <- frame 0, latent k <- frames sk-s+1..sk (per 17-frame chunk for H3); decoded frame j
+    <- latent ceil(j/s): the decode's frames line up with the clip's first ones."""
     _per_frame_group_norm(monkeypatch)
-    vae = load_reference_vae(kind, vae_dirs[kind], torch.float64)
-    x = _frames(n=1, h=16, w=16).double()
-    assert _encoder_dependence(vae.encode, x) == CAUSAL_ENC
+    fam = _fam(kind)
+    n = 12 if fam.time_stride == 4 and not fam.clip_length else fam.first_valid(2, group=1)[-1]
+    dtype, tol = (torch.float32, 1e-5) if kind == "h3" else (torch.float64, 1e-9)  # H3 keeps fp32 modules
+    vae = load_reference_vae(kind, vae_dirs[kind], dtype)
+    side = 2 * fam.space_stride  # 2x2 latents: LATENT_HW tokens a frame
+    x = _frames(n=1, t=n, h=side, w=side).to(dtype)
+    enc, first = _expected(fam, n)
+    assert _encoder_dependence(vae.encode, x, tol) == enc
+    if kind in FOUR_X and kind != "h3":
+        assert enc == CAUSAL_ENC
     z = vae.encode(x)
     y = vae.decode(z)
     dec = []
-    for k in range(3):
+    for k in range(z.shape[1]):
         z2 = z.clone()
         z2[:, k] += 0.1
-        dec.append(_changed(y, vae.decode(z2)))
-    assert dec == CAUSAL_DEC
+        dec.append(_changed(y, vae.decode(z2), tol))
+    assert [d[0] for d in dec] == first
+    if not fam.clip_length:  # a causal decoder: every later frame too
+        assert dec == [list(range(f, y.shape[1])) for f in first]
 
 
 def test_cogvideox_regroups_even_frame_counts(vae_dirs, monkeypatch):
@@ -163,7 +203,8 @@ def test_cogvideox_regroups_even_frame_counts(vae_dirs, monkeypatch):
 
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_chunked_encode_equals_unchunked(vae_dirs, kind):
-    x = _frames(n=3, h=16, w=16)
+    side = 2 * _fam(kind).space_stride
+    x = _frames(n=3, t=_fam(kind).default_n_frames, h=side, w=side)
     one = load_reference_vae(kind, vae_dirs[kind], chunk_size=1).encode(x)
     every = load_reference_vae(kind, vae_dirs[kind], chunk_size=0).encode(x)
     two = load_reference_vae(kind, vae_dirs[kind], chunk_size=2).encode(x)
@@ -201,7 +242,11 @@ def test_loads_folder_without_vae_subfolder(vae_dirs):
 
 def test_causal_frames():
     for family in families.FAMILIES.values():
-        assert [family.causal_frames(n) for n in (1, 4, 5, 12, 13, 24)] == [1, 1, 5, 9, 13, 21]
+        if family.time_stride == 4:
+            assert [family.causal_frames(n) for n in (1, 4, 5, 12, 13, 24)] == [1, 1, 5, 9, 13, 21]
+        else:
+            assert [family.causal_frames(n) for n in (1, 8, 9, 16, 17, 24)] == [1, 1, 9, 9, 17, 17]
+        assert family.ref_frames(39) == (39 if family.clip_length else family.causal_frames(39))
 
 
 # --- errors ---------------------------------------------------------------------------
@@ -220,7 +265,19 @@ def test_folder_without_config(tmp_path):
         load_reference_vae("wan", str(tmp_path))
 
 
-@pytest.mark.parametrize("kind,folder", [("cogvideox", "wan"), ("wan", "hunyuan"), ("hunyuan", "cogvideox")])
+@pytest.mark.parametrize(
+    "kind,folder",
+    [
+        ("cogvideox", "wan"),
+        ("wan", "hunyuan"),
+        ("hunyuan", "cogvideox"),
+        ("wan", "wan22"),  # one diffusers class, told apart by config.json's patch_size
+        ("wan22", "wan"),
+        ("hunyuan15", "hunyuan"),
+        ("ltx2", "h3"),
+        ("h3", "ltx2"),
+    ],
+)
 def test_wrong_family(vae_dirs, kind, folder):
     with pytest.raises(ModelError, match=f"set ref_vae_type={folder}"):
         load_reference_vae(kind, vae_dirs[folder])
@@ -298,7 +355,7 @@ def test_channels_last_group_norm_is_torchs_group_norm(shape, groups, affine):
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_channels_last_encoder_gives_the_same_latents(vae_dirs, kind):
     """The NDHWC encoder (refopt.channels_last_encoder, NDHWC input) matches the diffusers encode for
-    every family (all three run it compiled on GPUs: ref_channels_last)."""
+    every family (they run it compiled on GPUs: ref_channels_last)."""
     from taehv_launch.train.reference.refopt import ChannelsLastGroupNorm, channels_last_encoder
 
     frames = _frames(n=2)
@@ -307,7 +364,10 @@ def test_channels_last_encoder_gives_the_same_latents(vae_dirs, kind):
     channels_last_encoder(vae.model.encoder)
     vae.channels_last = True
     swapped = [m for m in vae.model.encoder.modules() if isinstance(m, ChannelsLastGroupNorm)]
-    assert bool(swapped) == any(isinstance(m, nn.GroupNorm) for m in vae.model.encoder.modules())
+    # torch's own GroupNorm only (H3's subclass keeps its forward and takes NCDHW copies)
+    assert bool(swapped) == any(
+        type(m) is nn.GroupNorm for m in load_reference_vae(kind, vae_dirs[kind]).model.encoder.modules()
+    )
     torch.testing.assert_close(vae.encode(frames), want, rtol=1e-4, atol=1e-4)
 
 

@@ -188,7 +188,7 @@ def test_set_never_evaluates_code():
 @pytest.mark.parametrize(
     "sets,match",
     [
-        ({"n_frames": 20}, "multiple of 12"),
+        ({"n_frames": 20}, "n_frames=20 does not fit ref_vae_type=cogvideox: .*use 12, 24 or 36"),
         ({"height": 100}, "multiple of 8"),
         ({"min_frame_delta": 3, "max_frame_delta": 2}, "min_frame_delta"),
         ({"micro_batch_size": 0}, "at least 1"),

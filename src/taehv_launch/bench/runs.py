@@ -37,11 +37,12 @@ def make_assets(
     ref_path = str(workdir / f"ref_vae_{kind}_{'real' if real_arch else 'tiny'}_c{cfg['latent_channels']}")
 
     def build(tmp: str) -> None:
-        if real_arch:  # the family's default (real) architecture, random weights
+        if real_arch:  # the family's real architecture (class default + real_config), random weights
             import diffusers
 
             torch.manual_seed(0)
-            getattr(diffusers, get_family(kind).class_name)().to(torch.bfloat16).save_pretrained(
+            family = get_family(kind)
+            getattr(diffusers, family.class_name)(**family.real_config).to(torch.bfloat16).save_pretrained(
                 os.path.join(tmp, "vae")
             )
         else:

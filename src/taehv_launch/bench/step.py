@@ -32,14 +32,15 @@ def _peak_gib(device: torch.device) -> float | None:
 
 
 def real_reference_vae(kind: str, device: torch.device, dtype: torch.dtype):
-    """The diffusers class with its default (real) architecture and random weights, frozen as
-    the trainer freezes the loaded one."""
+    """The diffusers class with the family's real architecture (the class default, or the record's
+    real_config over it) and random weights, frozen as the trainer freezes the loaded one."""
     import diffusers
 
     from ..plan.families import get_family
     from ..train.reference.refvae import freeze
 
-    return freeze(getattr(diffusers, get_family(kind).class_name)().to(device, dtype))
+    family = get_family(kind)
+    return freeze(getattr(diffusers, family.class_name)(**family.real_config).to(device, dtype), family)
 
 
 def time_reference_encode(

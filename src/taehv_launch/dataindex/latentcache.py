@@ -36,6 +36,11 @@ VIEW_RULE = (
     "frames from default_rng([seed, key, k, 0]) and the crop/flip from default_rng([seed, key, k, 1]); "
     "validation videos: the centre clip at stride 1"
 )
+# Which latent space the stored latents are in: each family's normalized latent (plan/families.py, the
+# space upstream's TAE of the family decodes), or (z - ref_latent_mean) / ref_latent_std when those are
+# given. Caches written before (no such field) hold raw latents and are refused. Change the text when a
+# family's normalization changes.
+LATENT_SPACE = "v2: the family's normalized latent (docs/families.md), or ref_latent_mean/std when given"
 # The config keys the stored latents depend on; a training run must agree on each.
 FINGERPRINT_KEYS = (
     "ref_vae_type",
@@ -64,6 +69,7 @@ def fingerprint(cfg: Any, weights: str) -> dict[str, Any]:
         "ref_vae_weights": weights,
         "latent_dtype": cfg.latent_cache_dtype,
         "view_rule": VIEW_RULE,
+        "latent_space": LATENT_SPACE,
     }
 
 
@@ -75,6 +81,16 @@ def check_fingerprint(stored: dict[str, Any], cfg: Any, weights: str | None, whe
             f"format {FORMAT}: write it again with `taehv-launch cache`"
         )
     mine = fingerprint(cfg, weights or stored.get("ref_vae_weights", ""))
+    if stored.get("latent_space") != LATENT_SPACE:
+        what = (
+            "raw reference latents: it was written before each family's latents were normalized"
+            if "latent_space" not in stored
+            else _show(stored.get("latent_space"))
+        )
+        raise ConfigError(
+            f"latent cache {where} holds latents in another space than this version trains on ({what}; "
+            f"docs/families.md): write it again with `taehv-launch cache ... --set latent_cache=NEW`"
+        )
     for key in (*FINGERPRINT_KEYS, "ref_vae_weights", "view_rule"):
         if stored.get(key) != mine[key]:
             what = (

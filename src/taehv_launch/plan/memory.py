@@ -29,6 +29,7 @@ REF_PIXELS = 12 * 480 * 720
 # TAEHV + Seraena train step, allocator peak = fixed + per_clip * micro (max fit error 0.005 GiB
 # over micro 1, 2, 4, 8).
 STEP_FIT = {False: (0.281, 6.312), True: (0.249, 4.452)}  # gradient_checkpointing -> (fixed, per clip)
+STEP_FIT_SHAPE = (1, 4)  # the TAEHV it was measured on: (patch_size, time stride); other shapes are not predicted
 # Reference encode peak for one clip per encode call: the family record's encode_gib (families.py).
 # Each extra clip in the call adds this share of it: measured for CogVideoX (26.58 GiB at chunk 4 vs
 # 7.32 GiB at chunk 1); the other families are assumed to scale alike.
@@ -71,6 +72,7 @@ def predict_gib(
     ref = 0.0
     if use_ref_vae:
         one = get_family(ref_vae_type).encode_gib
+        assert one is not None, f"{ref_vae_type}: encode memory not measured (plan_memory checks unmeasured())"
         ref = one * (1 + REF_EXTRA_CLIP_SHARE * (min(ref_chunk, micro) - 1)) * scale
     return TRAINER_OVERHEAD_GIB + max(step, ref) + CUDA_CONTEXT_GIB
 
@@ -112,10 +114,31 @@ def runs_reference_encode(cfg: dict) -> bool:
     return bool(cfg["use_ref_vae"]) and not (cfg.get("latent_cache") and cfg.get("latent_cache_encode") == "never")
 
 
+def unmeasured(cfg: dict) -> str:
+    """What of this plan's memory was never measured ('' when all of it was): a family whose record has no
+    encode_gib (families.py), or a TAEHV of another shape than STEP_FIT's. No figure is guessed for it."""
+    family = get_family(cfg["ref_vae_type"])
+    parts = [f"the {family.name} reference encode"] if runs_reference_encode(cfg) and family.encode_gib is None else []
+    shape = (cfg["patch_size"], 2 ** sum(cfg["encoder_time_downscale"]))
+    if shape != STEP_FIT_SHAPE:
+        parts.append(f"TAEHV's training step at patch_size {shape[0]}, {shape[1]}x in time")
+    return " and ".join(parts)
+
+
 def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
     """`gpu`: GiB of one GPU (the profile record's gpu_gib); None where GPU memory does not apply."""
     if gpu is None:
         return MemoryPlan(None, None, None, None, None, "GPU memory does not apply to this profile")
+    if missing := unmeasured(cfg):
+        return MemoryPlan(
+            None,
+            gpu,
+            None,
+            None,
+            None,
+            f"not predicted: {missing} not measured yet (docs/families.md); the first log lines show the real "
+            f"peak (gpu_memory_gb): try a short run before a long one",
+        )
 
     def need(micro: int) -> float:
         return predict_gib(

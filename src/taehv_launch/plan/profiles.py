@@ -68,7 +68,7 @@ H100_ROWS = (
 GPU_SHARED = {
     "height": 480,
     "width": 720,
-    "n_frames": 12,
+    # n_frames: the reference family's default (plan/families.py: 12 for the 4x families)
     "min_frame_delta": 1,
     "max_frame_delta": 2,
     "adam_beta1": 0.9,
@@ -175,7 +175,6 @@ PROFILES: dict[str, Profile] = {
         config={
             "height": 64,
             "width": 64,
-            "n_frames": 12,
             "min_frame_delta": 1,
             "max_frame_delta": 2,
             "latent_channels": 4,

@@ -68,6 +68,15 @@ class Plan:
         return global_batch(self.config, self.world_size)
 
     @property
+    def latent_space(self) -> str:
+        """What TAEHV learns to encode and decode, in one line (the dry run's `latents` line)."""
+        if not self.config["use_ref_vae"]:
+            return "TAEHV's own encodings (use_ref_vae=False)"
+        if self.config["ref_latent_mean"]:
+            return "(z - ref_latent_mean) / ref_latent_std as given (they replace the family's normalization)"
+        return get_family(self.config["ref_vae_type"]).latent_space()
+
+    @property
     def uses_deepspeed(self) -> bool:
         return self.config["zero_stage"] > 0
 
@@ -124,14 +133,21 @@ def resolve(
     """env_values: keys set by the environment (NCCL_TIMEOUT), above the profile, below files and --set."""
     profile = get_profile(profile_name)
     row, how = row_for(profile, gpus)
-    config = {
-        **DEFAULTS,
+    above = {
         **profile.config,
         **row_config(row, topology),
         **(env_values or {}),
         **(file_values or {}),
         **(set_values or {}),
     }
+    # the family's keys (TAEHV's shape, n_frames) sit just above the schema: everything else overrides them
+    family = get_family(above.get("ref_vae_type", DEFAULTS["ref_vae_type"]))
+    config = {**DEFAULTS, **family.defaults(), **above, "ref_vae_type": family.name}
+    given = frozenset({**(file_values or {}), **(set_values or {})})
+    space = 8 * config["patch_size"] if isinstance(config["patch_size"], int) and config["patch_size"] > 0 else 0
+    for k in [k for k in ("height", "width") if space and k not in given and config[k] % space]:
+        was, config[k] = config[k], config[k] - config[k] % space  # a profile's size on a coarser grid (ltx2)
+        notes += (f"{k} {was} -> {config[k]}: TAEHV for {family.name} takes multiples of {space} pixels",)
     if options.debug:
         config = {
             **config,
@@ -139,7 +155,7 @@ def resolve(
             "log_every": 1,
             "dataloader_num_workers": 0,
         }
-    check_config(config, profile, topology, given=frozenset({**(file_values or {}), **(set_values or {})}))
+    check_config(config, profile, topology, given=given)
     return Plan(
         gpus=gpus,
         profile=profile,
@@ -257,9 +273,12 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology, given:
             f"the {family.name} reference VAE compresses {family.time_stride}x and {family.space_stride}x: "
             f"set them to match the reference VAE",
         )
-    multiple = frame_multiple(c)
+    if (time, space) == (family.time_stride, family.space_stride):  # the family's frame rule (families.py)
+        family.check_n_frames(c["n_frames"], c["n_seraena_frames"])
+    multiple = frame_multiple(c)  # use_ref_vae=False with other strides: whole groups of TAEHV's stride
     need(
-        c["n_frames"] >= multiple and c["n_frames"] % multiple == 0,
+        (time, space) == (family.time_stride, family.space_stride)
+        or (c["n_frames"] >= multiple and c["n_frames"] % multiple == 0),
         f"n_frames={c['n_frames']} must be a multiple of {multiple} (TAEHV's temporal stride {time} x "
         f"Seraena's {c['n_seraena_frames']}-frame groups): use --set n_frames={multiple} or {2 * multiple}",
     )

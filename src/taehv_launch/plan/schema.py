@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, make_dataclass
 from typing import Any, Collection
 
-from .families import FAMILIES
+from .families import CHOICES as FAMILY_NAMES
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Key:
     default: Any
     type: type
     help: str
-    choices: Collection = ()  # a live mapping (FAMILIES) is fine: `in` and iteration
+    choices: Collection = ()  # a live collection (families.CHOICES) is fine: `in` and iteration
 
 
 # (name -> Key). Types: int, float, bool, str, tuple. An int is accepted where a float
@@ -37,7 +37,12 @@ KEYS: dict[str, Key] = {
     ),
     "height": Key(480, int, "training crop height (pixels, multiple of 8)"),
     "width": Key(720, int, "training crop width (pixels, multiple of 8)"),
-    "n_frames": Key(12, int, "frames per clip: a multiple of 12 (TAEHV stride 4 x Seraena groups of 3)"),
+    "n_frames": Key(
+        12,
+        int,
+        "frames per clip; the default and the valid values follow ref_vae_type (12, 24, ... for the 4x "
+        "families; 16, 40, ... for ltx2/ltx23; 39, 90, ... for h3: docs/families.md)",
+    ),
     "min_frame_delta": Key(1, int, "smallest frame stride when sampling a clip"),
     "max_frame_delta": Key(2, int, "largest frame stride when sampling a clip"),
     "random_flip": Key(True, bool, "random horizontal flip"),
@@ -65,7 +70,13 @@ KEYS: dict[str, Key] = {
         "distil from a reference VAE (False: the decoder trains on TAEHV's own encodings, with "
         "encoder_loss_weight=0; one process only for now: on 2 or more, DDP stops on unused parameters)",
     ),
-    "ref_vae_type": Key("cogvideox", str, "diffusers reference VAE family (plan/families.py)", FAMILIES),
+    "ref_vae_type": Key(
+        "cogvideox",
+        str,
+        "reference VAE family (docs/families.md); upstream's file stems (taecvx, taehv, taew2_1, taew2_2, "
+        "taehv1_5, taeltx_2, taeltx2_3, taeh3) are accepted too and stored as the family's name",
+        FAMILY_NAMES,
+    ),
     "ref_vae_path": Key(
         "", str, "local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE"
     ),

@@ -114,6 +114,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "env_kept": {k: v.value for k, v in rendered.env.items() if v.kept},
         "command": rendered.argv,
         "memory": asdict(plan.memory),
+        "latent_space": plan.latent_space,
         "predicted": asdict(p) if (p := prediction(plan)) else None,
         "resume": plan.options.resume,
         "files": rendered.files,  # exactly what the launch writes into run_dir
@@ -195,6 +196,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
         ),
         f"  clips     {c['n_frames']} frames of {c['height']}x{c['width']}, stride {c['min_frame_delta']}-"
         f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default}{' = built-in tiny demo VAE' if demo_vae and c['ref_vae_path'] == demo_vae else ''})",
+        f"  latents   {plan.latent_space}",
         f"  data      {c['data_root'] or default_data}{' (built-in synthetic demo videos)' if demo_data and c['data_root'] == demo_data else ''}",
         *([] if cache else [f"  decode    {decode_line(plan)}"]),
         f"  timeouts  process group {c['nccl_timeout']} s"
@@ -232,7 +234,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
         out.append(f"  predicted {p.line(plan.world_size, c['max_train_steps'])}")
     mem = plan.memory
     if mem.gpu_gib is not None and plan.options.task == "train":
-        out.append(f"  memory    {'' if mem.fits else 'DOES NOT FIT: '}{mem.detail}")
+        out.append(f"  memory    {'DOES NOT FIT: ' if mem.fits is False else ''}{mem.detail}")
     out += [f"  note      {n}" for n in plan.notes]
     print("\n".join(out))
 

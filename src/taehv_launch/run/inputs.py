@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DataError, LaunchError, ModelError
-from ..plan.families import family_of_class, get_family
+from ..plan.families import family_of_config, get_family
 from ..plan.resolve import tracker_library_line, tracker_names
 from ..rundir.events import EVENTS_FILE, rollbacks
 from ..rundir.heartbeat import heartbeat_dir, stacks_dir
@@ -125,11 +125,13 @@ def check_reference_folder(path: str, kind: str, latent_channels: int) -> None:
         raise ModelError(f"{cfg_file} is not a diffusers config: re-download the reference VAE")
     family = get_family(kind)
     found = cfg.get("_class_name")
-    if found and found != family.class_name:
-        other = family_of_class(found)
+    marks = all(cfg.get(k) == v for k, v in family.config_marks.items())  # Wan 2.1 / 2.2 share a class
+    if found and (found != family.class_name or not marks):
+        other = family_of_config(cfg)
         hint = f"set ref_vae_type={other.name}" if other else f"use a {family.class_name} folder"
+        what = f"an {found}" + (f" of the {other.name} family" if other and found == family.class_name else "")
         raise ModelError(
-            f"{cfg_file.parent} is an {found}, not the {family.class_name} that ref_vae_type={kind} needs: {hint}"
+            f"{cfg_file.parent} is {what}, not the {family.class_name} ({family.models}) that ref_vae_type={kind} needs: {hint}"
         )
     channels = cfg.get(family.channels_key)
     if isinstance(channels, int) and channels != latent_channels:

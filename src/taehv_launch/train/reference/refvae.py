@@ -1,18 +1,20 @@
 """The frozen reference VAE whose latents TAEHV learns to reproduce.
 
-One adapter over the diffusers video VAEs (CogVideoX, HunyuanVideo, Wan) so that the
-trainer speaks TAEHV's language on both sides: frames NTCHW RGB in [0, 1] in, raw
-latents NTCHW out (no scaling factor; optional per-channel mean/std). Loaded from a
-local folder only; anything missing or mismatched is a `ModelError`, never random
+One adapter over the diffusers video VAEs of every family (plan/families.py) so that the trainer
+speaks TAEHV's language on both sides: frames NTCHW RGB in [0, 1] in, latents NTCHW out, in the
+latent space upstream's TAE file of the family decodes: the diffusion model's latents, normalized as
+the family record says (CogVideoX raw; HunyuanVideo z * scaling_factor; Wan (z - latents_mean) /
+latents_std; LTX-2 by its weight buffers; docs/families.md), unless ref_latent_mean/std replace that.
+Loaded from a local folder only; anything missing or mismatched is a `ModelError`, never random
 latents (the seeds silently fell back to `torch.randn`).
 
-Frame alignment (measured, tests/test_refvae.py): all three families are causal
-"1 + 4k" encoders when given 1 + 4k frames: latent 0 sees frame 0, latent k sees
-frames <= 4k. Given 12 frames, Wan and Hunyuan ignore frames 9-11 by construction, but
-CogVideoX (even frame count) regroups every latent onto frames 4k..4k+3 and its
-decode no longer lines up with frames 0-8. `encode` therefore feeds only the first
-1 + 4 * ((T - 1) // 4) frames to every family, so that decode(encode(12 frames)) gives
-9 frames aligned with input frames 0-8 (the trainer's `frames[:, :-3]`).
+Frame alignment (measured, tests/test_refvae.py): the causal families are "1 + sk" encoders when
+given 1 + sk frames (s: the time stride): latent 0 sees frame 0, latent k sees frames <= sk. Given
+12 frames, Wan and Hunyuan ignore frames 9-11 by construction, but CogVideoX (even frame count)
+regroups every latent onto frames 4k..4k+3 and its decode no longer lines up with frames 0-8.
+`encode` therefore feeds those families only the first 1 + s * ((T - 1) // s) frames (the family's
+ref_frames), so that decode(encode(12 frames)) gives 9 frames aligned with input frames 0-8 (the
+trainer's targets). MiniMax-H3 encodes 17-frame chunks and pads the last itself: it gets all frames.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from ...dataindex.refweights import model_dir
 from ...errors import ConfigError, ModelError
-from ...plan.families import Family, family_of_class, get_family
+from ...plan.families import NORMS, Family, family_of_config, get_family
 
 _WEIGHT_FILES = (
     "diffusion_pytorch_model.safetensors",
@@ -63,11 +65,15 @@ def _check_folder(folder: str, kind: str) -> None:
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot read {cfg_path} ({err}): re-download the reference VAE") from None
     found = cfg.get("_class_name") if isinstance(cfg, dict) else None
-    expected = get_family(kind).class_name
-    if found and found != expected:
-        other = family_of_class(found)
-        hint = f"set ref_vae_type={other.name}" if other else f"use a {expected} folder"
-        raise ModelError(f"{folder} is an {found}, not the {expected} that ref_vae_type={kind} needs: {hint}")
+    family = get_family(kind)
+    marks = all(cfg.get(k) == v for k, v in family.config_marks.items()) if isinstance(cfg, dict) else True
+    if found and (found != family.class_name or not marks):
+        other = family_of_config(cfg)
+        hint = f"set ref_vae_type={other.name}" if other else f"use a {family.class_name} folder"
+        what = f"an {found}" + (f" of the {other.name} family" if other and found == family.class_name else "")
+        raise ModelError(
+            f"{folder} is {what}, not the {family.class_name} ({family.models}) that ref_vae_type={kind} needs: {hint}"
+        )
     if not any(os.path.isfile(os.path.join(folder, name)) for name in _WEIGHT_FILES):
         raise ModelError(f"no weights (diffusion_pytorch_model.safetensors) in {folder}: re-download the reference VAE")
 
@@ -102,10 +108,11 @@ def _first_sentence(err: Exception) -> str:
     return text.split(". ")[0].rstrip(".")[:300]
 
 
-def freeze(model: torch.nn.Module) -> torch.nn.Module:
-    """Eval mode, no grads, and none of diffusers' tiling: we chunk over the batch ourselves."""
+def freeze(model: torch.nn.Module, family: Family | None = None) -> torch.nn.Module:
+    """Eval mode, no grads, and none of diffusers' tiling (we chunk over the batch ourselves), except
+    for a family released with its tiling on (MiniMax-H3: its latents are the tiled encode's)."""
     model.eval().requires_grad_(False)
-    if hasattr(model, "disable_tiling"):
+    if hasattr(model, "disable_tiling") and not (family and family.keeps_tiling):
         model.disable_tiling()
     if hasattr(model, "disable_slicing"):
         model.disable_slicing()
@@ -115,6 +122,45 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
         if hasattr(model, flag):
             setattr(model, flag, False)
     return model
+
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # MiniMax-H3's pixel space
+
+
+def family_norm(family: Family, model: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(mean, std) that take the VAE's z to the family's latent space, (z - mean) / std (None: 0 / 1),
+    from the VAE's own config.json or weight buffers (family.latent_norm, plan/families.py)."""
+    cfg, rule = model.config, family.latent_norm
+    channels = int(cfg[family.channels_key])
+    if rule == "raw":
+        return None, None
+
+    def scale() -> float:
+        value = cfg.get("scaling_factor")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise ModelError(
+                f"the {family.name} reference VAE's config.json has scaling_factor={value!r}: re-download it"
+            )
+        return float(value)
+
+    if rule == "scaling_factor":
+        return None, torch.full((1, 1, channels, 1, 1), 1.0 / scale())
+    if rule == "latents_mean_std":
+        values = [cfg.get("latents_mean"), cfg.get("latents_std")]
+    else:  # buffers_mean_std: LTX-2 keeps them in its weights
+        values = [getattr(model, name, None) for name in ("latents_mean", "latents_std")]
+    try:
+        mean, std = (torch.as_tensor(v, dtype=torch.float32).detach().cpu().reshape(-1) for v in values)
+    except (TypeError, ValueError, RuntimeError):
+        mean = std = torch.zeros(0)
+    if mean.numel() != channels or std.numel() != channels or not bool((std > 0).all()):
+        raise ModelError(
+            f"the {family.name} reference VAE has no usable latents_mean/latents_std for its {channels} channels "
+            f"({NORMS[rule]}): re-download it, or give ref_latent_mean and ref_latent_std"
+        )
+    if rule == "buffers_mean_std":
+        std = std / scale()
+    return mean.view(1, 1, channels, 1, 1), std.view(1, 1, channels, 1, 1)
 
 
 def _per_channel(values: Sequence[float], channels: int, name: str) -> torch.Tensor | None:
@@ -140,8 +186,9 @@ class ReferenceVAE:
     dtype: torch.dtype
     device: torch.device
     chunk_size: int = 1
-    latent_mean: torch.Tensor | None = None
+    latent_mean: torch.Tensor | None = None  # z -> (z - latent_mean) / latent_std: the family's, or ref_latent_*
     latent_std: torch.Tensor | None = None
+    latent_space: str = ""  # in words, for the log
     channels_last: bool = False  # feed the encoder NDHWC (set by speed.compile_reference)
 
     @property
@@ -160,9 +207,9 @@ class ReferenceVAE:
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor) -> torch.Tensor:
-        """NTCHW RGB frames in [0, 1] (float) or [0, 255] (uint8) -> raw latents NTCHW float32.
+        """NTCHW RGB frames in [0, 1] (float) or [0, 255] (uint8) -> normalized latents NTCHW float32.
 
-        Uses the first 1 + 4k frames only (see the module docstring: alignment), the
+        Uses the family's ref_frames only (see the module docstring: alignment), the
         posterior's mode (its mean, so targets are deterministic), chunk_size samples
         per VAE call to bound memory, the VAE's own dtype and no autocast.
         """
@@ -170,7 +217,7 @@ class ReferenceVAE:
         n, t, _, h, w = frames.shape
         s = self.family.space_stride
         assert h % s == 0 and w % s == 0, f"H, W must be multiples of {s}, got {h}x{w}"
-        frames = frames[:, : self.family.causal_frames(t)]
+        frames = frames[:, : self.family.ref_frames(t)]
         chunks = [self._encode_chunk(c) for c in frames.split(self._chunk(n))]
         latents = torch.cat(chunks)
         assert latents.shape == (n, self.latent_frames(t), self.latent_channels, h // s, w // s), latents.shape
@@ -178,7 +225,7 @@ class ReferenceVAE:
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Raw (or normalised, if mean/std were given) latents NTCHW -> frames NTCHW RGB in [0, 1] float32."""
+        """Normalized latents NTCHW (as encode gives them) -> frames NTCHW RGB in [0, 1] float32."""
         assert latents.ndim == 5 and latents.shape[2] == self.latent_channels, f"bad latents {tuple(latents.shape)}"
         latents = self._denormalise(latents.float())
         frames = torch.cat([self._decode_chunk(c) for c in latents.split(self._chunk(len(latents)))])
@@ -186,14 +233,15 @@ class ReferenceVAE:
         return frames
 
     def _chunk(self, n: int) -> int:
-        return self.chunk_size if self.chunk_size > 0 else max(n, 1)
+        chunk = self.chunk_size if self.chunk_size > 0 else max(n, 1)
+        return min(chunk, self.family.encode_batch_limit or chunk)
 
     def _encode_chunk(self, frames: torch.Tensor) -> torch.Tensor:
         """NTCHW [0, 1] or uint8 -> NTCHW float32 latents, one VAE call."""
         work = torch.promote_types(self.dtype, torch.float32)  # scale in >= fp32, then cast
         x = frames.to(self.device)
         x = x.to(work) / 255.0 if x.dtype == torch.uint8 else x.to(work)
-        x = (x * 2 - 1).to(self.dtype).permute(0, 2, 1, 3, 4)  # NCTHW in [-1, 1]
+        x = self._pixels_in(x).to(self.dtype).permute(0, 2, 1, 3, 4)  # NCTHW in the VAE's pixel space
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         with torch.autocast(self.device.type, enabled=False):
@@ -205,7 +253,25 @@ class ReferenceVAE:
         z = latents.to(self.device, self.dtype).permute(0, 2, 1, 3, 4)
         with torch.autocast(self.device.type, enabled=False):
             x = self.model.decode(z).sample
-        return ((x.float().permute(0, 2, 1, 3, 4) + 1) / 2).clamp(0, 1)
+        return self._pixels_out(x.float().permute(0, 2, 1, 3, 4)).clamp(0, 1)
+
+    def _pixel_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.family.pixel_space == "imagenet":
+            shape = (1, 1, 3, 1, 1)
+            return (
+                torch.tensor(IMAGENET_MEAN, device=x.device).view(shape).to(x.dtype),
+                torch.tensor(IMAGENET_STD, device=x.device).view(shape).to(x.dtype),
+            )
+        return torch.full((), 0.5, device=x.device, dtype=x.dtype), torch.full((), 0.5, device=x.device, dtype=x.dtype)
+
+    def _pixels_in(self, x: torch.Tensor) -> torch.Tensor:
+        """[0, 1] -> the VAE's input: [-1, 1], or ImageNet-normalized (MiniMax-H3)."""
+        mean, std = self._pixel_stats(x)
+        return (x - mean) / std
+
+    def _pixels_out(self, x: torch.Tensor) -> torch.Tensor:
+        mean, std = self._pixel_stats(x)
+        return x * std + mean
 
     def _normalise(self, z: torch.Tensor) -> torch.Tensor:
         if self.latent_mean is not None:
@@ -237,12 +303,13 @@ def load_reference_vae(
     Raises ModelError for a missing folder or config, another family's folder, missing
     weights or weights that do not fit; never returns a randomly initialised model.
     """
-    get_family(kind)
+    family = get_family(kind)
+    kind = family.name  # an alias (taew2_2) loads as its family
     folder, subfolder = model_dir(path)
     _check_folder(folder, kind)
     torch_dtype = _as_dtype(dtype)
     device = torch.device(device)
-    model = freeze(_from_pretrained(kind, path, subfolder, torch_dtype).to(device))
+    model = freeze(_from_pretrained(kind, path, subfolder, torch_dtype).to(device), family)
     vae = ReferenceVAE(kind=kind, model=model, dtype=torch_dtype, device=device, chunk_size=int(chunk_size))
     if expect_channels is not None and vae.latent_channels != expect_channels:  # the config's latent_channels
         raise ChannelMismatch(
@@ -250,6 +317,11 @@ def load_reference_vae(
             f"latent_channels={expect_channels}: set --set latent_channels={vae.latent_channels}",
             vae.latent_channels,
         )
-    vae.latent_mean = _per_channel(latent_mean, vae.latent_channels, "ref_latent_mean")
-    vae.latent_std = _per_channel(latent_std, vae.latent_channels, "ref_latent_std")
+    if latent_mean or latent_std:  # the user's statistics replace the family's normalization
+        vae.latent_mean = _per_channel(latent_mean, vae.latent_channels, "ref_latent_mean")
+        vae.latent_std = _per_channel(latent_std, vae.latent_channels, "ref_latent_std")
+        vae.latent_space = "(z - ref_latent_mean) / ref_latent_std as given"
+    else:
+        vae.latent_mean, vae.latent_std = family_norm(family, model)
+        vae.latent_space = family.latent_space()
     return vae
