@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 # "Far from unit scale": bounds of judgment, not of measurement. The raw latents this catches are
-# 2-3x off (Wan 2.1's per-channel stds run 1.2-3.3 and means up to 1.6; HunyuanVideo's scaling_factor
+# 2-3x off (Wan 2.1's per-channel stds run 1.1-3.3 and means up to 1.6; HunyuanVideo's scaling_factor
 # is 0.477); normalized ones measured 0.94 (above).
 RMS_RANGE = (0.5, 2.0)
 MEAN_MAX = 0.5
