@@ -49,3 +49,41 @@ def test_the_dry_run_prints_the_prediction(tmp_path):
     assert d["predicted"]["efficiency"] > 0.97
     assert json.loads(run_cli_here("8", "a800", "--dry-run", "--json", cwd=tmp_path).stdout)["predicted"] is None
     assert "  predicted ~" not in run_cli_here("1", "cpu", "--dry-run", cwd=tmp_path).stdout
+
+
+def test_plan_times_read_well_from_seconds_to_days():
+    """#38 item 4: a short job's plan says minutes and fractional GPU-hours, not '0.0 h, 0 GPU-hours'."""
+    from taehv_launch.plan.scaling import duration_text, gpu_hours_text
+
+    assert [duration_text(s) for s in (0.2, 28, 59.4, 60, 444, 3569, 3600, 46_440, 172_000, 1_477_000)] == [
+        "under 1 s",
+        "28 s",
+        "59 s",
+        "1 min",
+        "7 min",
+        "59 min",
+        "1.0 h",
+        "12.9 h",
+        "47.8 h",
+        "17.1 days",
+    ]
+    assert [gpu_hours_text(h) for h in (0.0002, 0.0077, 0.067, 0.123, 1.33, 9.96, 828.4)] == [
+        "under 0.001",
+        "0.008",
+        "0.07",
+        "0.1",
+        "1.3",
+        "10",
+        "828",
+    ]
+
+
+def test_a_short_jobs_dry_run_says_minutes_and_fractional_gpu_hours(tmp_path):
+    from taehv_launch.plan.scaling import duration_text, gpu_hours_text
+
+    cfg = {**DEFAULTS, "micro_batch_size": 8, "gradient_accumulation_steps": 16, "zero_stage": 0, "max_train_steps": 30}
+    p = predict("h100", cfg, 1, 1)  # the 1-GPU h100 row: micro 8 x accumulation 16
+    out = run_cli_here("1", "h100", "--dry-run", "--set", "max_train_steps=30", cwd=tmp_path).stdout
+    line = next(x for x in out.splitlines() if x.startswith("  predicted ~"))
+    assert f": 30 steps in {duration_text(p.hours * 3600)}, {gpu_hours_text(p.gpu_hours)} GPU-hours (" in line, line
+    assert " 0 GPU-hours" not in line and "0.0 h" not in line

@@ -243,3 +243,46 @@ def test_validation_at_start_gives_a_step_0_baseline_without_a_best_model(tmp_pa
     assert "validation at step 0:" in text and "validation at step 2:" in text
     assert text.index("validation at step 0:") < text.index("step 2/2")
     assert (tmp_path / "out" / "v0" / "best_model").is_dir()  # exported at step 2, not 0
+
+
+@pytest.mark.slow  # a trainer run of 4 steps on the cpu profile
+def test_tflops_and_mfu_in_the_log_trackers_progress_and_speed_json(tmp_path):
+    """#38 item 2: one clip's FLOPs counted at start-up; every log line, TensorBoard, progress.json and
+    speed.json carry TFLOP/s per process and MFU, which is n/a on CPU."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = run_cli(
+        "1",
+        "cpu",
+        "--run-name",
+        "fl",
+        "--set",
+        f"output_dir={str(tmp_path / 'out')!r}",
+        "--set",
+        "max_train_steps=4",
+        "--set",
+        "log_every=2",
+        "--set",
+        "validation_steps=100",
+        env=clean_env(TAEHV_CACHE=str(tmp_path / "cache")),
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    count = next(x for x in lines if x.startswith("speed: "))
+    assert "per clip (12 x 64x64): TAEHV forward + backward " in count and count.endswith("; MFU n/a (CPU)"), count
+    steps = [x for x in lines if x.startswith("step ")]
+    assert len(steps) == 2 and all(" TFLOP/s/process, MFU n/a (CPU) | mem " in x for x in steps), steps
+    run = tmp_path / "out" / "fl"
+    speed = json.loads((run / "speed.json").read_text())
+    flops = speed["flops_per_clip"]
+    assert flops["total"] == flops["taehv"] + flops["seraena"] + flops["reference"] and flops["reference"] > 0
+    assert speed["tflops_per_gpu"] == pytest.approx(speed["clips_per_s"] * flops["total"] / 1e12)
+    assert speed["mfu"] is None and speed["mfu_note"] == "CPU"
+    progress = json.loads((run / "progress.json").read_text())
+    assert progress["tflops_per_gpu"] == pytest.approx(progress["samples_per_s"] * flops["total"] / 1e12)
+    events = EventAccumulator(str(run / "logs"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/tflops_per_gpu")] == [2, 4]
+    assert "train/mfu" not in events.Tags()["scalars"]  # no peak on a CPU

@@ -41,6 +41,7 @@ FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)
     "progress_from",
     "progress_of",
     "launch_started",
+    "flops",
     "checkpoint",
     "nodes",
     "processes",

@@ -27,9 +27,10 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..plan.families import get_family
+from ..plan.flops import Rate
 from ..plan.schema import make_config
 from .runs import cache_row, make_assets, trainer_row
-from .measure import Meter, count_flops, time_steps
+from .measure import Meter, time_steps
 from .report import _versions, format_report
 from .step import _sync
 
@@ -74,6 +75,7 @@ def build_student(cfg: dict[str, Any], device: torch.device, seraena_autocast: t
 
 
 def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: int) -> dict[str, Any]:
+    from ..train.loop.flops import count_clip_flops
     from ..train.model.losses import decoder_targets
 
     cuda = device.type == "cuda"
@@ -112,25 +114,17 @@ def naive_row(cfg: dict[str, Any], ref_path: str, device: torch.device, steps: i
         opt.zero_grad(set_to_none=True)
         return loss.item()  # the notebook prints it
 
-    def student_fwd_bwd():  # FLOPs only: Seraena's autograd.grad does not run under torch's counter
-        frames, latents = state["frames"], state["latents"]
-        with torch.autocast(device.type, dtype=torch.float16, enabled=cuda):
-            enc, dec = net(frames, latents)
-        (F.mse_loss(dec.float(), decoder_targets(frames, dec)) + F.mse_loss(enc.float(), latents)).backward()
-        opt.zero_grad(set_to_none=True)
-
     t_encode = time_steps(encode, device, steps)
     t_step = time_steps(step, device, steps)
-    encode_flops, student_flops = count_flops(encode), count_flops(student_fwd_bwd)
+    clip = count_clip_flops(cfg | {"seraena_crop": 0}, ref.model)  # as the trainer counts; Seraena on whole frames
     out = {
         "what": "naive",
         "encode_s": t_encode,
         "step_s": t_step,
         "seconds": t_encode + t_step,
         "clips_per_s": cfg["micro_batch_size"] / (t_encode + t_step),
-        "flops_per_batch": encode_flops + student_flops,
-        "encode_flops_per_batch": encode_flops,
-        "student_flops_per_batch": student_flops,
+        "clip_flops": clip.total,
+        "flops_per_clip": clip.record(),
         **meter.peaks(),
     }
     del ref, taehv, net, ser, opt, clips, state
@@ -163,6 +157,7 @@ def lever_rows(
 ) -> list[dict[str, Any]]:
     """Our modules, adding one lever per row; every row times encode + train step of one micro-batch."""
     from ..train.model.losses import decoder_targets, psnr_t
+    from ..train.loop.flops import count_clip_flops
     from ..train.loop.speed import compile_reference, compile_taehv
 
     cuda = device.type == "cuda"
@@ -172,6 +167,7 @@ def lever_rows(
     clips = make_clips(cfg, device)
     meter = Meter(device)
     lv = {"fused": False, "syncs": True, "crop": 0}
+    clip_flops = {0: count_clip_flops(cfg | {"seraena_crop": 0}, ref.model).total}  # per Seraena crop
     opts: dict[bool, torch.optim.Optimizer] = {}
     state = {"i": 0}
 
@@ -224,6 +220,7 @@ def lever_rows(
                 "chunk": chunk,
                 "seconds": secs,
                 "clips_per_s": cfg["micro_batch_size"] / secs,
+                "clip_flops": clip_flops[lv["crop"]],
                 "first_call_s": warm,
                 **meter.peaks(),
             }
@@ -257,6 +254,7 @@ def lever_rows(
     row("no per-step syncs", "")
     if 0 < crop < min(cfg["height"], cfg["width"]):
         lv["crop"] = crop
+        clip_flops[crop] = count_clip_flops(cfg | {"seraena_crop": crop}, ref.model).total
         row("Seraena crop", f"{crop}x{crop}")
     del ref, taehv, net, ser, opts, clips
     return rows
@@ -352,17 +350,16 @@ def run(
         report["rows"].append(
             from_cache | {"what": "ours, from the latent cache", "detail": " ".join(cached_sets or [])[:30]}
         )
-    micro = cfg["micro_batch_size"]
-    for r in report["rows"]:  # FLOPs the row does per clip: a cache run skips the encode, a cache job only encodes
-        key = (
-            "encode_flops_per_batch"
-            if r.get("not_training")
-            else "student_flops_per_batch"
-            if r["what"].endswith("latent cache")
-            else "flops_per_batch"
-        )
+    for r in report["rows"]:  # FLOPs per clip of what the row runs (train/loop/flops.py), TFLOP/s and MFU
+        if r.get("not_training"):  # the cache job: the reference encode only
+            r["clip_flops"] = naive["flops_per_clip"]["reference"]
+        elif "clip_flops" not in r:  # a trainer row: its own count at start-up (speed.json)
+            r["clip_flops"] = (r.get("flops_per_clip") or {}).get("total")
+        rate = Rate.of(r["clip_flops"] or 0.0, 1, gpu, want_gpu)
         r["ratio_vs_naive"] = r["clips_per_s"] / naive["clips_per_s"]
-        r["tflops"] = naive[key] / micro * r["clips_per_s"] / 1e12
+        r["tflops"] = rate.tflops(r["clips_per_s"]) if r["clip_flops"] else None
+        r["mfu"] = rate.mfu(r["clips_per_s"]) if r["clip_flops"] else None
+    report["peak_tflops"] = Rate.of(1.0, 1, gpu, want_gpu).peak_tflops
     (work / "compare.json").write_text(json.dumps(report, indent=2))
     if as_json:
         print(json.dumps(report, indent=2))

@@ -9,10 +9,16 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"bench --compare  {report['date']}  {report['device']}  torch {report['torch']}  "
         f"({', '.join(f'{k} {v}' for k, v in report['versions'].items())})",
-        f"  {report['shape']}, {report['ref_vae_type']} reference VAE; TFLOP/s = clips/s x FLOPs per clip of "
-        f"the reference encode and TAEHV forward+backward (torch's counter; Seraena not counted; the cache "
-        f"job: the encode only; training from the cache: TAEHV only)",
-        f"  {'row':<30} {'detail':<30} {'clips/s':>8} {'vs naive':>8} {'TFLOP/s':>8} {'peak GiB':>9} {'used GiB':>9}",
+        f"  {report['shape']}, {report['ref_vae_type']} reference VAE; TFLOP/s = clips/s x FLOPs per clip of what "
+        f"the row runs (torch's counter, as the trainer counts: TAEHV forward + backward, Seraena, the reference "
+        f"encode; the cache job: the encode only; training from the cache: no encode); MFU = TFLOP/s / "
+        + (
+            f"{peak:g} TFLOP/s (BF16 dense peak)"
+            if (peak := report.get("peak_tflops"))
+            else "peak (n/a: no peak known)"
+        ),
+        f"  {'row':<30} {'detail':<30} {'clips/s':>8} {'vs naive':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9} "
+        f"{'used GiB':>9}",
     ]
     for r in report["rows"]:
         peak = r.get("peak_allocated_gib")
@@ -23,7 +29,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
         lines.append(
             f"  {r['what']:<30} {r.get('detail', ''):<30} {r['clips_per_s']:8.2f} "
-            f"{r['ratio_vs_naive']:7.2f}x {r['tflops']:8.1f} {_gib(peak):>9} {_gib(used):>9}"
+            f"{r['ratio_vs_naive']:7.2f}x {_num(r.get('tflops'), '.1f'):>8} {_num(r.get('mfu'), '.1%'):>6} "
+            f"{_gib(peak):>9} {_gib(used):>9}"
         )
     naive = report["rows"][0]
     lines.append(
@@ -39,6 +46,10 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _gib(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
+
+
+def _num(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def _versions() -> dict[str, str]:

@@ -74,9 +74,29 @@ class Prediction:
         todo = f"{max(0, steps - self.from_step)} steps left (to {steps})" if self.from_step else f"{steps} steps"
         return (
             f"~{self.clips_per_s_per_gpu:.2f} clips/s per GPU ({self.clips_per_s_per_gpu * world:.1f} on {world}), "
-            f"{self.efficiency * 100:.1f}% of one GPU's: {todo} in {self.hours:.1f} h, "
-            f"{self.gpu_hours:.0f} GPU-hours ({self.basis})"
+            f"{self.efficiency * 100:.1f}% of one GPU's: {todo} in {duration_text(self.hours * 3600)}, "
+            f"{gpu_hours_text(self.gpu_hours)} GPU-hours ({self.basis})"
         )
+
+
+def duration_text(seconds: float) -> str:
+    """A plan's wall time from seconds to days: '40 s', '4 min', '12.9 h', '3.2 days'."""
+    if seconds < 59.5:
+        return "under 1 s" if seconds < 0.5 else f"{seconds:.0f} s"
+    if seconds < 59.5 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 47.95 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def gpu_hours_text(hours: float) -> str:
+    """GPU-hours with the digits that mean something: '828', '1.3', '0.07', '0.008', 'under 0.001'."""
+    if hours >= 9.95:
+        return f"{hours:.0f}"
+    if hours >= 0.995:
+        return f"{hours:.1f}"
+    return f"{hours:.1g}" if hours >= 0.00095 else "under 0.001"
 
 
 def predict(

@@ -47,7 +47,7 @@ WHERE = "give a run directory, an output directory or a glob"
 FIELDS = (  # collect()'s keys: `status --json` (docs/watching.md lists them)
     "run", "run_dir", "state", "exit_code", "now", "step", "logged_step", "total", "clips_per_s",
     "clips_per_s_avg", "global_batch", "eta_s", "ends_at", "progress_time", "progress_from", "progress_of",
-    "launch_started", "checkpoint", "nodes", "processes", "heartbeat_nodes", "heartbeat_ranks",
+    "launch_started", "flops", "checkpoint", "nodes", "processes", "heartbeat_nodes", "heartbeat_ranks",
     "heartbeat_age_s", "log_age_s", "exit", "last_error", "hang", "requeues", "requeue_marker", "rollbacks",
     "launches", "first_launch", "resume_from", "plan_hash", "node_logs", "unreadable",
 )  # fmt: skip
@@ -329,6 +329,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "progress_from": progress.get("progress_from"),
         "progress_of": progress.get("of", "this launch") if progress.get("step") is not None else None,
         "launch_started": progress.get("launch_started"),
+        "flops": progress.get("flops"),  # the last log window's TFLOP/s per GPU and MFU (rundir/progress.py)
         "checkpoint": guard("checkpoints", lambda: _checkpoint(run_dir, now, problems), None),
         **_topology(run_dir, manifest, nodes, ranks),
         "heartbeat_nodes": nodes,

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..plan.flops import record_text
+
 MAX_RANK_LINES = 8  # more ranks than this: only the ones that look wrong get a line (--json has all)
 
 
@@ -142,7 +144,8 @@ def run_block(f: dict[str, Any]) -> list[str]:
         if f["clips_per_s_avg"] is not None:
             since = f" since this launch started {ago(now - f['launch_started'])}" if f["launch_started"] else ""
             avg = f", {rate(f['clips_per_s_avg'])} average{since}"
-        out.append(f"  speed      {rate(f['clips_per_s'])} clips/s now{avg}")
+        flops = record_text(f.get("flops"))  # the last log window's TFLOP/s and MFU (plan/flops.py)
+        out.append(f"  speed      {rate(f['clips_per_s'])} clips/s now{avg}" + (f"; {flops}" if flops else ""))
     if f["eta_s"] is not None:
         out.append(f"  ETA        {duration(f['eta_s'])}, at {clock(f['ends_at'], now)}")
     ck = f["checkpoint"]

@@ -2,7 +2,10 @@
 read by `taehv-launch status` (which never writes).
 
 {"step", "total", "samples_per_s" (this log window), "samples_per_s_avg" (since this launch started),
- "global_batch", "eta_s", "time" (the writer's clock, seconds since the epoch), "started" (this launch)}
+ "global_batch", "eta_s", "time" (the writer's clock, seconds since the epoch), "started" (this launch),
+ and where the trainer counted its FLOPs (plan/flops.py), over this log window: "tflops_per_gpu", "mfu"
+ (0-1; null without a peak), "peak_tflops_per_gpu" (null: a CPU or a GPU not in the table), "mfu_note"
+ (why there is no MFU)}
 """
 
 from __future__ import annotations
@@ -58,6 +61,21 @@ def read_progress(run_dir: Path) -> dict | None:
         "eta_s": number(rec.get("eta_s"), LONGEST_S),
         "time": timestamp(rec.get("time")),
         "started": timestamp(rec.get("started")),
+        "flops": _flops(rec),
+    }
+
+
+def _flops(rec: dict) -> dict | None:
+    """The window's TFLOP/s per GPU and MFU, checked; None when the record has no TFLOP/s (an older trainer)."""
+    tflops = number(rec.get("tflops_per_gpu"), 1e6)
+    if tflops is None:
+        return None
+    note = rec.get("mfu_note")
+    return {
+        "tflops_per_gpu": tflops,
+        "mfu": number(rec.get("mfu"), 10.0),
+        "peak_tflops_per_gpu": number(rec.get("peak_tflops_per_gpu"), 1e6),
+        "mfu_note": note[:200] if isinstance(note, str) else None,
     }
 
 
@@ -104,6 +122,7 @@ def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None,
             "progress_time": rec["time"],
             "launch_started": rec["started"],
             "progress_from": PROGRESS_FILE,
+            "flops": rec["flops"],
         }
         return _previous(out) if since is not None and (at is None or at < since) else out
     current, earlier = this_launch(log)
@@ -125,6 +144,7 @@ def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None,
         "progress_time": log_mtime,
         "launch_started": None,
         "progress_from": log_name,
+        "flops": None,
     }
     return _previous(out) if old else out
 

@@ -14,7 +14,9 @@ import torch
 
 from ...files import disk_errors, write_atomic
 from ...plan.schema import Config, global_batch
+from ...plan.flops import ClipFlops, Rate
 from ...rundir.progress import write_progress
+from .flops import current_rate
 
 
 class PeakMemory:
@@ -160,6 +162,15 @@ class SpeedLog:
         self.last_step, self.t1 = None, None
         self.min_free_gib = float("inf")
         self.memory = peak_memory(device)  # the log line's interval peak and this window's peak
+        self.flops: tuple[ClipFlops, Rate] | None = None
+
+    def count_flops(self, ref, log: Callable[[str], None]) -> None:
+        """Once at start-up (the trainer's one call): one clip's FLOPs (train/loop/flops.py), said in one line,
+        and this process's Rate, which the log line, the trackers, progress.json and speed.json use."""
+        from .flops import run_rate, set_rate
+
+        self.flops = run_rate(self.cfg, ref, self.device, self.world, log)
+        set_rate(self.flops[1] if self.flops else None)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -206,6 +217,9 @@ class SpeedLog:
             "device": str(self.device),
             "phases": phases,
         }
+        if self.flops is not None:  # TFLOP/s per GPU and MFU over the window (plan/flops.py)
+            clip, rate = self.flops
+            out |= {"flops_per_clip": clip.record(), **rate.record(clips / secs)}
         if self.device.type == "cuda":
             stats = torch.cuda.memory_stats(self.device)
             _, total = torch.cuda.mem_get_info(self.device)
@@ -249,18 +263,22 @@ class ProgressFile:
                 "time": time.time(),
                 "started": self.started,
             }
+            if (rate := current_rate()) is not None:  # tflops_per_gpu, mfu (null without a peak), ...
+                record |= rate.record(samples_per_s)
             with contextlib.suppress(OSError):  # a full disk is said once, by the next checkpoint
                 write_progress(self.run_dir, record)
         return eta
 
 
 def window_line(means: dict[str, float], lr: float, samples_per_s: float, mem: float, eta: float, step, total) -> str:
-    """The log line of a window."""
+    """The log line of a window; with the run's FLOP count (flops.py), its TFLOP/s per GPU and MFU."""
     nan = float("nan")
+    rate = current_rate()
+    flops = f" | {rate.text(samples_per_s)}" if rate is not None else ""
     return (
         f"step {step}/{total} | loss {means.get('loss', nan):.4f} | rec {means.get('reconstruction_loss', nan):.4f}"
         f" | enc {means.get('encoder_loss', nan):.4f} | seraena {means.get('seraena_loss', 0):.4f} | psnr "
-        f"{means.get('psnr', nan):.2f} dB | lr {lr:.2e} | {samples_per_s:.1f} samples/s | mem {mem:.1f} GiB | "
+        f"{means.get('psnr', nan):.2f} dB | lr {lr:.2e} | {samples_per_s:.1f} samples/s{flops} | mem {mem:.1f} GiB | "
         f"ETA {hms(eta)}"
     )
 

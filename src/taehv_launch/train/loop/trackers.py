@@ -45,6 +45,7 @@ from ...plan.resolve import tracker_library_line, tracker_names
 from ...plan.schema import config_dict
 from ...rundir.manifest import read_manifest
 from .evaluate import gif_bytes
+from .flops import current_rate
 
 PROJECT = (
     "taehv"  # W&B and SwanLab project, MLflow experiment (WANDB_PROJECT, SWANLAB_PROJ_NAME, MLFLOW_EXPERIMENT_NAME)
@@ -337,6 +338,9 @@ class Trackers:
         self.scalars({name: value}, step)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
+        """The window's train/samples_per_second brings train/tflops_per_gpu and train/mfu (flops.py) with it."""
+        if self.live and (rate := current_rate()) is not None and "train/samples_per_second" in values:
+            values = {**values, **rate.scalars(values["train/samples_per_second"])}
         if self.live:
             self._each("log", {k: float(v) for k, v in values.items()}, step)
 

@@ -99,6 +99,7 @@ class Trainer:
         self.trackers = Trackers.create(self.acc, cfg, run_dir, self.state.step + 1 if resume else None, self.log)
         self.timer = PhaseTimer(profile, self.device)
         self.speed = SpeedLog(run_dir, self.device, self.world, cfg, self.acc.is_main_process)
+        self.speed.count_flops(self.ref, self.log)  # one clip's FLOPs: TFLOP/s and MFU in the log (flops.py)
         self.stragglers = Stragglers(cfg.straggler_threshold, self.rank, self.world, self.log, self.scalar, self.device)
         self.skipped_seen: set[str] = set(self.state.skipped_files)
 
