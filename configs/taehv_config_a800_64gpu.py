@@ -41,6 +41,7 @@ args.encoder_time_downscale = (True, True, False)  # temporal downscale per enco
 args.decoder_time_upscale = (False, True, True)  # temporal upscale per decoder stage
 args.decoder_space_upscale = (True, True, True)  # spatial upscale per decoder stage
 args.gradient_checkpointing = False  # recompute TAEHV blocks in backward (first memory lever)
+args.decoder_arch = 'base'  # TAEHV decoder: base (upstream's) or super (upstream's Super decoder: widths 512/256/128/64, ~2x the decoder's parameters, e.g. taehv1_5_super); exports are named <upstream name>[_super]
 args.reconstruction_loss_weight = 1.0  # MSE(decoded reference latents, frames)
 args.encoder_loss_weight = 1.0  # MSE(encoder(frames), reference latents)
 args.seraena_loss_weight = 0.3  # MSE(decoded, Seraena-corrected target)

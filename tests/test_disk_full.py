@@ -23,7 +23,8 @@ from conftest import CLI, assert_one_line_error, clean_env, free_port
 from taehv_launch.files import DiskWriteError, publish_dir
 from trainrun import FAST, ok
 
-EXPORT = ["taehv.safetensors", "taehv.pth", "export.json"]
+# the cpu profile trains cogvideox: exports carry upstream's name for it (#36)
+EXPORT = ["taecvx.safetensors", "taecvx.pth", "export.json"]
 
 
 @contextlib.contextmanager
@@ -125,12 +126,12 @@ def test_an_export_on_a_full_disk_keeps_the_previous_one(tmp_path, tmpfs, disk):
     # room for one export (two copies of the weights) and half of a second one
     run = tmpfs(int(3 * nbytes)) if disk == "tmpfs" else tmp_path / "run"
     run.mkdir(exist_ok=True)
-    export_model(state, run / "best_model", {"step": 2})
+    export_model(state, run / "best_model", {"step": 2, "upstream_name": "taecvx", "latent_channels": 4})
     before = contents(run / "best_model")
     state = {k: v + 1 for k, v in state.items()}
     with file_size_limit(nbytes // 2) if disk == "ulimit" else contextlib.nullcontext():
         with pytest.raises(DiskWriteError) as err:
-            export_model(state, run / "best_model", {"step": 4})
+            export_model(state, run / "best_model", {"step": 4, "upstream_name": "taecvx", "latent_channels": 4})
     why = "No space left on device" if disk == "tmpfs" else r"File too large; this process may write files of at most"
     assert str(err.value).startswith(f"could not write best_model in {run} ({why}")
     assert str(err.value).endswith("then continue with --resume auto (the previous best_model is kept)")
@@ -219,7 +220,7 @@ def test_final_export_on_a_full_disk_after_training(tmp_path, tmpfs):
     ok(proc)
     run = out / "full"
     final_before, ckpt_before = contents(run / "final_model"), contents(run / "checkpoint-2")
-    room = page_rounded(run / "checkpoint-2") + (run / "final_model" / "taehv.safetensors").stat().st_size // 2
+    room = page_rounded(run / "checkpoint-2") + (run / "final_model" / "taecvx.safetensors").stat().st_size // 2
     proc = run_trainer(tmp_path, out, "--set", "max_train_steps=4", "--resume", "auto", wait=False)
     deadline = time.time() + 300
     while "resumed from" not in (run / "launch.log").read_text() and proc.poll() is None and time.time() < deadline:
@@ -256,7 +257,7 @@ def test_best_model_export_over_the_file_size_limit_mid_run(tmp_path):
     ok(proc)
     run = tmp_path / "output" / "full"
     before = {name: contents(run / name) for name in ("best_model", "final_model", "checkpoint-2")}
-    limit = (run / "best_model" / "taehv.safetensors").stat().st_size // 2
+    limit = (run / "best_model" / "taecvx.safetensors").stat().st_size // 2
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))

@@ -1,12 +1,18 @@
-"""TAEHV model: shape contracts, public checkpoint layout, weight loading, training path."""
+"""TAEHV model: shape contracts, public checkpoint layout, weight loading, training path, every family and
+decoder through the losses and Seraena (upstream's layouts and decode rules per file name: test_exports.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from taehv_launch.errors import ModelError
-from taehv_launch.train.model.taehv import MemBlock, TAEHV, build_taehv, count_params, load_taehv_state_dict
+from taehv_launch.plan.families import FAMILIES
+from taehv_launch.train.model.blocks import MEMORY_BLOCKS
+from taehv_launch.train.model.losses import DistillNet, decoder_targets
+from taehv_launch.train.model.seraena import VideoSeraena, seraena_crop
+from taehv_launch.train.model.taehv import TAEHV, build_taehv, count_params, load_taehv_state_dict
 
 
 def memblock(prefix: str, c: int) -> list[tuple[str, tuple]]:
@@ -206,12 +212,12 @@ def test_gradients_flow_outside_unit_range():
     assert z.grad.abs().sum() == 0
 
 
-def _grads_and_calls(checkpointing: bool):
+def _grads_and_calls(checkpointing: bool, arch: str = "base", **shape):
     torch.manual_seed(0)
-    m = TAEHV(gradient_checkpointing=checkpointing).train()
+    m = TAEHV(gradient_checkpointing=checkpointing, decoder_arch=arch, **shape).train()
     calls = []
     for b in [*m.encoder, *m.decoder]:
-        if isinstance(b, MemBlock):
+        if isinstance(b, MEMORY_BLOCKS):
             # a pre-hook: recomputation stops as soon as the saved tensors are rebuilt
             # (checkpoint early stop), so a MemBlock's post-forward hook may never fire
             b.register_forward_pre_hook(lambda mod, inp: calls.append(mod))
@@ -224,12 +230,13 @@ def _grads_and_calls(checkpointing: bool):
     return {k: p.grad.clone() for k, p in m.named_parameters()}, n_forward, len(calls)
 
 
-def test_gradient_checkpointing_recomputes_with_equal_gradients():
-    ref, fwd_plain, total_plain = _grads_and_calls(False)
-    got, fwd_ckpt, total_ckpt = _grads_and_calls(True)
-    # 9 MemBlocks each in encoder and decoder: forward() = 18 calls, the extra encode 9 more
+@pytest.mark.parametrize("arch", ["base", "super"])
+def test_gradient_checkpointing_recomputes_with_equal_gradients(arch):
+    ref, fwd_plain, total_plain = _grads_and_calls(False, arch)
+    got, fwd_ckpt, total_ckpt = _grads_and_calls(True, arch)
+    # 9 memory blocks each in encoder and decoder: forward() = 18 calls, the extra encode 9 more
     assert fwd_plain == total_plain == fwd_ckpt == 27
-    assert total_ckpt == 2 * fwd_ckpt  # every MemBlock ran again during backward
+    assert total_ckpt == 2 * fwd_ckpt  # every memory block ran again during backward
     for k in ref:  # the recomputation replays the same ops: bitwise-equal gradients
         assert torch.equal(got[k], ref[k]), k
 
@@ -243,3 +250,72 @@ def test_no_recompute_in_eval_or_no_grad():
         m.train().decode_video(z)
     m.eval().decode_video(z)
     assert len(calls) == 2
+
+
+def test_super_decoder_is_upstreams_and_loads_strictly(tmp_path):
+    """SuperMemBlocks (7x7 depthwise, 4x bottleneck), widths 512/256/128/64, no Clamp in front; a base
+    file does not load into it (nor the other way), with the decoder named in the line."""
+    m = TAEHV(decoder_arch="super")
+    sd = m.state_dict()
+    assert sd["decoder.0.weight"].shape == (512, 16, 1, 1)  # 1x1, no bias
+    assert sd["decoder.1.conv.0.weight"].shape == (1024, 1, 7, 7)  # depthwise over [x, past]
+    assert sd["decoder.4.weight"].shape == (256 * 4, 512, 3, 3)  # then PixelShuffle(2)
+    assert sd["decoder.7.conv.weight"].shape == (256, 256, 1, 1)  # TGrow(256, 1): no time upscale first
+    assert sd["decoder.22.weight"].shape == (3, 64, 3, 3)
+    assert count_params(m.decoder) > 1.9 * count_params(TAEHV().decoder)
+    torch.save(TAEHV().state_dict(), tmp_path / "base.pth")
+    with pytest.raises(ModelError, match=r"decoder_arch=base") as e:
+        load_taehv_state_dict(TAEHV(decoder_arch="super"), str(tmp_path / "base.pth"))
+    assert "\n" not in str(e.value)
+    with torch.no_grad():
+        z = torch.randn(1, 3, 16, 2, 2)
+        assert m.eval().decode_video(z).shape == (1, 9, 3, 16, 16)
+
+
+def test_h3_chunked_encode_checkpoints_like_the_plain_one():
+    """H3's clips are a batch of their own inside encode_video: checkpointing recomputes them alike."""
+    h3 = FAMILIES["h3"]
+    torch.manual_seed(1)
+    x = torch.rand(1, 22, 3, 32, 32)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        m = TAEHV.from_family(h3, gradient_checkpointing=checkpointing).train()
+        z = m.encode_video(x)
+        assert z.shape[1] == h3.latent_frames(22) == 7
+        out = m.decode_video(z, clamp=False)
+        assert out.shape[1] == h3.decoded_frames(7) == 22
+        (out.square().mean() + z.square().mean()).backward()
+        grads.append({k: p.grad for k, p in m.named_parameters()})
+    for k in grads[0]:
+        assert torch.equal(grads[0][k], grads[1][k]), k
+
+
+@pytest.mark.parametrize(
+    "name,arch", [(name, "base") for name in FAMILIES] + [(name, "super") for name in ("wan22", "ltx2", "h3")]
+)
+def test_every_family_trains_through_the_losses_and_seraena(name, arch):
+    """One training step's losses at the family's own shape (patch 1/2/4, 16-128 latent channels, LTX's 8x
+    in time, H3's chunks): the encoder gives the reference's latent count, the decode lines up with the
+    first input frames, Seraena corrects a crop on the latent grid, and every TAEHV weight gets a gradient."""
+    family = FAMILIES[name]
+    torch.manual_seed(0)
+    taehv = TAEHV.from_family(family, arch, gradient_checkpointing=True).train()
+    net = DistillNet(taehv, family)
+    n, side = family.default_n_frames, 16 * family.patch_size
+    frames = torch.rand(1, n, 3, side, side)
+    latents = torch.randn(1, family.latent_frames(n), family.latent_channels, 2, 2)
+    enc, dec = net(frames, latents)
+    assert enc.shape == latents.shape
+    assert dec.shape[1] == family.decoded_frames(latents.shape[1]) <= n
+    target = decoder_targets(frames, dec)
+    seraena = VideoSeraena(family.latent_channels, buffer_bytes=1 << 20)
+    cell = 8 * family.patch_size
+    real, fake, ctx = seraena_crop(target, dec, latents, cell, torch.Generator().manual_seed(0))
+    assert real.shape[-1] == cell and ctx.shape[-1] == 1
+    corrected, stats = seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
+    loss = F.mse_loss(dec, target) + F.mse_loss(enc, latents) + 0.3 * F.mse_loss(fake, corrected)
+    loss.backward()
+    assert torch.isfinite(loss) and stats["disc_step_skipped"] == 0.0
+    missing = [k for k, p in taehv.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not missing, missing[:3]

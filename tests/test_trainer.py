@@ -57,9 +57,9 @@ def test_demo_trains_checkpoints_exports_and_resumes(tmp_path):
         assert (run / name / "COMPLETE").is_file()
     assert trainer_state(run / "checkpoint-4")["step"] == 4
     for folder in ("final_model", "best_model"):
-        sd = load_file(str(run / folder / "taehv.safetensors"))
+        sd = load_file(str(run / folder / "taecvx.safetensors"))  # upstream's name for cogvideox (#36)
         assert sd["encoder.0.weight"].shape == (64, 3, 3, 3)
-        assert torch.load(run / folder / "taehv.pth", weights_only=True).keys() == sd.keys()
+        assert torch.load(run / folder / "taecvx.pth", weights_only=True).keys() == sd.keys()
     assert (run.parent / "latest").resolve() == run.resolve()
     for f in ("config.py", "accelerate.yaml", "env.json", "launch.log"):
         assert (run / f).is_file()

@@ -119,6 +119,13 @@ KEYS: dict[str, Key] = {
     "decoder_time_upscale": Key((False, True, True), tuple, "temporal upscale per decoder stage"),
     "decoder_space_upscale": Key((True, True, True), tuple, "spatial upscale per decoder stage"),
     "gradient_checkpointing": Key(False, bool, "recompute TAEHV blocks in backward (first memory lever)"),
+    "decoder_arch": Key(
+        "base",
+        str,
+        "TAEHV decoder: base (upstream's) or super (upstream's Super decoder: widths 512/256/128/64, ~2x "
+        "the decoder's parameters, e.g. taehv1_5_super); exports are named <upstream name>[_super]",
+        ("base", "super"),
+    ),
     # --- losses -----------------------------------------------------------------------
     "reconstruction_loss_weight": Key(1.0, float, "MSE(decoded reference latents, frames)"),
     "encoder_loss_weight": Key(1.0, float, "MSE(encoder(frames), reference latents)"),

@@ -22,7 +22,9 @@ def checkpoint_bytes(plan: Plan) -> int:
 
     c = plan.config
     return estimate_bytes(
-        count_params(TAEHV(latent_channels=c["latent_channels"], patch_size=c["patch_size"])),
+        count_params(
+            TAEHV(latent_channels=c["latent_channels"], patch_size=c["patch_size"], decoder_arch=c["decoder_arch"])
+        ),
         count_params(PatchDiscWithContext(3 * c["n_seraena_frames"], c["latent_channels"])),
         deepspeed=plan.uses_deepspeed,
         world_size=plan.world_size,

@@ -1,7 +1,8 @@
 """What the trainer would refuse in its first seconds, checked before the launch writes or starts
 anything, so that exit 2 means nothing was written: the data folder (exists, holds a video) and the
 reference VAE folder (config.json of the family asked for, with the latent channel count the config
-says), and the library of each chosen tracker (wandb, mlflow, swanlab: found, not imported). Cheap:
+says), pretrained_model_path (a TAEHV file of this family, decoder and shape: rundir/taehvfile.py reads
+its header, no tensor), and the library of each chosen tracker (wandb, mlflow, swanlab: found, not imported). Cheap:
 one config.json read and a walk that stops at the first video file. The trainer checks everything
 again, fully (every file, the weights), when it loads them. An existing run directory (a resume): its
 heartbeat paths and events.jsonl (check_run_dir).
@@ -17,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DataError, LaunchError, ModelError
-from ..plan.families import family_of_config, get_family
+from ..plan.families import FAMILIES, family_of_config, get_family
 from ..plan.resolve import tracker_library_line, tracker_names
 from ..rundir.events import EVENTS_FILE, rollbacks
 from ..rundir.heartbeat import heartbeat_dir, stacks_dir
+from ..rundir.taehvfile import check_pretrained
 
 RANK_FILE = re.compile(r"rank\d+(\.dead|\.done|\.hang)?")  # heartbeat/ files the watchdog replaces or removes
 
@@ -32,8 +34,10 @@ def check_inputs(
     run directory, checked (check_run_dir) when it exists already (a resume, --run-name again)."""
     notes = check_run_dir(run_dir) if run_dir is not None and task == "train" else []
     demo_data, demo_vae = demo_assets
-    if task == "train":  # a cache job logs to no tracker
+    if task == "train":  # a cache job logs to no tracker, nor starts from TAEHV weights
         check_trackers(config["trackers"])
+        if config["pretrained_model_path"]:  # of this family, decoder and shape (the trainer loads it strictly)
+            notes += check_pretrained(config, get_family(config["ref_vae_type"]), FAMILIES.values())
     reads_videos = not (config["latent_cache"] and config["latent_cache_encode"] == "never")
     if reads_videos and not config["annotation_file"] and config["data_root"] and config["data_root"] != demo_data:
         check_data_root(config["data_root"])

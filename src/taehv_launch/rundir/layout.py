@@ -1,8 +1,10 @@
 """The run directory's names that the launcher and the trainer both use.
 
 Layout: <output_dir>/<run id>/checkpoint-<step>/ (checkpoint.py), best_model/ and final_model/
-(exports of the EMA TAEHV: taehv.safetensors, taehv.pth, export.json), exit_status[.node<k>].json
-(status.py), REQUEUE; <output_dir>/latest -> the newest run (run/runs.py).
+(exports of the EMA TAEHV under upstream's name for the family and decoder: `<stem>.safetensors`,
+`<stem>.pth` (e.g. taecvx, taew2_2_super), export.json listing them with their SHA-256; exports before
+#36 hold taehv.safetensors and taehv.pth whatever the family), exit_status[.node<k>].json (status.py),
+REQUEUE; <output_dir>/latest -> the newest run (run/runs.py).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from pathlib import Path
 REQUEUE = "REQUEUE"  # marker in the run dir: stopped by a signal after saving
 BEST_MODEL = "best_model"  # export at the best validation PSNR
 FINAL_MODEL = "final_model"  # export at the end of training
-EXPORT_SAFETENSORS = "taehv.safetensors"  # an export's EMA TAEHV weights (loads in public taehv.py)
-EXPORT_PTH = "taehv.pth"  # the same weights as a torch state dict
-EXPORT_META = "export.json"  # step, val PSNR, model settings of an export
+EXPORT_META = "export.json"  # step, val PSNR, family, decoder, model settings, files and SHA-256 of an export
+# Every export before #36 was named so, whatever the family (upstream reads "taehv" as Hunyuan Video 1):
+LEGACY_SAFETENSORS, LEGACY_PTH = "taehv.safetensors", "taehv.pth"
+EXPORT_SAFETENSORS = LEGACY_SAFETENSORS  # old name of the constant: use export_weights(folder)
 
 
 def node_suffix(node: int) -> str:
@@ -29,3 +32,14 @@ def exported_step(folder: Path) -> int | None:
         return int(json.loads((folder / EXPORT_META).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def export_weights(folder: Path, suffix: str = ".safetensors") -> Path:
+    """An export's weight file: the one its export.json lists (`taecvx.safetensors` ...), else the name of
+    exports before #36 (taehv.safetensors). suffix: ".safetensors" or ".pth"."""
+    try:
+        files = json.loads((folder / EXPORT_META).read_text()).get("files")
+        listed = [name for name in files if isinstance(name, str) and name.endswith(suffix)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        listed = []
+    return folder / (listed[0] if listed else ("taehv" + suffix))

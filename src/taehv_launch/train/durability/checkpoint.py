@@ -51,7 +51,9 @@ from ...rundir.checkpoint import (
     write_complete,
     writing_dir,
 )
-from ...rundir.layout import EXPORT_META, EXPORT_PTH, EXPORT_SAFETENSORS
+from ...plan.families import get_family
+from ...rundir import taehvfile
+from ...rundir.layout import EXPORT_META
 from . import portable
 from .progress import PROGRESS
 
@@ -226,27 +228,62 @@ def rollback_checkpoint(run_dir: Path, accelerator, at_most: int) -> tuple[Path 
 
 
 def export_meta(cfg, state: TrainState, name: str) -> dict[str, Any]:
-    """export.json of an export (best_model carries its validation PSNR)."""
+    """export.json of an export (best_model carries its validation PSNR): the family and decoder, the
+    upstream name the files carry, the model's shape and where it differs from upstream's release of
+    that name (upstream's TAEHV(checkpoint_path=...) builds the release's shape from the name)."""
+    family = get_family(cfg.ref_vae_type)
+    arch = cfg.decoder_arch
+    shape = {
+        "latent_channels": cfg.latent_channels,
+        "patch_size": cfg.patch_size,
+        "encoder_time_downscale": list(cfg.encoder_time_downscale),
+        "decoder_time_upscale": list(cfg.decoder_time_upscale),
+        "decoder_space_upscale": list(cfg.decoder_space_upscale),
+    }
+    release = {
+        "latent_channels": family.latent_channels,
+        "patch_size": family.patch_size,
+        "encoder_time_downscale": list(family.encoder_time_downscale),
+        "decoder_time_upscale": list(family.decoder_time_upscale),
+        "decoder_space_upscale": [True, True, True],
+    }
     return {
         "step": state.step,
         "val_psnr": state.best_psnr if name == "best_model" else None,
-        "latent_channels": cfg.latent_channels,
-        "patch_size": cfg.patch_size,
-        "ref_vae_type": cfg.ref_vae_type,
+        "family": family.name,
+        "ref_vae_type": family.name,  # the key exports before #36 wrote
+        "decoder_arch": arch,
+        "upstream_name": family.export_stem(arch),
+        **shape,
+        "differs_from_upstream": {k: [v, release[k]] for k, v in shape.items() if v != release[k]},
         "ema_decay": cfg.ema_decay,
     }
 
 
-def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[str, Any]) -> None:
-    """Write EMA TAEHV weights as taehv.safetensors and taehv.pth (loads in public taehv.py).
+def _safetensors_metadata(meta: dict[str, Any]) -> dict[str, str]:
+    """The export's facts as safetensors metadata (strings): what a loader reads without export.json."""
+    out = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+    out[taehvfile.META_FORMAT] = taehvfile.EXPORT_FORMAT
+    out["format"] = "pt"  # safetensors' usual tag of torch tensors
+    out[taehvfile.META_CHANNELS] = str(meta["latent_channels"])  # ComfyUI's key
+    return out
+
+
+def export_model(taehv_state: dict[str, torch.Tensor], folder: Path, meta: dict[str, Any]) -> list[str]:
+    """Write EMA TAEHV weights as `<upstream_name>.safetensors` and `.pth` (meta from export_meta: e.g.
+    taecvx.pth, which upstream taehv.py loads by its name) and export.json with each file's SHA-256.
 
     All or nothing: a write that fails (disk full ...) leaves the previous export as it was and raises
-    DiskWriteError in one line."""
+    DiskWriteError in one line. Returns the weight files' names."""
     sd = {k: v.detach().float().cpu().contiguous() for k, v in taehv_state.items()}
+    stem = meta["upstream_name"]
+    names = [f"{stem}.safetensors", f"{stem}.pth"]
     with publish_dir(folder, then=_then_export(folder, meta.get("step"))) as tmp, torch_write_errors():
-        save_file(sd, str(tmp / EXPORT_SAFETENSORS), metadata={k: str(v) for k, v in meta.items()})
-        torch.save(sd, tmp / EXPORT_PTH)
-        (tmp / EXPORT_META).write_text(json.dumps(meta, indent=2, default=str))
+        save_file(sd, str(tmp / names[0]), metadata=_safetensors_metadata(meta))
+        torch.save(sd, tmp / names[1])
+        files = {n: {"sha256": taehvfile.file_sha256(tmp / n), "bytes": (tmp / n).stat().st_size} for n in names}
+        (tmp / EXPORT_META).write_text(json.dumps({**meta, "files": files}, indent=2, default=str))
+    return names
 
 
 def _then_export(folder: Path, step: int | None) -> str:

@@ -1,24 +1,25 @@
-"""TAEHV: Tiny AutoEncoder for Hunyuan Video (and Wan, CogVideoX ...), made trainable.
+"""TAEHV: Tiny AutoEncoder for Hunyuan Video (and Wan, CogVideoX, LTX-2, MiniMax H3 ...), made trainable.
 
-The module layout (indices, key names, parameter shapes of `encoder` / `decoder`) is the
-public madebyollin/taehv one, so `taehv.pth`, `taew2_1.pth`, `taecvx.pth` load here and
-our exported weights load in the public `taehv.py`. What differs is the training path:
+A port of public madebyollin/taehv `taehv.py`: the same layers at the same indices (blocks.py), so every
+upstream release (`taehv.pth`, `taecvx.pth`, `taew2_2_super.pth` ...) loads here and our exports load in
+upstream's `TAEHV(checkpoint_path=...)`; the same decode rules, which upstream picks from the file name
+and we from the family record (plan/families.py): CogVideoX leaves an even latent count untrimmed, H3
+encodes 17-frame chunks and decodes 5-latent chunks. `scripts/check_upstream_taehv.py` compares the two
+on every family and decoder. What differs is the training path:
 
 * no in-place clamp of the output (`clamp_` zeroes the gradient of every pixel outside
   [0, 1]); `decode_video(..., clamp=False)` returns the raw decoder output;
-* `gradient_checkpointing=True` really recomputes: each MemBlock starts a segment that runs
+* `gradient_checkpointing=True` really recomputes: each memory block starts a segment that runs
   under `torch.utils.checkpoint` in training, so only segment inputs are kept for backward;
 * only the parallel-over-time application (training needs the whole clip anyway).
 
-Layouts: frames are NTCHW RGB in [0, 1]; latents are NTCHW with ~Gaussian values (the raw
-reference-VAE latents, no scaling factor).
+Layouts: frames are NTCHW RGB in [0, 1]; latents are NTCHW with ~Gaussian values (the latents the
+diffusion model sees).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import pickle
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,70 +28,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from taehv_launch.errors import ModelError
+from .blocks import (
+    DECODER_ARCHS,
+    MEMORY_BLOCKS,
+    Clamp,
+    MemBlock,
+    SuperMemBlock,
+    TGrow,
+    TPool,
+    base_decoder,
+    encoder,
+    super_decoder,
+)
+from .weights import load_taehv_state_dict
 
-N_F = (256, 128, 64, 64)  # decoder widths per stage (the encoder is 64 throughout)
-
-
-def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
-    return nn.Conv2d(n_in, n_out, 3, padding=1, **kwargs)
-
-
-class Clamp(nn.Module):
-    """Soft clamp of the latents to (-3, 3): tanh keeps gradients alive."""
-
-    def forward(self, x):
-        return torch.tanh(x / 3) * 3
-
-
-class MemBlock(nn.Module):
-    """Residual block that also sees the previous frame's input ("memory").
-
-    x, past: (N*T)CHW; past[t] is x[t-1] (zeros for t = 0).
-    """
-
-    def __init__(self, n_in: int, n_out: int):
-        super().__init__()
-        # In-place ReLUs act on fresh conv / sum outputs that nothing saves for backward.
-        self.conv = nn.Sequential(
-            conv(n_in * 2, n_out),
-            nn.ReLU(inplace=True),
-            conv(n_out, n_out),
-            nn.ReLU(inplace=True),
-            conv(n_out, n_out),
-        )
-        self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
-        self.act = nn.ReLU(inplace=True)
-
-    def forward(self, x, past):
-        return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
-
-
-class TPool(nn.Module):
-    """Merge `stride` consecutive frames into one: (N*T)CHW -> (N*T/stride)CHW."""
-
-    def __init__(self, n_f: int, stride: int):
-        super().__init__()
-        self.stride = stride
-        self.conv = nn.Conv2d(n_f * stride, n_f, 1, bias=False)
-
-    def forward(self, x):
-        NT, C, H, W = x.shape
-        assert NT % self.stride == 0, f"TPool: {NT} frames do not split into groups of {self.stride}"
-        return self.conv(x.reshape(-1, self.stride * C, H, W))
-
-
-class TGrow(nn.Module):
-    """Split each frame into `stride` frames: (N*T)CHW -> (N*T*stride)CHW."""
-
-    def __init__(self, n_f: int, stride: int):
-        super().__init__()
-        self.stride = stride
-        self.conv = nn.Conv2d(n_f, n_f * stride, 1, bias=False)
-
-    def forward(self, x):
-        _NT, C, H, W = x.shape
-        return self.conv(x).reshape(-1, C, H, W)
+__all__ = ["TAEHV", "MemBlock", "SuperMemBlock", "Clamp", "TPool", "TGrow", "build_taehv", "count_params"]
+__all__ += ["load_taehv_state_dict"]
 
 
 def _memory(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -101,21 +54,21 @@ def _memory(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _run_segment(blocks: list[nn.Module], x: torch.Tensor, n: int) -> torch.Tensor:
-    """Apply blocks in order, all frames at once; MemBlocks get the previous frame as memory."""
+    """Apply blocks in order, all frames at once; memory blocks get the previous frame as memory."""
     for b in blocks:
-        x = b(x, _memory(x, n)) if isinstance(b, MemBlock) else b(x)
+        x = b(x, _memory(x, n)) if isinstance(b, MEMORY_BLOCKS) else b(x)
     return x
 
 
 def _segments(model: nn.Sequential) -> list[list[nn.Module]]:
-    """Cut the block list before every MemBlock.
+    """Cut the block list before every memory block.
 
-    Each segment is a MemBlock plus the stateless layers after it (upsample, TGrow, conv),
+    Each segment is a memory block plus the stateless layers after it (upsample, TGrow, conv),
     so checkpointing a segment keeps one tensor per segment, never the full-resolution tail.
     """
     segments: list[list[nn.Module]] = [[]]
     for b in model:
-        if isinstance(b, MemBlock) and segments[-1]:
+        if isinstance(b, MEMORY_BLOCKS) and segments[-1]:
             segments.append([])
         segments[-1].append(b)
     return segments
@@ -130,18 +83,30 @@ class TAEHV(nn.Module):
         decoder_time_upscale=(False, True, True),
         decoder_space_upscale=(True, True, True),
         gradient_checkpointing: bool = False,
+        decoder_arch: str = "base",
+        even_latents_decode_all: bool = False,
+        clip_length: int = 0,
+        token_drop: int = 0,
+        decode_chunk_latents: int = 0,
     ):
-        """Tiny video autoencoder, randomly initialised (see `load_taehv_state_dict`).
+        """Tiny video autoencoder, randomly initialised (see `from_family` and `load_taehv_state_dict`).
 
         Args:
-            latent_channels: channels of the reference VAE's latents (16 Hunyuan / Wan 2.1,
-                16 CogVideoX, 32 TAEHV 1.5, 48 Wan 2.2).
+            latent_channels: channels of the reference VAE's latents (16 CogVideoX / Hunyuan / Wan 2.1,
+                24 H3, 32 Hunyuan 1.5, 48 Wan 2.2, 128 LTX-2).
             patch_size: pixel-(un)shuffle factor around the encoder / decoder.
             encoder_time_downscale: per encoder stage, halve the frame count.
             decoder_time_upscale: per decoder stage, double the frame count (2 entries are
-                read as (False, *entries), as the public code does).
+                read as (False, *entries), as upstream does).
             decoder_space_upscale: per decoder stage, double height and width.
-            gradient_checkpointing: recompute MemBlock segments in backward (less memory).
+            gradient_checkpointing: recompute memory-block segments in backward (less memory).
+            decoder_arch: "base" (upstream's decoder) or "super" (its Super decoder: SuperMemBlocks,
+                widths 512/256/128/64).
+            even_latents_decode_all: CogVideoX's rule: an even latent count decodes untrimmed.
+            clip_length, token_drop, decode_chunk_latents: H3's rule (17, 3, 5; 0 = none): the encoder
+                sees clip_length-frame chunks, each with zero frames in front up to decode_chunk_latents
+                latents, and the last token_drop latents are dropped; the decode is trimmed per chunk of
+                decode_chunk_latents latents and loses the last token_drop latents' frames.
         """
         super().__init__()
         if len(decoder_time_upscale) == 2:
@@ -152,53 +117,38 @@ class TAEHV(nn.Module):
             ("decoder_space_upscale", decoder_space_upscale),
         ]:
             assert len(flags) == 3, f"{name} needs 3 entries (one per stage), got {tuple(flags)}"
+        assert decoder_arch in DECODER_ARCHS, f"decoder_arch={decoder_arch!r}: use one of {DECODER_ARCHS}"
         self.latent_channels = latent_channels
         self.patch_size = patch_size
         self.image_channels = 3
+        self.decoder_arch = decoder_arch
         self.gradient_checkpointing = gradient_checkpointing
         self.channels_last = False  # NHWC frames: set for compiled GPU training (train/loop/speed.py)
-
-        def enc_stage(down_t: bool) -> list[nn.Module]:
-            return [
-                TPool(64, 2 if down_t else 1),
-                conv(64, 64, stride=2, bias=False),
-                MemBlock(64, 64),
-                MemBlock(64, 64),
-                MemBlock(64, 64),
-            ]
-
-        def dec_stage(n_in: int, n_out: int, up_t: bool, up_s: bool) -> list[nn.Module]:
-            return [
-                MemBlock(n_in, n_in),
-                MemBlock(n_in, n_in),
-                MemBlock(n_in, n_in),
-                nn.Upsample(scale_factor=2 if up_s else 1),
-                TGrow(n_in, 2 if up_t else 1),
-                conv(n_in, n_out, bias=False),
-            ]
-
         c_img = self.image_channels * patch_size**2
-        self.encoder = nn.Sequential(
-            conv(c_img, 64),
-            nn.ReLU(inplace=True),
-            *enc_stage(encoder_time_downscale[0]),
-            *enc_stage(encoder_time_downscale[1]),
-            *enc_stage(encoder_time_downscale[2]),
-            conv(64, latent_channels),
-        )
-        self.decoder = nn.Sequential(
-            Clamp(),
-            conv(latent_channels, N_F[0]),
-            nn.ReLU(inplace=True),
-            *dec_stage(N_F[0], N_F[1], decoder_time_upscale[0], decoder_space_upscale[0]),
-            *dec_stage(N_F[1], N_F[2], decoder_time_upscale[1], decoder_space_upscale[1]),
-            *dec_stage(N_F[2], N_F[3], decoder_time_upscale[2], decoder_space_upscale[2]),
-            nn.ReLU(inplace=True),
-            conv(N_F[3], c_img),
-        )
+        self.encoder = encoder(c_img, latent_channels, tuple(encoder_time_downscale))
+        make_decoder = super_decoder if decoder_arch == "super" else base_decoder
+        self.decoder = make_decoder(latent_channels, c_img, tuple(decoder_time_upscale), tuple(decoder_space_upscale))
         self.t_downscale = 2 ** sum(b.stride == 2 for b in self.encoder if isinstance(b, TPool))
         self.t_upscale = 2 ** sum(b.stride == 2 for b in self.decoder if isinstance(b, TGrow))
         self.frames_to_trim = self.t_upscale - 1
+        self.even_latents_decode_all = even_latents_decode_all
+        self.clip_length, self.token_drop, self.decode_chunk_latents = clip_length, token_drop, decode_chunk_latents
+        # H3: zero frames in front of each clip so that it encodes to decode_chunk_latents latents (3 = 5 x 4 - 17)
+        self.chunk_pad = decode_chunk_latents * self.t_downscale - clip_length if clip_length else 0
+        assert self.chunk_pad >= 0, f"clip_length={clip_length} is more than {decode_chunk_latents} latents hold"
+
+    @classmethod
+    def from_family(cls, family: Any, decoder_arch: str = "base", **overrides) -> TAEHV:
+        """The shape upstream releases for a family (plan/families.py record) and its decode rule.
+        overrides: constructor arguments to change (latent_channels of a demo VAE, gradient_checkpointing)."""
+        kwargs = dict(
+            latent_channels=family.latent_channels,
+            patch_size=family.patch_size,
+            encoder_time_downscale=tuple(family.encoder_time_downscale),
+            decoder_time_upscale=tuple(family.decoder_time_upscale),
+            **decode_rule(family),
+        )
+        return cls(decoder_arch=decoder_arch, **{**kwargs, **overrides})
 
     def _run_blocks(self, model: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
         """NTCHW -> NTCHW through `model`, parallel over time, checkpointed when asked."""
@@ -208,7 +158,7 @@ class TAEHV(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for seg in _segments(model):
-            if recompute and any(isinstance(b, MemBlock) for b in seg):
+            if recompute and any(isinstance(b, MEMORY_BLOCKS) for b in seg):
                 x = checkpoint(_run_segment, seg, x, N, use_reentrant=False)
             else:
                 x = _run_segment(seg, x, N)
@@ -218,13 +168,17 @@ class TAEHV(nn.Module):
     def encode_video(self, x: torch.Tensor) -> torch.Tensor:
         """Frames NTCHW RGB in [0, 1] -> latents NT'CHW, T' = ceil(T / t_downscale).
 
-        T is padded to a multiple of t_downscale by repeating the last frame (as upstream).
+        T is padded to a multiple of t_downscale by repeating the last frame (as upstream). With
+        clip_length (H3): T is padded to whole clips the same way, each clip gets chunk_pad zero frames
+        in front and is encoded on its own, and the last token_drop latents are dropped: T' = 5 x clips - 3.
         """
         assert x.ndim == 5 and x.shape[2] == self.image_channels, f"expected NTCHW RGB frames, got {tuple(x.shape)}"
         step = 8 * self.patch_size
         assert x.shape[-2] % step == 0 and x.shape[-1] % step == 0, (
             f"frame size {tuple(x.shape[-2:])} must be a multiple of {step} (8 x patch_size)"
         )
+        if self.clip_length:
+            return self._encode_clips(x)
         if x.shape[1] % self.t_downscale:
             n_pad = self.t_downscale - x.shape[1] % self.t_downscale
             x = torch.cat([x, x[:, -1:].expand(-1, n_pad, -1, -1, -1)], 1)
@@ -232,12 +186,25 @@ class TAEHV(nn.Module):
             x = F.pixel_unshuffle(x, self.patch_size)
         return self._run_blocks(self.encoder, x)
 
-    def decode_video(self, z: torch.Tensor, trim: bool = True, clamp: bool = True) -> torch.Tensor:
-        """Latents NTCHW -> frames NT'CHW RGB, T' = T * t_upscale (- frames_to_trim if trim).
+    def _encode_clips(self, x: torch.Tensor) -> torch.Tensor:
+        N, T = x.shape[:2]
+        x = torch.cat([x, x[:, -1:].expand(-1, -T % self.clip_length, -1, -1, -1)], 1)
+        x = x.reshape(-1, self.clip_length, *x.shape[2:])  # (N * clips) x clip_length x CHW
+        x = F.pad(x, (0, 0, 0, 0, 0, 0, self.chunk_pad, 0))
+        if self.patch_size > 1:
+            x = F.pixel_unshuffle(x, self.patch_size)
+        z = self._run_blocks(self.encoder, x)
+        z = z.reshape(N, -1, *z.shape[2:])
+        return z[:, : z.shape[1] - self.token_drop]
 
-        trim drops the first frames_to_trim frames, so output frame i lines up with input frame
-        i of the encoded clip. clamp=True gives [0, 1] (out of place); training passes
-        clamp=False so every pixel keeps its gradient.
+    def decode_video(self, z: torch.Tensor, trim: bool = True, clamp: bool = True) -> torch.Tensor:
+        """Latents NTCHW -> frames NT'CHW RGB, T' = T * t_upscale, less what the family's rule trims.
+
+        trim applies upstream's rule for the family, so output frame i lines up with input frame i of
+        the encoded clip: drop the first frames_to_trim frames; CogVideoX (even_latents_decode_all)
+        keeps all of an even latent count's; H3 (decode_chunk_latents) drops them per chunk of latents
+        and the last token_drop latents' frames. trim=False returns every decoded frame. clamp=True
+        gives [0, 1] (out of place); training passes clamp=False so every pixel keeps its gradient.
         """
         assert z.ndim == 5 and z.shape[2] == self.latent_channels, (
             f"expected NTCHW latents with {self.latent_channels} channels, got {tuple(z.shape)}"
@@ -245,116 +212,41 @@ class TAEHV(nn.Module):
         x = self._run_blocks(self.decoder, z)
         if self.patch_size > 1:
             x = F.pixel_shuffle(x, self.patch_size)
-        if clamp:
-            x = x.clamp(0, 1)
-        return x[:, self.frames_to_trim :] if trim else x
+        if trim:
+            x = self._trim(x, z.shape[1])
+        return x.clamp(0, 1) if clamp else x
+
+    def trims(self, n_latents: int) -> bool:
+        """Whether decode_video(trim=True) of n_latents latents drops any decoded frame."""
+        return bool(self.decode_chunk_latents) or not (self.even_latents_decode_all and n_latents % 2 == 0)
+
+    def _trim(self, x: torch.Tensor, n_latents: int) -> torch.Tensor:
+        if self.decode_chunk_latents:
+            chunk = self.decode_chunk_latents * self.t_upscale
+            x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, -x.shape[1] % chunk))
+            x = x.unflatten(1, (-1, chunk))[:, :, self.frames_to_trim :].flatten(1, 2)
+            return x[:, : max(0, x.shape[1] - self.token_drop * self.t_upscale)]
+        return x[:, self.frames_to_trim :] if self.trims(n_latents) else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Round trip: frames NTCHW in [0, 1] -> reconstruction (trimmed, unclamped)."""
         return self.decode_video(self.encode_video(x), clamp=False)
 
 
-# --- weights ----------------------------------------------------------------------------
-
-
-def _read_state_dict(path: str) -> dict[str, torch.Tensor]:
-    if not os.path.isfile(path):
-        raise ModelError(
-            f"TAEHV weights not found: {path}; set pretrained_model_path to an existing "
-            f".pth/.safetensors file, or to '' to train from scratch"
-        )
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            sd = load_file(path, device="cpu")
-        else:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:  # weights_only=True refuses anything but tensors
-        raise ModelError(
-            f"cannot read TAEHV weights {path}: it holds pickled Python objects, not just "
-            f"tensors; re-save it as model.state_dict() (.pth) or as .safetensors"
-        ) from e
-    except Exception as e:  # corrupt or truncated file, wrong format
-        reason = (str(e).strip().splitlines() or [""])[0]  # keep the message to one line
-        raise ModelError(
-            f"cannot read TAEHV weights {path} ({type(e).__name__}: {reason}); "
-            f"expected a state dict saved as .pth or .safetensors"
-        ) from e
-    if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ModelError(
-            f"TAEHV weights {path} are not a flat state dict of tensors; "
-            f"export the model's state_dict() (public taehv.pth format)"
-        )
-    return dict(sd)
-
-
-def _settings_in(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """Read the architecture settings a public-layout state dict implies (best effort)."""
-    got: dict[str, Any] = {}
-    if "decoder.1.weight" in sd:
-        got["latent_channels"] = sd["decoder.1.weight"].shape[1]
-    if "encoder.0.weight" in sd:
-        p = math.isqrt(sd["encoder.0.weight"].shape[1] // 3)
-        got["patch_size"] = p
-    pools = [f"encoder.{i}.conv.weight" for i in (2, 7, 12)]
-    if all(k in sd for k in pools):
-        got["encoder_time_downscale"] = tuple(sd[k].shape[1] == 2 * sd[k].shape[0] for k in pools)
-    grows = [f"decoder.{i}.conv.weight" for i in (7, 13, 19)]
-    if all(k in sd for k in grows):
-        got["decoder_time_upscale"] = tuple(sd[k].shape[0] == 2 * sd[k].shape[1] for k in grows)
-    return got
-
-
-def _mismatch_hint(model: TAEHV, sd: Mapping[str, torch.Tensor]) -> str:
-    """What to change, from the settings the file implies (read after TGrow patching)."""
-    ours = {
-        "latent_channels": model.latent_channels,
-        "patch_size": model.patch_size,
-        "encoder_time_downscale": tuple(b.stride == 2 for b in model.encoder if isinstance(b, TPool)),
-        "decoder_time_upscale": tuple(b.stride == 2 for b in model.decoder if isinstance(b, TGrow)),
-    }
-    diff = [f"{k}={v!r}" for k, v in _settings_in(sd).items() if v != ours[k]]
-    if diff:
-        return f"the file was made with {', '.join(diff)}: set {'/'.join(d.split('=')[0] for d in diff)} to match"
-    return "is this a TAEHV (public taehv.py layout) checkpoint?"
-
-
-def load_taehv_state_dict(model: TAEHV, path: str) -> TAEHV:
-    """Load public-layout TAEHV weights (.pth or .safetensors) into `model`, strictly.
-
-    A checkpoint whose TGrow layers upscale time more than the model does (e.g. full
-    weights into a preview decoder) is cut to the last-timestep output channels, as the
-    public code does. Any other difference raises ModelError naming the first bad key.
-    """
-    sd = _read_state_dict(path)
-    want = model.state_dict()
-    for i, b in enumerate(model.decoder):
-        key = f"decoder.{i}.conv.weight"
-        if isinstance(b, TGrow) and key in sd and sd[key].shape[0] > want[key].shape[0]:
-            sd[key] = sd[key][-want[key].shape[0] :]
-    for key, ref in want.items():
-        if key not in sd:
-            raise ModelError(
-                f"TAEHV weights {path} lack {key} (model shape {tuple(ref.shape)}); {_mismatch_hint(model, sd)}"
-            )
-        if sd[key].shape != ref.shape:
-            raise ModelError(
-                f"TAEHV weights {path}: {key} has shape {tuple(sd[key].shape)} in the file but "
-                f"{tuple(ref.shape)} in the model; {_mismatch_hint(model, sd)}"
-            )
-    extra = [k for k in sd if k not in want]
-    if extra:
-        raise ModelError(
-            f"TAEHV weights {path} have a key the model lacks: {extra[0]} "
-            f"(shape {tuple(sd[extra[0]].shape)}, {len(extra)} extra in all); {_mismatch_hint(model, sd)}"
-        )
-    model.load_state_dict(sd, strict=True)
-    return model
+def decode_rule(family: Any) -> dict[str, Any]:
+    """A family record's decode rule as TAEHV's constructor arguments."""
+    return dict(
+        even_latents_decode_all=family.even_latents_decode_all,
+        clip_length=family.clip_length,
+        token_drop=family.token_drop,
+        decode_chunk_latents=family.decode_chunk_latents,
+    )
 
 
 def build_taehv(cfg: Any) -> TAEHV:
-    """TAEHV from the training config (a mapping or an object with the schema.py keys)."""
+    """TAEHV from the training config (a mapping or an object with the schema.py keys): the shape from
+    its keys, the decode rule from its family, and its pretrained_model_path loaded strictly."""
+    from taehv_launch.plan.families import FAMILIES, get_family
     from taehv_launch.plan.schema import DEFAULTS
 
     def get(key: str):
@@ -362,6 +254,7 @@ def build_taehv(cfg: Any) -> TAEHV:
             return cfg.get(key, DEFAULTS[key])
         return getattr(cfg, key, DEFAULTS[key])
 
+    family = get_family(str(get("ref_vae_type")))
     model = TAEHV(
         latent_channels=int(get("latent_channels")),
         patch_size=int(get("patch_size")),
@@ -369,10 +262,12 @@ def build_taehv(cfg: Any) -> TAEHV:
         decoder_time_upscale=tuple(bool(v) for v in get("decoder_time_upscale")),
         decoder_space_upscale=tuple(bool(v) for v in get("decoder_space_upscale")),
         gradient_checkpointing=bool(get("gradient_checkpointing")),
+        decoder_arch=str(get("decoder_arch")),
+        **decode_rule(family),
     )
     path = get("pretrained_model_path")
     if path:
-        load_taehv_state_dict(model, os.path.expanduser(str(path)))
+        load_taehv_state_dict(model, os.path.expanduser(str(path)), family, FAMILIES)
     return model
 
 
