@@ -262,3 +262,26 @@ def test_a_run_that_exported_taehv_pth_still_resumes_and_shows(tmp_path):
         "taecvx.safetensors",
     ]
     assert json.loads((run / "final_model" / "export.json").read_text())["step"] == 4
+
+
+def test_decoder_arch_takes_base_or_super():
+    proc = run_cli("1", "cpu", "--set", "decoder_arch=wide", "--dry-run")
+    assert_one_line_error(proc, r"decoder_arch='wide' in --set decoder_arch=wide is not one of base, super")
+
+
+@pytest.mark.slow
+def test_the_demo_trains_and_exports_the_super_decoder(tmp_path):
+    """decoder_arch=super through the real trainer: checkpoints, EMA, validation and an export named
+    taecvx_super that loads back strictly as the Super decoder."""
+    from trainrun import launch, ok
+
+    proc, run = launch(tmp_path, 1, "--set", "decoder_arch=super", "--set", "max_train_steps=2")
+    ok(proc)
+    stem = FAMILIES["cogvideox"].export_stem("super")
+    assert sorted(p.name for p in (run / "final_model").iterdir()) == sorted(
+        ["export.json", f"{stem}.pth", f"{stem}.safetensors"]
+    )
+    cfg = config(FAMILIES["cogvideox"], "super", latent_channels=4)
+    for name in (f"{stem}.pth", f"{stem}.safetensors"):
+        model = build_taehv(replace(cfg, pretrained_model_path=str(run / "final_model" / name)))
+        assert model.decoder_arch == "super"
