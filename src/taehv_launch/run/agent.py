@@ -8,7 +8,7 @@ into an exception that tears the ranks down (SIGTERM to each rank's process grou
 workers included, then SIGKILL after a grace period); SIGUSR1 kills it outright. A scheduler that
 signals every process of a job (SLURM) would so break the checkpoint the ranks are writing. Here
 these signals do nothing: the ranks get them directly or through taehv-launch's relay, save and
-exit, and the agent then ends as it always does when its ranks have exited. SIGHUP/SIGQUIT keep
+exit, and the agent then ends as it always does when its ranks have exited. SIGQUIT keeps
 torchrun's handling. Handlers (not SIG_IGN) are used so the ranks start with default dispositions.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import signal
 import sys
 
-HELD = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+HELD = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGUSR2)  # rundir/signals.py's
 
 
 def _hold(_signum, _frame) -> None:

@@ -1,7 +1,7 @@
 """The edge: write the run directory, check the machine, start `accelerate launch`, relay signals.
 
 The child runs in its own session (process group), so a Ctrl-C in the terminal reaches only
-us; we decide what the trainer sees: the first SIGINT/SIGTERM/SIGUSR1 is relayed as SIGUSR2
+us; we decide what the trainer sees: the first SIGINT/SIGTERM/SIGUSR1/SIGHUP is relayed as SIGUSR2
 (rundir/signals.RELAY_SIGNAL) to the rank processes only, the agent's direct children, never their
 DataLoader workers; the ranks checkpoint and exit with EXIT_RESUMABLE. A rank that also got the
 signal directly (SLURM signals every process) stops once: the relay never counts as a second
@@ -11,10 +11,13 @@ The child is `accelerate launch` run through agent.py, which keeps torchrun's ag
 the ranks down when a scheduler signals it too.
 accelerate's wrappers turn a trainer failure into their own traceback and exit code 1; the
 trainer records its real exit code in the run directory and we exit with that one, keeping
-accelerate's traceback in launch.log only.
-A hung job (EXIT_HUNG recorded: every live rank dumped its stacks and exits, train/durability/hang.py)
-is given HANG_GRACE_S to end by itself; what is left then (a frozen rank, torchrun's agent waiting
-for it) is killed, and we exit with EXIT_HUNG.
+accelerate's traceback in launch.log only. A second signal once the trainer has recorded its exit
+(say 75, the checkpoint saved) ends what is left of the launch and keeps that code; a stop before the
+trainer started, or the abort, is recorded by us (exit 130 and why) when the trainer recorded nothing.
+SIGHUP (a closed terminal) is a stop signal like SIGTERM; once the console cannot be written (EIO, EPIPE)
+fds 1 and 2 point at launch.log, so the run ends as it would have and its last lines are kept there.
+The ranks watch our pid (LAUNCHER_ENV, train/durability/stop.py): if we die, they checkpoint and stop.
+Hangs, and ranks that stopped answering: run/freeze.py (a thread beside the launch).
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from pathlib import Path
 
 import psutil  # accelerate depends on it; imported here, never inside a signal handler
 
-from ..errors import EXIT_ABORTED, EXIT_HUNG, LaunchError
+from ..errors import EXIT_ABORTED, LaunchError
 from ..files import write_atomic
 from .dryrun import MIN_FREE_BYTES
+from .console import Console, start_time
+from .freeze import NodeWatch, recorded_code
 from .host import port_free
 from .lock import RunLock
 from .render import TRAINER_SCRIPT, Rendered
@@ -44,9 +49,9 @@ from .runs import point_latest
 from ..rundir.checkpoint import WRITING_PREFIX
 from ..rundir.layout import REQUEUE
 from ..rundir.signals import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts_once
-from ..rundir.status import read_exit_status, status_path
+from ..rundir.status import read_exit_status, status_path, write_exit_status
 
-HANG_GRACE_S = 10.0  # after the trainer recorded a hang: the ranks have dumped their stacks and are exiting
+LAUNCHER_ENV = "TAEHV_LAUNCHER"  # train/durability/stop.py's: "<our pid> <our start time> <launch log>"
 
 
 def write_files(run_dir: Path, files: dict[str, str]) -> list[str]:
@@ -178,13 +183,14 @@ class SignalRelay:
     import, no lock, no process listing: a signal can arrive while the handler runs for the one
     before, as GNU `timeout` delivers its signal twice); the thread acts on it:
     the first stop signal is relayed to the ranks as RELAY_SIGNAL (they save and exit 75), the same
-    signal again within REPEAT_WINDOW_S counts once, and any later or different one kills the launch."""
+    signal again within REPEAT_WINDOW_S counts once, and any later or different one kills the launch (once
+    the trainer has recorded its exit code, that only ends what is left of the launch: the code stands)."""
 
-    def __init__(self, child_pid: int, log, task: str) -> None:
-        self.child_pid, self.log, self.task = child_pid, log, task
+    def __init__(self, child_pid: int, console: Console, task: str, status_file: Path) -> None:
+        self.child_pid, self.console, self.task, self.status_file = child_pid, console, task, status_file
         self.events: list[tuple[int, float]] = []
-        self.aborted = False
-        self.not_started = False
+        self.aborted: str | None = None  # why we killed the launch: the second signal's name
+        self.not_started: str | None = None  # the signal that came before the trainer started
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         self._thread = threading.Thread(target=self._serve, name="signal-relay", daemon=True)
@@ -210,20 +216,14 @@ class SignalRelay:
                 done += 1
 
     def _say(self, msg: str) -> None:
-        sys.stderr.write(msg)
-        sys.stderr.flush()
-        try:
-            self.log.write(msg.encode())
-            self.log.flush()
-        except (OSError, ValueError):  # the log is closed: the launch has ended
-            pass
+        self.console.say(msg)
 
     def _act(self, i: int) -> None:
         signum, at = self.events[i]
         name = signal.Signals(signum).name
         if i == 0:
             pids = trainer_pids(self.child_pid)
-            what = "cache job" if self.task == "cache" else "trainer"
+            what = self.what()
             if pids:
                 save = "finish its shard" if self.task == "cache" else "save a checkpoint"
                 self._say(
@@ -237,15 +237,23 @@ class SignalRelay:
                         pass
             else:
                 self._say(f"taehv-launch: got {name} before the {what} started: stopping, nothing to save\n")
-                self.not_started = True
+                self.not_started = name
                 kill_launch(self.child_pid)
         elif counts_once(self.events[0], signum, at):
             if i == 1:
                 self._say(f"taehv-launch: {name} again within moments: the same stop, counted once\n")
-        elif not self.aborted:
-            self.aborted = True
+        elif self.aborted or self.not_started:
+            return
+        elif (code := recorded_code(self.status_file)) is not None:  # the trainer has ended: nothing to lose
+            self._say(f"taehv-launch: {name}: the {self.what()} already exited ({code}); ending what is left\n")
+            kill_launch(self.child_pid)
+        else:
+            self.aborted = name
             self._say(f"taehv-launch: second signal ({name}): stopping now, without a checkpoint\n")
             kill_launch(self.child_pid)
+
+    def what(self) -> str:
+        return "cache job" if self.task == "cache" else "trainer"
 
 
 def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
@@ -253,7 +261,7 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
     log_path = run_dir / f"launch{rendered.node_suffix}.log"
     status_file = status_path(run_dir, plan.topology.machine_rank)
     status_file.unlink(missing_ok=True)
-    env = {**os.environ, **rendered.exported()}
+    env = {**os.environ, **rendered.exported(), LAUNCHER_ENV: f"{os.getpid()} {start_time()} {log_path.resolve()}"}
     if sys.stdout.isatty():
         env["TAEHV_TTY"] = "1"  # the trainer shows a progress bar only for a person at a terminal
     with open(log_path, "ab") as log:
@@ -275,43 +283,43 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
             raise LaunchError(
                 f"cannot start {rendered.argv[0]}: {exc.strerror or exc}; is accelerate installed in this environment?"
             ) from None
-        relay = SignalRelay(child.pid, log, plan.options.task)
+        console = Console(log)
+        relay = SignalRelay(child.pid, console, plan.options.task, status_file)
         previous = {s: signal.signal(s, relay.handler) for s in STOP_SIGNALS}
-        ended = threading.Event()
-        threading.Thread(target=_end_hung, args=(child, status_file, log, ended), name="hang-end", daemon=True).start()
+        c = plan.config
+        watch = NodeWatch(
+            run_dir,
+            plan.topology.machine_rank,
+            plan.world_size,
+            status_file,
+            kill=lambda: kill_launch(child.pid),
+            note=console.note,
+            hang_timeout=c.get("hang_timeout", 0) if plan.options.task == "train" else 0,
+            hang_timeout_slow=c.get("hang_timeout_slow", 0),
+        ).start()
         try:
-            _tee(child, log, status_file)
+            _tee(child, console, status_file)
             code = child.wait()
         finally:
-            ended.set()
+            watch.end()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             relay.close()
     status = read_status(run_dir, plan.topology.machine_rank)
-    if relay.aborted or (relay.not_started and status is None):
+    if status is None and (relay.aborted or relay.not_started):
+        if relay.aborted:
+            why = "stopped at once by a second signal, nothing more was saved"  # which one: the line above it
+        else:
+            why = f"stopped by {relay.not_started} before the {relay.what()} started, nothing to save"
+        try:
+            write_exit_status(status_file, EXIT_ABORTED, why)
+        except OSError:
+            pass
         return EXIT_ABORTED
     code = int(status.get("code", code)) if status is not None else (code if code >= 0 else 128 - code)
     if code == 0 and plan.topology.machine_rank == 0:
         (run_dir / REQUEUE).unlink(missing_ok=True)  # the requeued run has finished
     return code
-
-
-def _end_hung(child: subprocess.Popen, status_file: Path, log, ended: threading.Event, poll_s: float = 1.0) -> None:
-    """Once the trainer recorded EXIT_HUNG, give the launch HANG_GRACE_S to end, then kill what is left:
-    a frozen rank (SIGSTOP) never exits, and torchrun's agent waits 30 s before it kills one."""
-    while not ended.wait(poll_s):
-        if _recorded_code(status_file) != EXIT_HUNG:
-            continue
-        if ended.wait(HANG_GRACE_S) or child.poll() is not None:
-            return
-        msg = f"taehv-launch: the trainer reported a hang; stopping the processes still running after {HANG_GRACE_S:g} s\n"
-        try:
-            log.write(msg.encode())
-            log.flush()
-        except (OSError, ValueError):
-            pass
-        kill_launch(child.pid)
-        return
 
 
 # torch.profiler's Kineto prints "USDT:... profiler_start/profiler_stop" under --profile whatever
@@ -333,14 +341,7 @@ def final_state(line: bytes) -> bytes:
 ELASTIC_LOG = re.compile(rb"^[EWI]\d{4} [\d:.]+ +\d+ .*torch/distributed/elastic/")
 
 
-def _recorded_code(status_path: Path) -> int | None:
-    try:
-        return int(json.loads(status_path.read_text() or "{}").get("code", 1))
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def _tee(child: subprocess.Popen, log, status_path: Path) -> None:
+def _tee(child: subprocess.Popen, console: Console, status_path: Path) -> None:
     """Copy the child's output to the console and the log. Once the trainer has recorded a
     non-zero exit status, the wrappers' tracebacks and torchrun's error lines that follow go to the
     log only (the launcher prints the one error line, or the requeue line for exit 75)."""
@@ -349,13 +350,12 @@ def _tee(child: subprocess.Popen, log, status_path: Path) -> None:
     for line in iter(child.stdout.readline, b""):
         if line.startswith(KINETO_NOTICE):
             continue
-        log.write(final_state(line))
-        log.flush()
+        console.log.write(final_state(line))
+        console.log.flush()
         if not quiet and (line.startswith(b"Traceback (most recent call last)") or ELASTIC_LOG.match(line)):
-            quiet = _recorded_code(status_path) not in (None, 0)
+            quiet = recorded_code(status_path) not in (None, 0)
         if not quiet:
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
+            console.out(line)
 
 
 def _kill_group(pid: int, sig: int) -> None:

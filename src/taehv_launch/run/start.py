@@ -61,7 +61,8 @@ def launch(req: Request) -> int:
             if plan.options.task == "cache"
             else "--resume auto continues from the newest complete checkpoint"
         )
-        print(f"error: stopped at once by a second signal, nothing more was saved; {kept}", file=sys.stderr)
+        why = status.get("message") if status.get("code") == code else None  # the launcher's, or the trainer's
+        print(f"error: {why or 'stopped at once by a second signal, nothing more was saved'}; {kept}", file=sys.stderr)
     elif code not in (0, EXIT_RESUMABLE):
         message = status.get("message") if status.get("code") == code else None
         print(f"error: {message or f'the {what} failed: see {log}'}", file=sys.stderr)

@@ -26,12 +26,13 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..files import BadRecord, read_json_lines, read_json_or_none
+from ..plan.configfile import read_config_literals
 from ..rundir.checkpoint import COMPLETE, checkpoint_step, incomplete_reason
 from ..rundir.events import EVENTS_FILE
 from ..rundir.heartbeat import node_rows, rank_rows, read_hang_reports
 from ..rundir.layout import REQUEUE
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
-from ..rundir.progress import count, progress_of, read_text_part, this_launch, timestamp
+from ..rundir.progress import count, number, progress_of, read_text_part, this_launch, timestamp
 from ..rundir.requeue import REQUEUE_FILE
 from ..rundir.status import read_exit_status, status_path
 from .runs import runs_newest_first
@@ -232,14 +233,12 @@ def _topology(run_dir: Path, manifest: list[dict], beat_nodes: list[dict], beat_
     return {"nodes": len(beat_nodes) or None, "processes": len(beat_ranks) or None}
 
 
-def _total_from_config(run_dir: Path) -> int | None:
-    """max_train_steps from config.py (read, never executed): the total before the first log line."""
-    from ..plan.configfile import read_config_literals
-
+def _config(run_dir: Path) -> dict[str, Any]:
+    """config.py's literal values (read, never executed): the total before the first log line, hang limits."""
     try:
-        return count(read_config_literals(run_dir / "config.py").get("max_train_steps")) or None
+        return read_config_literals(run_dir / "config.py")
     except (OSError, ConfigError):
-        return None
+        return {}
 
 
 def _launch_times(run_dir: Path, manifest: list[dict], live: bool) -> tuple[float | None, float | None]:
@@ -272,9 +271,10 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     tails = {n: _tail(p) for n, p in logs.items()}
     log0 = logs.get(0)
     progress = progress_of(run_dir, tails.get(0, ""), log0.name if log0 else "", log0 and _mtime(log0), since)
-    if not progress:
-        progress = {"total": _total_from_config(run_dir)}
-    ranks = guard("heartbeat", lambda: rank_rows(run_dir, now, LIVE_S, fs_since), [])
+    cfg = _config(run_dir)
+    progress = progress or {"total": count(cfg.get("max_train_steps")) or None}
+    limits = (number(cfg.get("hang_timeout")) or 0.0, number(cfg.get("hang_timeout_slow")) or 0.0)
+    ranks = guard("heartbeat", lambda: rank_rows(run_dir, now, LIVE_S, fs_since, limits), [])
     nodes = node_rows(ranks)
     exit_files = guard("exit status", lambda: _node_files(run_dir, "exit_status", "json"), {})
     exits = []
@@ -300,6 +300,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         state = "lost"  # no exit status and nothing alive: killed, or its node was lost
     else:
         state = "not started"
+    state = "hung" if state == "running" and any(r["not_responding"] for r in ranks) else state  # frozen rank
     live = state in ("running", "starting")
     eta_now = ends_at = None
     if progress.get("eta_s") is not None and progress.get("progress_time") and live:

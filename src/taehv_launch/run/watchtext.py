@@ -99,6 +99,15 @@ def state_text(f: dict) -> str:
         return f"unreadable: {text(f['unreadable'][0])}" if f["unreadable"] else state
     if state == "running":
         return f"running (heartbeat {ago(f['heartbeat_age_s'])})" if f["heartbeat_age_s"] is not None else "running"
+    if state == "hung":
+        silent = [r for r in f["heartbeat_ranks"] if r.get("not_responding")]
+        oldest = max((r["age_s"] for r in silent), default=f["heartbeat_age_s"] or 0)
+        limit = next((r["limit_s"] for r in silent if r.get("limit_s") is not None), None)
+        over = f", past the hang limit of {duration(limit)}" if limit is not None else ""
+        return (
+            f"hung: {ranks_text([r['rank'] for r in silent])} not responding (heartbeat {ago(oldest)}{over}): "
+            f"frozen (SIGSTOP, a debugger, a native call holding the GIL), or its node is gone"
+        )
     if state == "starting":
         return f"starting (launch log written {ago(f['log_age_s'])}; no rank heartbeat yet)"
     if state == "ended":
@@ -154,7 +163,7 @@ def run_block(f: dict[str, Any]) -> list[str]:
         procs = f", {f['processes']} process{'es' if f['processes'] != 1 else ''}" if f["processes"] else ""
         out.append(f"  nodes      {f['nodes']} node{'s' if f['nodes'] != 1 else ''}{procs}")
     ranks = f["heartbeat_ranks"]
-    live = f["state"] in ("running", "starting")
+    live = f["state"] in ("running", "starting", "hung")
     beats = live or f["state"] == "lost" or any(r["dead"] for r in ranks)  # ended: the heartbeats say nothing
     for n in f["heartbeat_nodes"] if beats else []:
         spread = f" (oldest {ago(n['oldest_age_s'])})" if n["oldest_age_s"] - n["newest_age_s"] > 10 else ""
@@ -167,7 +176,7 @@ def run_block(f: dict[str, Any]) -> list[str]:
         if not beats
         else ranks
         if len(ranks) <= MAX_RANK_LINES
-        else [r for r in ranks if r["dead"] or (live and r["stale"] and not r["done"])]
+        else [r for r in ranks if r["dead"] or r.get("not_responding") or (live and r["stale"] and not r["done"])]
     )
     for r in listed:
         what = [f"step {r['step']}" if r["step"] is not None else None, r["phase"] and shown(r["phase"])]
@@ -175,6 +184,8 @@ def run_block(f: dict[str, Any]) -> list[str]:
             what.append("done")
         if r["dead"]:
             what.append(f"dead: {text(r['dead'])}")
+        if r.get("not_responding"):
+            what.append("not responding")
         words = ", ".join(w for w in what if w) or "step and phase unknown"
         where = f"node {known(r['node'])} ({known(r['host'])})"
         out.append(f"  rank {r['rank']!s:<5} {where}: {words}; heartbeat {ago(r['age_s'])}")
@@ -259,7 +270,7 @@ def table(facts: list[dict[str, Any]]) -> list[str]:
                 speed,
                 duration(f["eta_s"]) if f["eta_s"] is not None else "-",
                 f"{ck['name']}, {ago(ck['age_s'])}" if ck else "-",
-                ago(f["heartbeat_age_s"]) if f["state"] in ("running", "starting") else "-",
+                ago(f["heartbeat_age_s"]) if f["state"] in ("running", "starting", "hung") else "-",
                 str(f["requeues"]["count"]),
             )
         )

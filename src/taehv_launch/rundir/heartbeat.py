@@ -24,11 +24,19 @@ stacks/       taken on a hang: rank<r>.txt (the rank's Python stacks, every thre
 A hang report holds: "line" (the one line the launcher prints), "by" (the rank that wrote it),
 "culprits" (the stuck ranks), "why", "limit_s", "ranks" (each rank's step, phase and ages as the
 deciding rank saw them), "dumps" (the files in stacks/ once every live rank dumped), "missing"
-(live ranks that left no stack dump), "time".
+(live ranks that left no stack dump), "time". A report written by a node's launcher (run/freeze.py:
+the rank's own watchdog no longer runs) has "by": "taehv-launch node <k>".
+
+A rank whose heartbeat is older than SILENT_S does not run its threads (frozen: SIGSTOP, a debugger, a
+native call holding the GIL). Past its hang limit (`silence_limit`) the node's launcher reports it and
+`taehv-launch status` says the run is hung.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 from pathlib import Path
 
 from ..files import read_json
@@ -39,6 +47,13 @@ STACKS_DIR = "stacks"
 HANG_SUFFIX = ".hang"
 TIMEOUT_DUMP_PREFIX = "nccl_trace_rank_"  # torch appends the global rank
 HEARTBEAT_LIMIT = 1 << 20  # bytes: a heartbeat is a few hundred, a hang report a few thousand
+HEARTBEAT_PERIOD_S = 5.0  # how often a rank rewrites its heartbeat (train/durability/watchdog.py's period_s)
+SILENT_S = 3 * HEARTBEAT_PERIOD_S  # a heartbeat this old: the rank's threads do not run
+# Phases whose normal duration can exceed hang_timeout: judged against hang_timeout_slow (the trainer's
+# train/durability/progress.py takes them from here).
+SLOW_PHASES = frozenset({"setup", "checkpoint", "validation", "compile", "rollback", "export"})
+STOPPED = frozenset({"T", "t"})  # process states: stopped by a signal, or by a debugger
+STACKS_SIGNAL = signal.SIGRTMIN + 2  # a rank's faulthandler prints its Python stacks on it (train/main.py)
 
 
 def heartbeat_dir(run_dir: Path) -> Path:
@@ -111,21 +126,76 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def rank_rows(run_dir: Path, now: float, live_s: float, since: float | None = None) -> list[dict]:
+def process_state(host: object, pid: object) -> str | None:
+    """The state letter of process `pid` if it runs on this host (R, S, D, T stopped, t traced, ...),
+    "?" when it exists but its state is unreadable, None when it does not exist here (gone, a zombie,
+    or on another host: then nothing can be told)."""
+    if host != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat[stat.rindex(")") + 2]
+        return None if state in "ZX" else state
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "?"
+
+
+def silence_limit(beats: list[dict], hang_timeout: float, slow: float, world: int | None = None) -> tuple[float, str]:
+    """(seconds, key name) a rank whose heartbeat stopped may go without progress, as the trainer's hang
+    detector judges the job (train/durability/hang.py, job_limit): hang_timeout_slow while any rank whose
+    process is not stopped was last in a slow phase or its warm-up, or while fewer than `world` ranks have
+    a heartbeat; else hang_timeout. `beats`: this launch's heartbeats, with "state" (process_state) where
+    known: a stopped process gets no allowance for its own last phase, which no longer runs."""
+    for hb in beats:
+        phase = hb.get("phase")
+        slow_phase = (isinstance(phase, str) and phase in SLOW_PHASES) or hb.get("warmup") is True
+        if slow_phase and hb.get("state") not in STOPPED:
+            return max(slow, hang_timeout), "hang_timeout_slow"
+    if world is not None and len(beats) < world:
+        return max(slow, hang_timeout), "hang_timeout_slow"
+    return hang_timeout, "hang_timeout"
+
+
+def rank_rows(
+    run_dir: Path,
+    now: float,
+    live_s: float,
+    since: float | None = None,
+    limits: tuple[float, float] | None = None,
+) -> list[dict]:
     """One row a rank for `taehv-launch status`, its fields checked (a field of another type than the
     writer's reads as None): rank, node, host, step, phase, age_s (of the file), stale (older than
-    live_s), progress_age_s, done, dead (the .dead marker's first line). Heartbeats older than `since`
-    (an earlier launch's) are left out."""
+    live_s), progress_age_s, done, dead (the .dead marker's first line), limit_s and not_responding (with
+    the run's `limits` = (hang_timeout, hang_timeout_slow), hang_timeout not 0: the job's hang limit, and
+    whether the rank's heartbeat is older than it while its process is stopped or its heartbeat older
+    than SILENT_S, and it is neither done nor dead nor a process known to be gone from this host).
+    Heartbeats older than `since` (an earlier launch's) are left out."""
+    beats = {r: hb for r, hb in read_heartbeats(run_dir).items() if since is None or hb["mtime"] >= since}
+    done = {r for r in beats if heartbeat_path(run_dir, r, ".done").exists()}
+    limit, here = None, socket.gethostname()
+    if limits and limits[0] > 0:
+        for hb in beats.values():  # a process on this host: its state; elsewhere, or fresh: "?" (unknown)
+            late = now - hb["mtime"] > SILENT_S or hb.get("host") == here
+            hb["state"] = process_state(hb.get("host"), hb.get("pid")) if late else "?"
+        limit = silence_limit([hb for r, hb in beats.items() if r not in done], *limits)[0]
     rows = []
-    for rank, hb in sorted(read_heartbeats(run_dir).items()):
-        if since is not None and hb["mtime"] < since:
-            continue
+    for rank, hb in sorted(beats.items()):
         dead = heartbeat_path(run_dir, rank, ".dead")
         try:
             why = (read_text_part(dead, 4096, tail=False).strip().splitlines() or ["?"])[0] if dead.exists() else None
         except OSError:
             why = "?"
         step, age = _int(hb.get("step")), hb.get("progress_age_s")
+        beat_age = now - hb["mtime"]
+        gone = hb.get("host") == here and hb.get("state", "?") is None  # its process is no longer on this host
         rows.append(
             {
                 "rank": rank,
@@ -133,11 +203,16 @@ def rank_rows(run_dir: Path, now: float, live_s: float, since: float | None = No
                 "host": hb.get("host") if isinstance(hb.get("host"), str) else None,
                 "step": step if step is not None and step >= 0 else None,
                 "phase": hb.get("phase") if isinstance(hb.get("phase"), str) else None,
-                "age_s": now - hb["mtime"],
-                "stale": now - hb["mtime"] > live_s,
+                "age_s": beat_age,
+                "stale": beat_age > live_s,
                 "progress_age_s": number(age, LONGEST_S),
-                "done": heartbeat_path(run_dir, rank, ".done").exists(),
+                "done": rank in done,
                 "dead": why,
+                "limit_s": limit,
+                "not_responding": limit is not None
+                and beat_age > limit
+                and (beat_age > SILENT_S or hb.get("state") in STOPPED)
+                and not (rank in done or why or gone),
             }
         )
     return rows

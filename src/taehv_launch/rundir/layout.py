@@ -26,6 +26,12 @@ def node_suffix(node: int) -> str:
     return "" if node == 0 else f".node{node}"
 
 
+def trainer_lock_path(run_dir: Path, node: int) -> Path:
+    """.lock[.node<k>].trainer: every trainer process of node k's launch holds a shared flock on it while
+    it runs (train/durability/stop.py); a launch of the run is refused while one does (run/lock.py)."""
+    return Path(run_dir) / f".lock{node_suffix(node)}.trainer"
+
+
 def exported_step(folder: Path) -> int | None:
     """The step an export (best_model, final_model) was written at, from its export.json."""
     try:

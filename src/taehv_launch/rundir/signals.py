@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # SIGHUP: a closed terminal
 RELAY_SIGNAL = signal.SIGUSR2
 REPEAT_WINDOW_S = 2.0  # the same signal again this soon after the first is the same stop
 

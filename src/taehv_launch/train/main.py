@@ -5,11 +5,16 @@
 A user error becomes one line and its exit code; the node's local rank 0 writes
 RUN/exit_status[.node<k>].json so the launcher can report the trainer's code instead of
 the one accelerate's wrappers make up.
+
+Before anything else: stop signals become a flag (durability/stop.py), the trainer lock is held and the
+launcher is watched (its death is a stop request), and STACKS_SIGNAL prints every thread's Python stack
+(faulthandler, no GIL needed): the launcher asks a rank whose heartbeat stopped for them (run/freeze.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 import traceback
@@ -33,14 +38,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from taehv_launch.train.durability.status import write_status
-    from taehv_launch.train.durability.stop import install, worker_death_message
+    from taehv_launch.train.durability import stop
+    from taehv_launch.train.durability.status import node_rank, write_status
 
-    install()  # first: a stop signal during start-up is kept, not fatal
+    stop.install()  # first: a stop signal during start-up is kept, not fatal
     args = parse_args(argv)
     run_dir = Path(args.run_dir)
     rank = os.environ.get("RANK", "0")
-    from taehv_launch.errors import EXIT_FAILED, UserError, one_line
+    stop.hold_trainer_lock(run_dir, node_rank())
+    stop.watch_launcher(rank)
+    from taehv_launch.errors import EXIT_FAILED, EXIT_RESUMABLE, UserError, one_line
+    from taehv_launch.rundir.heartbeat import STACKS_SIGNAL
+
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
 
     try:
         from taehv_launch.plan.configfile import read_rendered_config
@@ -59,13 +69,16 @@ def main(argv: list[str] | None = None) -> int:
         code, message = err.exit_code, one_line(str(err))
         print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
     except Exception as exc:  # a bug or a dead peer: full traceback, the job fails
-        died = worker_death_message(exc)
+        died = stop.worker_death_message(exc)
         if died:  # a DataLoader worker died (OOM killer, /dev/shm): say so in one line
             code, message = EXIT_FAILED, died
             print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
         else:
             traceback.print_exc()
             code, message = EXIT_FAILED, f"{type(exc).__name__}: {exc}"
+    if code == EXIT_RESUMABLE and stop.launcher_gone():
+        kept = "the cache job kept its complete shards" if args.task == "cache" else "the trainer saved a checkpoint"
+        message = f"{stop.launcher_gone()}: {kept} and stopped"
     write_status(run_dir, code, message)
     return code
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import time
 
-# Phases whose normal duration can exceed hang_timeout: they are judged against hang_timeout_slow.
-SLOW_PHASES = frozenset({"setup", "checkpoint", "validation", "compile", "rollback", "export"})
+# Phases whose normal duration can exceed hang_timeout: they are judged against hang_timeout_slow (defined
+# with the heartbeat format, where the launcher and `taehv-launch status` read them too).
+from ...rundir.heartbeat import SLOW_PHASES as SLOW_PHASES
+
 # The first steps of a process are judged against hang_timeout_slow too: torch.compile builds its
 # kernels in the first forward and backward, the DataLoader workers start, the first validation runs.
 WARMUP_STEPS = 3

@@ -2,7 +2,7 @@
 
 Who gets which signal (docs/troubleshooting.md has the table):
 
-- A rank process: the first SIGTERM/SIGINT/SIGUSR1 sent to it (SLURM signals every process of a
+- A rank process: the first SIGTERM/SIGINT/SIGUSR1/SIGHUP sent to it (SLURM signals every process of a
   step; `--signal=USR1@120` is its pre-timeout warning) sets the flag; the loop all-reduces it at
   each optimizer step, so every rank stops after the same step, saves a checkpoint and exits with
   EXIT_RESUMABLE. A second such signal exits at once (EXIT_ABORTED), unless it repeats the first
@@ -16,19 +16,33 @@ Who gets which signal (docs/troubleshooting.md has the table):
 
 `install()` runs first thing in the trainer (train/main.py), so a signal during start-up is
 kept too: the run stops with a checkpoint after its first step.
+
+The launcher's death (SIGKILL, the out-of-memory killer, a crash) is a stop request too: each rank
+watches the pid of the taehv-launch that started it (`watch_launcher`, LAUNCHER_ENV; a pidfd, through
+whatever accelerate or torchrun run in between), sends what it prints from then on to the launch log
+(nobody reads its pipe any more), and stops as if the launcher had relayed a signal: checkpoint, exit 75.
+Meanwhile every trainer process holds the trainer lock (`hold_trainer_lock`), so a new launch of the run
+is refused until the old one's processes, DataLoader workers included, have all exited.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import select
 import signal
+import stat
 import sys
 import threading
 import time
+from pathlib import Path
 
 from ...errors import EXIT_ABORTED
+from ...rundir.layout import trainer_lock_path
 from ...rundir.signals import RELAY_SIGNAL, STOP_SIGNALS, counts_once
+
+LAUNCHER_ENV = "TAEHV_LAUNCHER"  # "<pid> <start time> <launch log>" of the taehv-launch that started us
 
 
 _direct: list[int] = []  # stop signals sent to this process itself (repeats not counted)
@@ -70,6 +84,112 @@ def install() -> None:
 
 def requested() -> bool:
     return bool(_direct or _relayed)
+
+
+# ---------------------------------------------------------------- the launcher's death
+_launcher_gone: list[str] = []  # why this rank stops: its launcher ended
+_lock_fds: list[int] = []
+
+
+def hold_trainer_lock(run_dir: Path, node: int) -> None:
+    """A shared flock on the node's trainer lock for as long as this process (and the DataLoader workers
+    it forks) lives: run/lock.py refuses a new launch of the run meanwhile. Best effort: a filesystem
+    without locks, or a lock not granted within a few seconds, only loses that refusal."""
+    try:
+        fd = os.open(trainer_lock_path(run_dir, node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return
+    for _ in range(50):  # a launcher's probe holds it exclusively for an instant
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            _lock_fds.append(fd)
+            return
+        except OSError:
+            time.sleep(0.1)
+    os.close(fd)
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat): with the pid, who it is."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2 :].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def launcher_gone() -> str | None:
+    """Why this rank stopped, when its launcher ended (for the exit status), else None."""
+    return _launcher_gone[0] if _launcher_gone else None
+
+
+def watch_launcher(rank: str) -> None:
+    """When LAUNCHER_ENV names the taehv-launch that started this trainer, watch it from a daemon thread:
+    once it has ended, this process prints into the launch log and stops with a checkpoint.
+
+    Our output goes into the launcher's pipe; once it is dead, a write there would fail (EPIPE) and take
+    the rank down with a BrokenPipeError before the thread has pointed fds 1 and 2 at the log. So the
+    rank holds a read end of that pipe too (never read while the launcher lives, which reads it all):
+    with a reader left, a write in that moment lands in the pipe, and the thread moves it to the log."""
+    spec = os.environ.get(LAUNCHER_ENV, "").split(" ", 2)
+    if len(spec) != 3 or not spec[0].isdigit():
+        return
+    pid, started, log = int(spec[0]), spec[1], spec[2]
+    try:
+        keep: int | None = None
+        if stat.S_ISFIFO(os.fstat(1).st_mode):
+            keep = os.open("/proc/self/fd/1", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        pass
+    try:
+        fd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        fd = -1  # already gone
+    except (OSError, AttributeError):
+        fd = None  # no pidfd (an old kernel): poll instead
+    if start_time(pid) != started:  # gone, or the pid already names another process
+        fd = -1
+
+    def wait() -> None:
+        if fd is not None and fd >= 0:
+            select.select([fd], [], [])
+        elif fd is None:
+            while start_time(pid) == started:
+                time.sleep(1.0)
+        _orphaned(rank, pid, log, keep)
+
+    threading.Thread(target=wait, name="launcher-watch", daemon=True).start()
+
+
+def _drain(pipe: int | None, out: int) -> None:
+    """What was written into the dead launcher's pipe (our read end of it), into `out`."""
+    while pipe is not None:
+        try:
+            data = os.read(pipe, 65536)
+        except OSError:  # empty (EAGAIN)
+            return
+        if not data:
+            return
+        os.write(out, data)
+
+
+def _orphaned(rank: str, pid: int, log: str, pipe: int | None) -> None:
+    why = f"taehv-launch (pid {pid}) ended while the trainer ran (killed?)"
+    try:
+        out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        out = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    _drain(pipe, out)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    _drain(pipe, out)  # written between the first drain and the switch
+    os.close(out)
+    if pipe is not None:
+        os.close(pipe)
+    _launcher_gone.append(why)
+    _relayed.append(RELAY_SIGNAL)
+    sys.stderr.write(f"[rank {rank}] {why}: stopping after this step with a checkpoint\n")
+    sys.stderr.flush()
 
 
 class StopFlag:
