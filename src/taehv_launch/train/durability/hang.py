@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import socket
 import sys
 import threading
 import time
@@ -43,7 +42,7 @@ from typing import Callable
 from ...compat import flight_recorder_dumps
 from ...errors import EXIT_HUNG
 from ...files import write_atomic
-from ...rundir.heartbeat import stack_path, stacks_dir, trace_path
+from ...rundir.heartbeat import process_state, stack_path, stacks_dir, trace_path
 from ...rundir.status import status_path, write_exit_status
 from .progress import SLOW_PHASES
 from .status import node_rank
@@ -60,28 +59,6 @@ STATES = {
     "R": "its process runs but its threads are blocked (a native call holding the GIL?)",
     "S": "its process sleeps but its threads are blocked (a native call holding the GIL?)",
 }
-
-
-def process_state(host: object, pid: object) -> str | None:
-    """The state letter of process `pid` if it runs on this host (R, S, D, T stopped, t traced, ...),
-    "?" when it exists but its state is unreadable, None when it does not exist here (gone, a zombie,
-    or on another host: then nothing can be told)."""
-    if host != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        state = stat[stat.rindex(")") + 2]
-        return None if state in "ZX" else state
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return "?"
 
 
 def rank_view(info: dict, now: float, period_s: float) -> dict:
