@@ -292,7 +292,9 @@ def test_h3_chunked_encode_checkpoints_like_the_plain_one():
 
 
 @pytest.mark.parametrize(
-    "name,arch", [(name, "base") for name in FAMILIES] + [(name, "super") for name in ("wan22", "ltx2", "h3")]
+    "name,arch",
+    [(name, "base") for name in FAMILIES]
+    + [pytest.param(name, "super", marks=pytest.mark.slow) for name in ("wan22", "ltx2", "h3")],
 )
 def test_every_family_trains_through_the_losses_and_seraena(name, arch):
     """One training step's losses at the family's own shape (patch 1/2/4, 16-128 latent channels, LTX's 8x
