@@ -321,6 +321,8 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology, given:
         "rollback_lr_steps",
         "hang_timeout",
         "hang_timeout_slow",
+        "max_restarts",
+        "max_restarts_without_progress",
     ):
         need(c[k] >= 0, f"{k}={c[k]} must not be negative")
     need(c["bucket_size_mb"] >= 0, f"bucket_size_mb={c['bucket_size_mb']} must not be negative (0 = the profile's)")

@@ -201,6 +201,18 @@ KEYS: dict[str, Key] = {
         "sbatch/k8s: the job stops requeueing when this many attempts in a row ended with no newer complete "
         "checkpoint (0 = no limit)",
     ),
+    "max_restarts": Key(
+        3,
+        int,
+        "after a rank failure or a hang, the launcher restarts the ranks in place from the newest complete "
+        "checkpoint up to this many times per launch (0 = off: the job ends, the scheduler requeues)",
+    ),
+    "max_restarts_without_progress": Key(
+        2,
+        int,
+        "restarts in a row that get past no checkpoint newer than the one they started from before the job "
+        "ends (0 = no limit)",
+    ),
     # --- speed (docs/benchmarks.md measures each) --------------------------------------
     "compile": Key(
         "none",

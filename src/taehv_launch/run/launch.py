@@ -256,8 +256,12 @@ class SignalRelay:
         return "cache job" if self.task == "cache" else "trainer"
 
 
-def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
-    """Start the launch, tee its output into launch.log, return the trainer's exit code."""
+def run(
+    plan: Plan, rendered: Rendered, run_dir: Path, argv: list[str] | None = None, outcome: dict | None = None
+) -> int:
+    """Start the launch (`argv`: rendered.argv, or a restart's, run/restart.py), tee its output into
+    launch.log, return the trainer's exit code; outcome["stop_requested"]: we were signalled to stop."""
+    argv = list(rendered.argv if argv is None else argv)
     log_path = run_dir / f"launch{rendered.node_suffix}.log"
     status_file = status_path(run_dir, plan.topology.machine_rank)
     status_file.unlink(missing_ok=True)
@@ -265,12 +269,12 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
     if sys.stdout.isatty():
         env["TAEHV_TTY"] = "1"  # the trainer shows a progress bar only for a person at a terminal
     with open(log_path, "ab") as log:
-        log.write(f"\n=== taehv-launch {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(rendered.argv)}\n".encode())
+        log.write(f"\n=== taehv-launch {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}\n".encode())
         log.flush()
         try:
-            if not shutil.which(rendered.argv[0]):
+            if not shutil.which(argv[0]):
                 raise FileNotFoundError(errno.ENOENT, "not found")
-            child_argv = [sys.executable, "-m", "taehv_launch.run.agent", *rendered.argv]
+            child_argv = [sys.executable, "-m", "taehv_launch.run.agent", *argv]
             child = subprocess.Popen(
                 child_argv,
                 env=env,
@@ -305,6 +309,8 @@ def run(plan: Plan, rendered: Rendered, run_dir: Path) -> int:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             relay.close()
+    if outcome is not None:
+        outcome["stop_requested"] = bool(relay.events)
     status = read_status(run_dir, plan.topology.machine_rank)
     if status is None and (relay.aborted or relay.not_started):
         if relay.aborted:

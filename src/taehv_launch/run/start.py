@@ -8,6 +8,7 @@ from ..errors import EXIT_ABORTED, EXIT_RESUMABLE, ConfigError
 from ..plan.topology import check_local_gpus
 from .dryrun import NO_FIT, cache_size_check, check_run_name, check_this_machine, print_plan
 from .render import render
+from .restart import supervise
 from .request import Request, build_plan
 
 
@@ -48,7 +49,7 @@ def launch(req: Request) -> int:
         print(f"  note      {note}")
     sys.stdout.flush()
     try:
-        code = edge.run(plan, rendered, run_dir)
+        code = supervise(plan, rendered, run_dir)  # edge.run, again after a restartable failure
     finally:
         lock.release()
     log = run_dir / f"launch{rendered.node_suffix}.log"

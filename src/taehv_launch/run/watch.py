@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..files import BadRecord, read_json_lines, read_json_or_none
 from ..plan.configfile import read_config_literals
 from ..rundir.checkpoint import COMPLETE, checkpoint_step, incomplete_reason
-from ..rundir.events import EVENTS_FILE
+from ..rundir.events import EVENTS_FILE, read_events
 from ..rundir.heartbeat import node_rows, rank_rows, read_hang_reports
 from ..rundir.layout import REQUEUE
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
@@ -36,6 +36,7 @@ from ..rundir.progress import count, number, progress_of, read_text_part, this_l
 from ..rundir.requeue import REQUEUE_FILE
 from ..rundir.status import read_exit_status, status_path
 from .runs import runs_newest_first
+from .restart import restarts_summary
 from .watchtext import link_text, shown
 
 LIVE_S = 60.0  # a heartbeat younger than this is a live rank (ranks rewrite theirs every 5 s; stale at 30 s)
@@ -50,7 +51,7 @@ FIELDS = (  # collect()'s keys: `status --json` (docs/watching.md lists them)
     "clips_per_s_avg", "global_batch", "eta_s", "ends_at", "progress_time", "progress_from", "progress_of",
     "launch_started", "flops", "checkpoint", "nodes", "processes", "heartbeat_nodes", "heartbeat_ranks",
     "heartbeat_age_s", "log_age_s", "exit", "last_error", "hang", "requeues", "requeue_marker", "rollbacks",
-    "launches", "first_launch", "resume_from", "plan_hash", "node_logs", "unreadable",
+    "launches", "first_launch", "resume_from", "plan_hash", "node_logs", "unreadable", "restarts",
 )  # fmt: skip
 
 
@@ -343,6 +344,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "requeues": _requeues(run_dir),
         "requeue_marker": guard(REQUEUE, lambda: (run_dir / REQUEUE).exists(), False),
         "rollbacks": _rollbacks(run_dir),
+        "restarts": restarts_summary(read_events(run_dir)),  # in-job restarts (run/restart.py), or None
         "launches": manifest_read.launches,
         "first_launch": record_time(manifest[0]) if manifest and manifest_read.whole else None,
         "resume_from": Path(r).name if manifest and isinstance(r := manifest[-1].get("resume"), str) else None,

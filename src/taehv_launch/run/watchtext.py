@@ -207,6 +207,8 @@ def run_block(f: dict[str, Any]) -> list[str]:
     if rq["stopped"]:
         line += f"; stopped: {text(rq['stopped'])}"
     out.append(f"  requeues   {line}")
+    if f.get("restarts"):
+        out.append(f"  restarts   {restart_text(f['restarts'], now)}")
     rb = f["rollbacks"]
     if rb["count"] or rb["stopped"]:
         out.append(f"  rollbacks  {rollback_text(rb, now)}")
@@ -248,6 +250,15 @@ def rollback_text(rb: dict[str, Any], now: float) -> str:
     if stop:
         line += f"; stopped: diverged again at step {known(stop.get('step'))}{why(stop)}"
     return line
+
+
+def restart_text(rs: dict[str, Any], now: float) -> str:
+    """`1 in the job; last 5m ago after exit 1: ...; time lost 41 s (events.jsonl)`: in-job restarts
+    (run/restart.py), counted apart from the scheduler's requeues."""
+    when = f" {ago(now - rs['last_time'])}" if isinstance(rs.get("last_time"), (int, float)) else ""
+    lost = f"; time lost {duration(rs['lost_s'])}" if rs.get("lost_s") is not None else ""
+    ended = f"; stopped restarting: {text(rs['ended'])}" if rs.get("ended") else ""
+    return f"{rs['count']} in the job; last{when} after {text(rs['last_reason'])}{lost}{ended} (events.jsonl)"
 
 
 def why(event: dict[str, Any]) -> str:

@@ -1,0 +1,311 @@
+"""Restart in place: after a rank failure or a detected hang, the launcher starts the ranks again from the
+newest complete checkpoint instead of ending the job (issue #39).
+
+decide() is pure: the attempt's exit code and line, the checkpoint it started from and the newest complete
+one now, the counts so far and the caps in; the verdict (restart or not, the one line, the new no-progress
+count) out. launch.py runs the loop: it waits for the old ranks to let go of the trainer lock, records each
+restart in <run>/events.jsonl (rundir/events.py) and starts `accelerate launch` again with
+`--resume <checkpoint>`.
+
+Not restarted: a clean end (0), bad input (2: config errors), exit 75 (a stop signal: the checkpoint is
+saved, the scheduler requeues as before), 130 (aborted by a second signal), a stop the launcher itself was
+asked for, an out-of-memory before the attempt's first step (it would fail again), and a job of several
+nodes (they must restart together: not done yet, the job ends for requeue as before).
+A restart whose attempt fails again without a complete checkpoint newer than the one it started from
+counts against max_restarts_without_progress; the first failure of a launch never does.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import EXIT_ABORTED, EXIT_HUNG, EXIT_OK, EXIT_RESUMABLE, EXIT_USAGE
+
+LOCK_WAIT_S = 60.0  # for the old ranks (and their DataLoader workers) to exit before a restart
+OOM_WORDS = ("out of memory", "outofmemoryerror")
+
+NOT_RESTARTED = {
+    EXIT_OK: "finished",
+    EXIT_USAGE: "a configuration or input error (exit 2) repeats on a restart",
+    EXIT_RESUMABLE: "stopped after saving a checkpoint (exit 75): the scheduler requeues it",
+    EXIT_ABORTED: "stopped at once by a second signal (exit 130)",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    restart: bool
+    line: str  # why (restart: the reason; not: why not), one line
+    without_progress: int  # the no-progress count after this failure
+
+
+def reason_of(code: int, message: str | None) -> str:
+    """What the failure was, in a few words, for the event and `status`."""
+    if code == EXIT_HUNG:
+        return "hang (exit 76)"
+    if code > 128:
+        return f"a process was killed (exit {code}, signal {code - 128})"
+    first = (message or "").split(";")[0].strip()
+    return f"exit {code}" + (f": {first[:160]}" if first else "")
+
+
+def decide(
+    code: int,
+    message: str | None,
+    *,
+    started_from: str | None,
+    newest: str | None,
+    stepped: bool,
+    count: int,
+    without_progress: int,
+    max_restarts: int,
+    max_without_progress: int,
+    stop_requested: bool = False,
+    nodes: int = 1,
+) -> Verdict:
+    """Whether the launcher starts the ranks again after an attempt ended with `code`.
+    started_from/newest: checkpoint names (the one the attempt resumed, the newest complete one now);
+    stepped: the attempt logged a training step past its start; count: restarts so far."""
+    progressed = newest is not None and newest != started_from
+    wp = 0 if progressed else without_progress + (1 if count > 0 else 0)
+    if code in NOT_RESTARTED:
+        return Verdict(False, NOT_RESTARTED[code], wp)
+    if stop_requested:
+        return Verdict(False, "the launcher was asked to stop", wp)
+    if max_restarts <= 0:
+        return Verdict(False, "restarts are off (max_restarts=0)", wp)
+    if nodes > 1:
+        return Verdict(False, "restart in place runs on one node only: the job ends for requeue", wp)
+    if not stepped and any(w in (message or "").lower() for w in OOM_WORDS):
+        return Verdict(False, "out of memory before the first step repeats on a restart", wp)
+    if count >= max_restarts:
+        return Verdict(False, f"{count} restart{'s' if count != 1 else ''} already (max_restarts={max_restarts})", wp)
+    if max_without_progress > 0 and wp >= max_without_progress:
+        return Verdict(
+            False,
+            f"{wp} restart{'s' if wp != 1 else ''} in a row got past no checkpoint "
+            f"(max_restarts_without_progress={max_without_progress})",
+            wp,
+        )
+    return Verdict(True, reason_of(code, message), wp)
+
+
+def restart_argv(argv: list[str], checkpoint: Path | None) -> list[str]:
+    """The launch command again, resuming `checkpoint` (None: as it was, e.g. no checkpoint yet)."""
+    if checkpoint is None:
+        return list(argv)
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--resume":
+            skip = True
+            continue
+        out.append(arg)
+    return out + ["--resume", str(checkpoint)]
+
+
+def wait_lock_free(path: Path, timeout_s: float = LOCK_WAIT_S, poll_s: float = 0.2) -> bool:
+    """Wait until no process holds the trainer lock (`path`, flocked shared by every rank and its
+    DataLoader workers): the old ranks have exited. False after timeout_s."""
+    import errno
+    import fcntl
+    import os
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return True  # no lock to wait for
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return True  # no locks on this filesystem
+        finally:
+            os.close(fd)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+
+
+def restarts_summary(events: list[dict]) -> dict | None:
+    """For `status`: {"count", "last_reason", "last_time", "lost_s" (sum of failure-to-first-new-step
+    times measured, None when none was), "running"} from events.jsonl's restart records; None: none."""
+    starts = [e for e in events if e.get("event") == "restart"]
+    if not starts:
+        return None
+    lost = [e.get("recovery_s") for e in events if e.get("event") == "restarted"]
+    lost = [x for x in lost if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0]
+    last = starts[-1]
+    return {
+        "count": len(starts),
+        "last_reason": last.get("reason") if isinstance(last.get("reason"), str) else "?",
+        "last_time": last.get("time") if isinstance(last.get("time"), (int, float)) else None,
+        "lost_s": round(sum(lost), 1) if lost else None,
+        "ended": next((e.get("reason") for e in reversed(events) if e.get("event") == "restart_stop"), None),
+    }
+
+
+def first_new_step(run_dir: Path, after_step: int, since: float) -> float | None:
+    """When the ranks first logged a step past `after_step` at or after `since` (seconds since the
+    epoch): progress.json's own time, or a heartbeat's mtime; None: not yet."""
+    from ..rundir.heartbeat import read_heartbeats
+    from ..rundir.progress import read_progress
+
+    times = []
+    prog = read_progress(run_dir)
+    if prog and prog["step"] > after_step and prog["time"] and prog["time"] >= since:
+        times.append(prog["time"])
+    for hb in read_heartbeats(run_dir).values():
+        step = hb.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and step > after_step and hb["mtime"] >= since:
+            times.append(hb["mtime"])
+    return min(times) if times else None
+
+
+class FirstStepWatch:
+    """A thread that records {"event": "restarted", "restart", "first_step_at", "recovery_s"} in
+    events.jsonl once the restarted ranks log a step past the checkpoint they resumed."""
+
+    def __init__(self, run_dir: Path, number: int, after_step: int, failed_at: float, since: float) -> None:
+        import threading
+
+        self.args = (run_dir, number, after_step, failed_at, since)
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="taehv-restart-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        run_dir, number, after_step, failed_at, since = self.args
+        while not self._ended.wait(0.5):
+            try:
+                at = first_new_step(run_dir, after_step, since)
+            except (OSError, ValueError, TypeError):
+                continue
+            if at is not None:
+                record(
+                    run_dir,
+                    {
+                        "event": "restarted",
+                        "time": time.time(),
+                        "restart": number,
+                        "first_step_at": at,
+                        "recovery_s": round(max(0.0, at - failed_at), 1),
+                    },
+                )
+                return
+
+    def end(self) -> None:
+        self._ended.set()
+        self._thread.join(timeout=2)
+
+
+def record(run_dir: Path, rec: dict) -> None:
+    from ..errors import UserError
+    from ..rundir.events import append_event
+
+    try:
+        append_event(run_dir, rec)
+    except (UserError, OSError):  # bookkeeping: never stops a run
+        pass
+
+
+def supervise(plan, rendered, run_dir: Path) -> int:
+    """Run the launch (launch.run), and after a restartable failure run it again from the newest complete
+    checkpoint, up to max_restarts; returns the exit code of the last attempt."""
+    import signal
+
+    from . import launch as edge
+    from ..rundir.checkpoint import checkpoint_step, newest_complete
+    from ..rundir.layout import trainer_lock_path
+    from ..rundir.progress import read_progress
+    from ..rundir.signals import STOP_SIGNALS
+    from ..rundir.status import status_path
+
+    c, node = plan.config, plan.topology.machine_rank
+    max_restarts = int(c.get("max_restarts", 0) or 0) if plan.options.task == "train" else 0
+    max_wp = int(c.get("max_restarts_without_progress", 0) or 0)
+    argv, count, wp, watch = list(rendered.argv), 0, 0, None
+    started_from = Path(plan.options.resume).name if plan.options.resume else None
+    while True:
+        outcome: dict = {}
+        t0 = time.time()
+        code = edge.run(plan, rendered, run_dir, argv=argv, outcome=outcome)
+        ended_at = time.time()
+        if watch is not None:
+            watch.end()
+        try:
+            failed_at = min(ended_at, status_path(run_dir, node).stat().st_mtime)
+        except OSError:
+            failed_at = ended_at
+        newest, _ = newest_complete(run_dir, verify=True)
+        prog = read_progress(run_dir)
+        start_step = checkpoint_step(Path(started_from)) if started_from else 0
+        stepped = bool(prog and prog["step"] > (start_step or 0) and (prog["time"] or 0) >= t0)
+        verdict = decide(
+            code,
+            (edge.read_status(run_dir, node) or {}).get("message"),
+            started_from=started_from,
+            newest=newest.name if newest else None,
+            stepped=stepped,
+            count=count,
+            without_progress=wp,
+            max_restarts=max_restarts,
+            max_without_progress=max_wp,
+            stop_requested=bool(outcome.get("stop_requested")),
+            nodes=plan.topology.num_machines,
+        )
+        wp = verdict.without_progress
+        if not verdict.restart:
+            if count and code not in (EXIT_OK,):
+                record(run_dir, {"event": "restart_stop", "time": time.time(), "code": code, "reason": verdict.line})
+            if code not in NOT_RESTARTED and max_restarts > 0:
+                print(f"taehv-launch: not restarting: {verdict.line}", file=sys.stderr, flush=True)
+            return code
+        count += 1
+        frm = newest.name if newest else "the start (no complete checkpoint yet)"
+        print(
+            f"taehv-launch: restart {count} of {max_restarts} after {verdict.line}: from {frm}",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop: list[int] = []
+        previous = {s: signal.signal(s, lambda n, _f, into=stop: into.append(n)) for s in STOP_SIGNALS}
+        try:
+            if not wait_lock_free(trainer_lock_path(run_dir, node)):
+                print(
+                    f"taehv-launch: not restarting: processes of the failed attempt still hold "
+                    f"{trainer_lock_path(run_dir, node)} after {LOCK_WAIT_S:g} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return code
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        if stop:
+            return code
+        record(
+            run_dir,
+            {
+                "event": "restart",
+                "time": time.time(),
+                "restart": count,
+                "code": code,
+                "reason": verdict.line,
+                "failed_at": failed_at,
+                "checkpoint": newest.name if newest else None,
+                "without_progress": wp,
+            },
+        )
+        argv = restart_argv(rendered.argv, newest)
+        started_from = newest.name if newest else started_from
+        after = checkpoint_step(newest) if newest else 0
+        watch = FirstStepWatch(run_dir, count, after or 0, failed_at, since=time.time() - 1)
