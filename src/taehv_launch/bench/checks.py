@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from ..errors import ConfigError, UserError
 from ..plan.families import get_family
 from ..plan.resolve import frame_multiple, taehv_strides
-from ..plan.schema import DEFAULTS
+from ..plan.schema import DEFAULTS, KEYS
 
 LOADER_DECODERS = ("opencv", "opencv-1thread", "pyav", "pyav-1thread")
 DECODER_CHOICES = (*LOADER_DECODERS, "nvdec")
@@ -22,30 +22,68 @@ def at_least(option: str, values: int | float | Iterable[int | float], low: int,
             raise ConfigError(f"{option} {value}: {what}")
 
 
-def clip_shape(height: int, width: int, n_frames: int | None) -> None:
-    """The trainer's rule for the default TAEHV: height and width positive multiples of 8, n_frames of 12."""
-    _, space = taehv_strides(DEFAULTS)
+def clip_shape(height: int, width: int, n_frames: int | None, ref_vae_type: str | None = None) -> None:
+    """The trainer's rule for TAEHV of the family (cogvideox's shape when none is named): height and width
+    positive multiples of its space stride, n_frames by the family's frame rule (plan/family.py)."""
+    family = get_family(ref_vae_type) if ref_vae_type else None
+    space = family.space_stride if family else taehv_strides(DEFAULTS)[1]
     for option, value in (("--height", height), ("--width", width)):
         if value < space or value % space:
+            example = 480 if option == "--height" else (720 if space <= 16 else 704)
             raise ConfigError(
-                f"{option} {value}: give a positive multiple of {space} (TAEHV downsamples {space}x), e.g. {option} 480"
+                f"{option} {value}: give a positive multiple of {space} "
+                f"({family.name + ' downsamples' if family else 'TAEHV downsamples'} {space}x), e.g. {option} {example}"
             )
-    multiple = frame_multiple(DEFAULTS)
-    if n_frames is not None and (n_frames < multiple or n_frames % multiple):
+    if n_frames is None:
+        return
+    if family is None:
+        multiple = frame_multiple(DEFAULTS)
+        if n_frames < multiple or n_frames % multiple:
+            raise ConfigError(
+                f"--n-frames {n_frames}: give a positive multiple of {multiple} (TAEHV's temporal stride x "
+                f"Seraena's frame groups), e.g. --n-frames {multiple}"
+            )
+        return
+    if not family.valid_n_frames(n_frames):
+        near = family.first_valid(3, start=n_frames - 2 * family.frame_multiple)
         raise ConfigError(
-            f"--n-frames {n_frames}: give a positive multiple of {multiple} (TAEHV's temporal stride x Seraena's "
-            f"frame groups), e.g. --n-frames {multiple}"
+            f"--n-frames {n_frames} does not fit --ref-vae-type {family.name}: it takes {family.frame_rule()} "
+            f"whose decoded frames fill Seraena's 3-frame groups: use {', '.join(map(str, near))}, "
+            f"e.g. --n-frames {min(near, key=lambda v: abs(v - n_frames))}"
         )
 
 
-def step_args(micros: list[int], height: int, width: int, n_frames: int, ref_vae_type: str | None, chunks: list[int]):
+def step_frames(n_frames: int | None, ref_vae_type: str | None) -> int:
+    """bench step's --n-frames: as given, else the family's default clip length (12 without a family)."""
+    if n_frames is not None:
+        return n_frames
+    if ref_vae_type is None:
+        return 12
+    try:
+        return get_family(ref_vae_type).default_n_frames
+    except ConfigError as err:
+        raise ConfigError(f"--ref-vae-type: {err}") from None
+
+
+def step_args(
+    micros: list[int],
+    height: int,
+    width: int,
+    n_frames: int | None,
+    ref_vae_type: str | None,
+    chunks: list[int],
+    decoder_arch: str = "base",
+) -> None:
     at_least("--micro", micros, 1, "give micro-batch sizes of at least 1, e.g. --micro 1 --micro 2")
-    clip_shape(height, width, n_frames)
     if ref_vae_type is not None:
         try:
             get_family(ref_vae_type)
         except ConfigError as err:
             raise ConfigError(f"--ref-vae-type: {err}") from None
+    clip_shape(height, width, n_frames, ref_vae_type)
+    archs = KEYS["decoder_arch"].choices
+    if decoder_arch not in archs:
+        raise ConfigError(f"--decoder-arch {decoder_arch!r}: use one of {', '.join(archs)}")
     at_least("--chunk", chunks, 1, "give reference encode chunk sizes of at least 1, e.g. --chunk 1")
 
 

@@ -9,6 +9,7 @@ on the GPU they were measured on; the output says which GPU that was.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
@@ -77,18 +78,29 @@ def time_train_step(
     n_frames: int,
     height: int,
     width: int,
-    latent_channels: int,
+    latent_channels: int | None,
     device: torch.device,
     checkpointing: bool,
     seraena: bool,
     repeats: int = 3,
+    family: str = "cogvideox",
+    decoder_arch: str = "base",
 ) -> dict[str, Any]:
-    """TAEHV encode + decode + Seraena + backward + AdamW step on random data (no reference VAE)."""
-    from ..train.model.taehv import TAEHV
+    """TAEHV encode + decode + Seraena + backward + AdamW step on random data (no reference VAE), TAEHV of
+    the family's released shape (patch size, time strides, its decode rule) with `decoder_arch`'s decoder;
+    latent_channels None: the family's."""
+    from ..plan.families import get_family
     from ..train.model.seraena import VideoSeraena
+    from ..train.model.taehv import TAEHV
 
+    fam = get_family(family)
+    latent_channels = latent_channels or fam.latent_channels
     _peak_reset(device)
-    model = TAEHV(latent_channels=latent_channels, gradient_checkpointing=checkpointing).to(device).train()
+    model = (
+        TAEHV.from_family(fam, decoder_arch, latent_channels=latent_channels, gradient_checkpointing=checkpointing)
+        .to(device)
+        .train()
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ser = (
         VideoSeraena(
@@ -98,7 +110,10 @@ def time_train_step(
         else None
     )
     frames = torch.rand(micro, n_frames, 3, height, width, device=device)
-    latents = torch.randn(micro, n_frames // 4, latent_channels, height // 8, width // 8, device=device)
+    space = 8 * fam.patch_size
+    latents = torch.randn(
+        micro, fam.latent_frames(n_frames), latent_channels, height // space, width // space, device=device
+    )
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step():
@@ -123,6 +138,8 @@ def time_train_step(
     _sync(device)
     out = {
         "what": "TAEHV+Seraena train step" if seraena else "TAEHV train step",
+        "family": fam.name,
+        "decoder_arch": decoder_arch,
         "micro": micro,
         "checkpointing": checkpointing,
         "seconds": (time.perf_counter() - t0) / repeats,
@@ -140,26 +157,62 @@ def run(
     n_frames: int,
     ref_vae_type: str | None,
     chunks: list[int],
-    latent_channels: int = 16,
+    latent_channels: int | None = None,
     as_json: bool = False,
+    decoder_arch: str = "base",
+    checkpointing: tuple[bool, ...] = (False, True),
+    encode_micros: list[int] | None = None,
+    step: bool = True,
 ) -> int:
+    """The step rows for every micro x checkpointing (TAEHV of ref_vae_type's family, cogvideox's shape when
+    none is named), then the reference encode of encode_micros clips (default: the largest micro) per chunk.
+    --json: the report on stdout, and each row on stderr as soon as it is measured."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    family = ref_vae_type or "cogvideox"
     rows: list[dict[str, Any]] = []
-    for micro in micros:
-        for ckpt in (False, True):
+
+    def add(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if as_json:  # as it comes, on stderr: a row measured before a crash or a time limit is kept
+            print(f"bench row: {json.dumps(row)}", file=sys.stderr, flush=True)
+
+    for micro in micros if step else []:
+        for ckpt in checkpointing:
             try:
-                rows.append(time_train_step(micro, n_frames, height, width, latent_channels, device, ckpt, True))
+                add(
+                    time_train_step(
+                        micro,
+                        n_frames,
+                        height,
+                        width,
+                        latent_channels,
+                        device,
+                        ckpt,
+                        True,
+                        family=family,
+                        decoder_arch=decoder_arch,
+                    )  # fmt: skip
+                )
             except torch.OutOfMemoryError:
-                rows.append({"what": "TAEHV+Seraena train step", "micro": micro, "checkpointing": ckpt, "oom": True})
+                torch.cuda.empty_cache()
+                add({"what": "TAEHV+Seraena train step", "family": family, "decoder_arch": decoder_arch,
+                     "micro": micro, "checkpointing": ckpt, "oom": True})  # fmt: skip
     if ref_vae_type:
         for chunk in chunks:
-            rows.append(time_reference_encode(ref_vae_type, max(micros), chunk, n_frames, height, width, device))
+            for micro in encode_micros or [max(micros)]:
+                try:
+                    add(time_reference_encode(ref_vae_type, micro, chunk, n_frames, height, width, device))
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    add({"what": f"reference encode {ref_vae_type}", "micro": micro, "chunk": chunk, "oom": True})
     report = {
         "device": gpu,
         "height": height,
         "width": width,
         "n_frames": n_frames,
+        "family": family,
+        "decoder_arch": decoder_arch,
         "date": time.strftime("%Y-%m-%d"),
         "torch": torch.__version__,
         "rows": rows,
@@ -167,11 +220,15 @@ def run(
     if as_json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"bench on {gpu}, {n_frames} frames of {height}x{width}, torch {torch.__version__}")
+        print(
+            f"bench on {gpu}, {n_frames} frames of {height}x{width}, TAEHV for {family} ({decoder_arch} decoder), "
+            f"torch {torch.__version__}"
+        )
         base = next((r for r in rows if not r.get("oom") and not r.get("checkpointing", False)), None)
         for r in rows:
             if r.get("oom"):
-                print(f"  {r['what']:<32} micro {r['micro']:>2} ckpt {r['checkpointing']!s:<5}  out of memory")
+                extra = f"ckpt {r['checkpointing']!s:<5}" if "checkpointing" in r else f"chunk {r['chunk']:>2}   "
+                print(f"  {r['what']:<32} micro {r['micro']:>2} {extra}  out of memory")
                 continue
             extra = f"ckpt {r['checkpointing']!s:<5}" if "checkpointing" in r else f"chunk {r['chunk']:>2}   "
             ratio = (

@@ -59,21 +59,39 @@ def step_cmd(
     micro: Micro = None,
     height: Height = 480,
     width: Width = 720,
-    n_frames: NFrames = 12,
+    n_frames: Annotated[
+        Optional[int], typer.Option("--n-frames", help="frames per clip (default: the family's, 12 without one)")
+    ] = None,
     ref_vae_type: Annotated[
         Optional[str],
         typer.Option("--ref-vae-type", help="also time this reference VAE (real architecture, random weights)"),
     ] = None,
     chunk: Chunk = None,
     as_json: JsonOpt = False,
+    decoder_arch: Annotated[str, typer.Option("--decoder-arch", help="TAEHV's decoder: base or super")] = "base",
+    checkpointing: Annotated[
+        str, typer.Option("--checkpointing", help="step rows without (off), with (on) gradient checkpointing, or both")
+    ] = "both",
+    encode_micro: Annotated[
+        Optional[list[int]], typer.Option("--encode-micro", help="clips per reference encode (default: max --micro)")
+    ] = None,
+    no_step: Annotated[bool, typer.Option("--no-step", help="time the reference encode only")] = False,
 ) -> None:
     def go() -> int:
         from ..bench import checks
 
-        checks.step_args(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1])
+        frames = checks.step_frames(n_frames, ref_vae_type)
+        checks.step_args(micro or [1, 2], height, width, frames, ref_vae_type, chunk or [1], decoder_arch)
+        checks.at_least("--encode-micro", encode_micro or [], 1, "give clips per encode call of at least 1")
+        ckpt = {"off": (False,), "on": (True,), "both": (False, True)}.get(checkpointing)
+        if ckpt is None:
+            raise checks.ConfigError(f"--checkpointing {checkpointing!r}: use off, on or both")
         from ..bench import step
 
-        return step.run(micro or [1, 2], height, width, n_frames, ref_vae_type, chunk or [1], as_json=as_json)
+        return step.run(
+            micro or [1, 2], height, width, frames, ref_vae_type, chunk or [1], as_json=as_json,
+            decoder_arch=decoder_arch, checkpointing=ckpt, encode_micros=encode_micro, step=not no_step,
+        )  # fmt: skip
 
     exit_with(go)
 
