@@ -200,7 +200,7 @@ def run(
                      "micro": micro, "checkpointing": ckpt, "oom": True})  # fmt: skip
     if ref_vae_type:
         for chunk in chunks:
-            for micro in encode_micros or [max(micros)]:
+            for micro in [m for m in encode_micros or [max(micros)] if m > 0]:
                 try:
                     add(time_reference_encode(ref_vae_type, micro, chunk, n_frames, height, width, device))
                 except torch.OutOfMemoryError:

@@ -73,7 +73,7 @@ def step_cmd(
         str, typer.Option("--checkpointing", help="step rows without (off), with (on) gradient checkpointing, or both")
     ] = "both",
     encode_micro: Annotated[
-        Optional[list[int]], typer.Option("--encode-micro", help="clips per reference encode (default: max --micro)")
+        Optional[list[int]], typer.Option("--encode-micro", help="clips per encode (default: max --micro; 0: none)")
     ] = None,
     no_step: Annotated[bool, typer.Option("--no-step", help="time the reference encode only")] = False,
 ) -> None:
@@ -82,7 +82,7 @@ def step_cmd(
 
         frames = checks.step_frames(n_frames, ref_vae_type)
         checks.step_args(micro or [1, 2], height, width, frames, ref_vae_type, chunk or [1], decoder_arch)
-        checks.at_least("--encode-micro", encode_micro or [], 1, "give clips per encode call of at least 1")
+        checks.at_least("--encode-micro", encode_micro or [], 0, "give clips per encode call, 0: no encode")
         ckpt = {"off": (False,), "on": (True,), "both": (False, True)}.get(checkpointing)
         if ckpt is None:
             raise checks.ConfigError(f"--checkpointing {checkpointing!r}: use off, on or both")
