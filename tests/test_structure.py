@@ -26,7 +26,7 @@ LAYERS = [
     ("plan", {"plan"}),  # pure resolution
     ("edges", {"run", "train"}),  # the launcher edge; the trainer
     ("cluster", {"cluster"}),  # sbatch / k8s rendering (uses run)
-    ("tools", {"preflight", "bench"}),
+    ("tools", {"preflight", "bench", "quality"}),
     ("top", {"cli", "gen"}),  # one module per command; docs/example generators
 ]
 LAYER = {pkg: i for i, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}

@@ -14,7 +14,7 @@ import sys
 import typer
 
 from ..errors import EXIT_USAGE
-from . import bench, cache, diff, index, keys, render, requeue, run, status, validate_env  # noqa: F401  (each registers its command)
+from . import bench, cache, diff, eval, index, keys, render, requeue, run, status, validate_env  # noqa: F401  (each registers its command)
 from .core import app, click
 
 __all__ = ["app", "main"]
