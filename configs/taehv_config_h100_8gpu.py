@@ -21,7 +21,7 @@ args.prefetch_factor = 2  # batches prefetched per worker
 args.video_decoder = 'auto'  # where training clips are decoded: nvdec (the GPU's hardware decoder, in the training process; needs the [nvdec] extra), opencv (CPU, in the DataLoader workers), auto (nvdec on GPUs when installed, else opencv)
 args.video_decode_threads = 4  # with nvdec: decoding threads per rank, each with its own NVDEC session and CUDA stream
 args.index_cache_dir = ''  # where the dataset index is cached (default: <output_dir>/.index)
-args.use_ref_vae = True  # distil from a reference VAE (False: the decoder trains on TAEHV's own encodings, with encoder_loss_weight=0; one process only for now: on 2 or more, DDP stops on unused parameters)
+args.use_ref_vae = True  # distil from a reference VAE (False: the decoder trains on TAEHV's own encodings, with encoder_loss_weight=0; the encoder, which then has no target, is frozen)
 args.ref_vae_type = 'cogvideox'  # reference VAE family (docs/families.md); upstream's file stems (taecvx, taehv, taew2_1, taew2_2, taehv1_5, taeltx_2, taeltx2_3, taeh3) are accepted too and stored as the family's name
 args.ref_vae_path = ''  # local diffusers folder (with or without a vae/ subfolder); empty on cpu = built-in tiny VAE
 args.ref_vae_dtype = 'bfloat16'  # dtype of the frozen reference VAE
@@ -42,9 +42,11 @@ args.decoder_time_upscale = (False, True, True)  # temporal upscale per decoder 
 args.decoder_space_upscale = (True, True, True)  # spatial upscale per decoder stage
 args.gradient_checkpointing = False  # recompute TAEHV blocks in backward (first memory lever)
 args.decoder_arch = 'base'  # TAEHV decoder: base (upstream's) or super (upstream's Super decoder: widths 512/256/128/64, ~2x the decoder's parameters, e.g. taehv1_5_super); exports are named <upstream name>[_super]
-args.reconstruction_loss_weight = 1.0  # MSE(decoded reference latents, frames)
-args.encoder_loss_weight = 1.0  # MSE(encoder(frames), reference latents)
-args.seraena_loss_weight = 0.3  # MSE(decoded, Seraena-corrected target)
+args.reconstruction_loss_weight = 1.0  # weight of reconstruction_loss(decoded reference latents, frames) (0 = off)
+args.reconstruction_loss = 'mse'  # the reconstruction loss: mse (mean squared error) or l1 (mean absolute error)
+args.encoder_loss_weight = 1.0  # weight of MSE(encoder(frames), reference latents) (0 = the encoder is frozen)
+args.seraena_loss_weight = 0.3  # weight of MSE(decoded, Seraena-corrected target) (0 = off)
+args.freeze_encoder = False  # train the decoder only: the encoder keeps its starting weights (pretrained_model_path, or the seeded init) bit for bit; it is left out of the optimizer and of DDP, and not run when use_ref_vae
 args.use_seraena = True  # adversarial corrections for the decoder
 args.n_seraena_frames = 3  # frames grouped into one discriminator image
 args.seraena_lr = 0.0003  # discriminator AdamW learning rate

@@ -39,9 +39,10 @@ def cfg(**over):
     return SimpleNamespace(**{**base, **over})
 
 
-def make_guard(tmp_path, world=1, step=0, lines=None, **over) -> Guard:
-    log = lines.append if lines is not None else lambda m: None
-    return Guard(cfg(**over), 0, world, CPU, log, tmp_path, step)
+def make_guard(tmp_path, world=1, step=0, lines=None, scalars=None, **over) -> Guard:
+    log = (lambda m, all_ranks=False: lines.append(m)) if lines is not None else (lambda m, all_ranks=False: None)
+    scalar = (lambda name, v, s: scalars.append((name, v, s))) if scalars is not None else None
+    return Guard(cfg(**over), 0, world, CPU, log, tmp_path, step, scalar=scalar)
 
 
 # ---------------------------------------------------------------------------- running median
@@ -67,37 +68,37 @@ def test_running_median_of_size_zero_stays_empty():
 def test_spike_check_starts_once_the_window_is_full_and_skips_only_spikes(tmp_path):
     lines: list[str] = []
     g = make_guard(tmp_path, lines=lines)
-    assert g.judge([100.0, 0.0, 0.0], 0)  # window empty: no spike check yet
+    assert g.judge([100.0, 0.0], 0)  # window empty: no spike check yet
     for x in (1.0, 1.0, 1.0):
-        assert g.judge([x, 0.0, 0.0], 0)
+        assert g.judge([x, 0.0], 0)
     assert g.median.full and g.median.median() == 1.0  # [100, 1, 1, 1]
-    assert not g.judge([10.5, 0.0, 0.0], 7)  # > 10 x 1.0
+    assert not g.judge([10.5, 0.0], 7)  # > 10 x 1.0
     assert "step 7: loss spike on rank 0 (10.5 > 10 x running median 1)" in lines[-1]
     assert "(1 in a row)" in lines[-1] and g.bad_in_a_row == 1 and not g.rollback_due
-    assert g.judge([9.5, 0.0, 0.0], 7)  # below: trained on, and the count starts again
+    assert g.judge([9.5, 0.0], 7)  # below: trained on, and the count starts again
     assert g.bad_in_a_row == 0
     assert g.median.median() == 1.0  # the skipped spike never entered the window
 
 
 def test_weighted_loss_is_what_the_spike_check_compares(tmp_path):
     g = make_guard(tmp_path, loss_spike_window=1, reconstruction_loss_weight=0.5, encoder_loss_weight=2.0)
-    assert g.judge([1.0, 1.0, 0.0], 0)  # 0.5 + 2.0 = 2.5
-    assert g.judge([20.0, 2.0, 0.0], 0)  # 10 + 4 = 14 < 25
+    assert g.judge([1.0, 1.0], 0)  # 0.5 + 2.0 = 2.5
+    assert g.judge([20.0, 2.0], 0)  # 10 + 4 = 14 < 25
 
 
 def test_spike_factor_zero_turns_the_check_off(tmp_path):
     g = make_guard(tmp_path, loss_spike_factor=0.0, loss_spike_window=1)
-    assert g.judge([1.0, 0.0, 0.0], 0)
-    assert g.judge([1e6, 0.0, 0.0], 0)
+    assert g.judge([1.0, 0.0], 0)
+    assert g.judge([1e6, 0.0], 0)
 
 
 def test_non_finite_losses_count_in_a_row_up_to_the_tolerance(tmp_path):
     lines: list[str] = []
     g = make_guard(tmp_path, lines=lines)
     for k in (1, 2):
-        assert not g.judge([math.nan, 0.0, 0.0], 3)
+        assert not g.judge([math.nan, 0.0], 3)
         assert not g.rollback_due and f"({k} in a row)" in lines[-1]
-    assert not g.judge([0.1, math.inf, 0.0], 3)  # the encoder loss counts too
+    assert not g.judge([0.1, math.inf], 3)  # the encoder loss counts too
     assert g.rollback_due
     assert g.why == "3 bad micro-batches in a row (the last: non-finite loss on rank 0)"
 
@@ -107,18 +108,12 @@ def test_every_rank_is_judged_and_named(tmp_path):
     lines: list[str] = []
     g = make_guard(tmp_path, world=2, lines=lines)
     for _ in range(4):
-        assert g.judge([1.0, 0.0, 0.0, 1.2, 0.0, 0.0], 0)
+        assert g.judge([1.0, 0.0, 1.2, 0.0], 0)
     assert g.median.median() == pytest.approx(1.1)  # the mean over the ranks per micro-batch
-    assert not g.judge([1.0, 0.0, 0.0, 50.0, 0.0, 0.0], 2)
+    assert not g.judge([1.0, 0.0, 50.0, 0.0], 2)
     assert "loss spike on rank 1 (50 > 10 x running median 1.1)" in lines[-1]
-    assert not g.judge([1.0, 0.0, 0.0, math.nan, 0.0, 0.0], 2)
+    assert not g.judge([1.0, 0.0, math.nan, 0.0], 2)
     assert "non-finite loss on rank 1;" in lines[-1]
-
-
-def test_a_non_finite_gradient_norm_rolls_back_at_once(tmp_path):
-    g = make_guard(tmp_path, world=2)
-    assert not g.judge([1.0, 0.0, 0.5, 1.0, 0.0, math.nan], 9)
-    assert g.rollback_due and "non-finite gradient norm on rank 1" in g.why
 
 
 def test_check_runs_the_one_sync_on_tensors_and_the_hook_injects(tmp_path, monkeypatch):
@@ -132,20 +127,41 @@ def test_check_runs_the_one_sync_on_tensors_and_the_hook_injects(tmp_path, monke
     assert g.micro == 4
 
 
-def test_the_gradient_norm_rides_with_the_next_check(tmp_path):
-    g = make_guard(tmp_path)
-    g.grad_norm(torch.tensor(float("inf")))
-    assert not g.check(torch.tensor(1.0), torch.tensor(0.0), 5)
-    assert g.rollback_due and g.pending_norm is None
+def test_a_non_finite_gradient_norm_skips_the_optimizer_step_counted_and_logged(tmp_path):
+    lines, tb = [], []
+    g = make_guard(tmp_path, lines=lines, scalars=tb)
+    assert g.grads_finite(torch.tensor(2.0), None, 4) and not g.step_skipped
+    assert not g.grads_finite(torch.tensor(float("nan")), None, 4)  # before step 5: skipped
+    assert g.step_skipped and g.skipped_steps == 1 and not g.rollback_due
+    assert lines[-1] == (
+        "optimizer step 5 skipped on all ranks: non-finite gradient norm on rank 0; its gradients dropped, "
+        "parameters unchanged (1 in a row, 1 in this process)"
+    )
+    assert tb == [("train/skipped_steps", 1, 5)]
+    assert g.check(torch.tensor(1.0), torch.tensor(0.0), 4) and not g.step_skipped  # the next micro-batch
+    assert not g.grads_finite(torch.tensor(float("inf")), None, 4)
+    assert g.grads_finite(torch.tensor(0.5), None, 4)  # a good step ends the run of skipped ones
+    assert g.skipped_in_a_row == 0 and g.skipped_steps == 2 and tb[-1] == ("train/skipped_steps", 2, 5)
 
 
-def test_weights_finite_reads_the_pending_norm(tmp_path):
+def test_skipped_steps_in_a_row_roll_back_and_the_rollback_resets_them(tmp_path):
+    g = make_guard(tmp_path)  # max_consecutive_bad_steps 3
+    for _ in (1, 2):
+        assert not g.grads_finite(torch.tensor(float("nan")), None, 7) and not g.rollback_due
+        assert g.check(torch.tensor(1.0), torch.tensor(0.0), 7)  # good losses do not end the run of bad steps
+    assert not g.grads_finite(torch.tensor(float("nan")), None, 7)
+    assert g.rollback_due
+    assert g.why == "3 optimizer steps in a row skipped (the last: non-finite gradient norm on rank 0)"
+    g.reset(rollback_event(7, 4))
+    assert not g.rollback_due and g.skipped_in_a_row == 0 and not g.step_skipped and g.skipped_steps == 3
+
+
+def test_fp16_scaler_or_no_norm_leaves_the_step_to_others(tmp_path):
+    """fp16's GradScaler skips a non-finite step itself (and lowers its scale); DeepSpeed passes no norm."""
     g = make_guard(tmp_path)
-    assert g.weights_finite()  # none pending (DeepSpeed, or no step yet)
-    g.grad_norm(torch.tensor(2.0))
-    assert g.weights_finite()
-    g.grad_norm(torch.tensor(float("nan")))
-    assert not g.weights_finite() and g.rollback_due
+    assert g.grads_finite(torch.tensor(float("nan")), object(), 3)
+    assert g.grads_finite(None, None, 3)
+    assert g.skipped_steps == 0
 
 
 def test_injection_spec(monkeypatch):
@@ -205,7 +221,7 @@ def test_no_events_file_means_nothing_to_apply(tmp_path):
 def test_reset_after_a_rollback(tmp_path):
     g = make_guard(tmp_path)
     for _ in range(3):
-        g.judge([math.nan, 0.0, 0.0], 5)
+        g.judge([math.nan, 0.0], 5)
     event = rollback_event(5, 4)
     g.reset(event)
     assert not g.rollback_due and g.bad_in_a_row == 0 and g.active is event and g.history == [event]
@@ -297,8 +313,10 @@ def test_a_second_rollback_within_the_window_stops_the_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ranks_roll_back_together_for_a_nan_on_rank_1_and_a_nan_gradient_on_rank_0(tmp_path):
-    env = env_with(tmp_path, **{INJECT: "nan@7-9:1,gradnan@12:0"})
+def test_two_ranks_roll_back_together_for_a_nan_on_rank_1_and_nan_gradients_on_rank_0(tmp_path):
+    """Rank 1's NaN losses roll back (micro-batches skipped in a row); then rank 0's NaN gradients skip three
+    optimizer steps in a row on both ranks, which rolls back too."""
+    env = env_with(tmp_path, **{INJECT: "nan@7-9:1,gradnan@12-14:0"})
     proc, run = launch(
         tmp_path, 2, *RUN, "--set", "max_train_steps=8", "--set", "rollback_window=1", env=env, run_name="r3"
     )
@@ -306,12 +324,62 @@ def test_two_ranks_roll_back_together_for_a_nan_on_rank_1_and_a_nan_gradient_on_
     out = proc.stdout
     assert out.count("step 6: non-finite loss on rank 1; micro-batch skipped on all ranks") == 3
     for rank in (0, 1):  # every rank says it: both took the same decision, to the same step
+        for k in (1, 2, 3):
+            assert (
+                f"[rank {rank}] optimizer step 7 skipped on all ranks: non-finite gradient norm on rank 0; its "
+                f"gradients dropped, parameters unchanged ({k} in a row, {k} in this process)" in out
+            )
         assert f"[rank {rank}] rollback 1 at step 6: 3 bad micro-batches in a row" in out
-        assert f"[rank {rank}] rollback 2 at step 7: non-finite gradient norm on rank 0" in out
+        assert (
+            f"[rank {rank}] rollback 2 at step 6: 3 optimizer steps in a row skipped (the last: non-finite gradient "
+            f"norm on rank 0)" in out
+        )
         assert out.count(f"[rank {rank}] rollback") == 2
     assert out.count("now at step 4 (checkpoint-4)") == 4
     events = read_events(run)
-    assert [(e["step"], e["to_step"], e["data_seed"]) for e in events] == [(6, 4, 42 + 7919), (7, 4, 42 + 2 * 7919)]
+    assert [(e["step"], e["to_step"], e["data_seed"]) for e in events] == [(6, 4, 42 + 7919), (6, 4, 42 + 2 * 7919)]
     assert trainer_state(run / "checkpoint-8")["step"] == 8
     losses = [v for s, v in tb_last_file(run, "train/loss")]
-    assert losses and all(math.isfinite(v) for v in losses)  # the NaN weights of rank 0 were replaced
+    assert losses and all(math.isfinite(v) for v in losses)
+
+
+def checkpoint_tensors(ckpt) -> dict[str, torch.Tensor]:
+    """The portable checkpoint's weights and AdamW moments, and AdamW's step count (optimizer.safetensors' metadata)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(ckpt / "optimizer.safetensors"), "pt") as f:
+        step = torch.tensor(int(f.metadata()["step"]))
+    files = ("model.safetensors", "optimizer.safetensors")
+    return {"adamw step": step, **{f"{f}:{k}": v for f in files for k, v in load_file(ckpt / f).items()}}
+
+
+@pytest.mark.slow
+def test_a_nan_gradient_on_one_rank_skips_the_step_on_both_leaving_parameters_and_adamw_unchanged(tmp_path):
+    """Run A: micro-batch 2's gradient is NaN on rank 1 only, after DDP's reduction: the flag's all-reduce
+    skips optimizer step 2 on both ranks. Run B: micro-batch 2 is dropped before backward (a NaN loss on
+    every rank), which changes nothing by construction. Both then make step 2 from micro-batch 3, so
+    their checkpoints are equal bit for bit (weights, AdamW moments and step count) only if the skipped
+    step left every rank's parameters and optimizer as they were. Seraena off: its discriminator trains
+    on micro-batch 2 in run A only."""
+    common = [*RUN, "--set", "max_train_steps=2", "--set", "checkpointing_steps=1", "--set", "use_seraena=False"]
+    proc_a, run_a = launch(tmp_path, 2, *common, env=env_with(tmp_path, **{INJECT: "gradnan@2:1"}), run_name="a")
+    ok(proc_a)
+    for rank in (0, 1):
+        assert (
+            f"[rank {rank}] optimizer step 2 skipped on all ranks: non-finite gradient norm on rank 1; its gradients "
+            f"dropped, parameters unchanged (1 in a row, 1 in this process)" in proc_a.stdout
+        )
+    assert "rollback" not in proc_a.stdout
+    assert scalars(run_a)["train/skipped_steps"] == [(2, 1.0)]
+    proc_b, run_b = launch(tmp_path, 2, *common, env=env_with(tmp_path, **{INJECT: "nan@2"}), run_name="b")
+    ok(proc_b)
+    assert "step 1: non-finite loss on rank 0, 1; micro-batch skipped on all ranks (1 in a row)" in proc_b.stdout
+    for step in (1, 2):
+        a, b = checkpoint_tensors(run_a / f"checkpoint-{step}"), checkpoint_tensors(run_b / f"checkpoint-{step}")
+        assert a.keys() == b.keys()
+        differ = [k for k in a if not torch.equal(a[k], b[k])]
+        assert not differ, (step, differ[:5])
+    assert (
+        trainer_state(run_a / "checkpoint-2")["samples_seen"] == trainer_state(run_b / "checkpoint-2")["samples_seen"]
+    )

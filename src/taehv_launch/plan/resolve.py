@@ -19,6 +19,7 @@ from .memory import MemoryPlan, max_clip_pixels, plan_memory, step_floor_gib
 from .profiles import PROFILES, STRATEGY_SPEED, STRATEGY_TABLE, Profile, Row, get_profile, nccl_timeout_for, row_for
 from .schema import DEFAULTS, global_batch
 from .topology import Topology
+from .trainable import check_trains_something
 
 
 def taehv_strides(c: dict[str, Any]) -> tuple[int, int]:
@@ -156,6 +157,8 @@ def resolve(
             "dataloader_num_workers": 0,
         }
     check_config(config, profile, topology, given=given)
+    if options.task == "train":  # a cache job trains nothing: its loss weights do not matter
+        check_trains_something(config)
     return Plan(
         gpus=gpus,
         profile=profile,

@@ -68,7 +68,7 @@ KEYS: dict[str, Key] = {
         True,
         bool,
         "distil from a reference VAE (False: the decoder trains on TAEHV's own encodings, with "
-        "encoder_loss_weight=0; one process only for now: on 2 or more, DDP stops on unused parameters)",
+        "encoder_loss_weight=0; the encoder, which then has no target, is frozen)",
     ),
     "ref_vae_type": Key(
         "cogvideox",
@@ -127,9 +127,22 @@ KEYS: dict[str, Key] = {
         ("base", "super"),
     ),
     # --- losses -----------------------------------------------------------------------
-    "reconstruction_loss_weight": Key(1.0, float, "MSE(decoded reference latents, frames)"),
-    "encoder_loss_weight": Key(1.0, float, "MSE(encoder(frames), reference latents)"),
-    "seraena_loss_weight": Key(0.3, float, "MSE(decoded, Seraena-corrected target)"),
+    "reconstruction_loss_weight": Key(
+        1.0, float, "weight of reconstruction_loss(decoded reference latents, frames) (0 = off)"
+    ),
+    "reconstruction_loss": Key(
+        "mse", str, "the reconstruction loss: mse (mean squared error) or l1 (mean absolute error)", ("mse", "l1")
+    ),
+    "encoder_loss_weight": Key(
+        1.0, float, "weight of MSE(encoder(frames), reference latents) (0 = the encoder is frozen)"
+    ),
+    "seraena_loss_weight": Key(0.3, float, "weight of MSE(decoded, Seraena-corrected target) (0 = off)"),
+    "freeze_encoder": Key(
+        False,
+        bool,
+        "train the decoder only: the encoder keeps its starting weights (pretrained_model_path, or the seeded "
+        "init) bit for bit; it is left out of the optimizer and of DDP, and not run when use_ref_vae",
+    ),
     "use_seraena": Key(True, bool, "adversarial corrections for the decoder"),
     "n_seraena_frames": Key(3, int, "frames grouped into one discriminator image"),
     "seraena_lr": Key(3e-4, float, "discriminator AdamW learning rate"),

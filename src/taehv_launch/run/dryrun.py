@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import EXIT_USAGE, LaunchError, UserError, one_line
 from ..plan.resolve import Plan
 from ..plan.schedulers import SOURCE_ASSUMED
+from ..plan.trainable import trained_parts
 from .render import Rendered, render
 from .request import Request, build_plan, prediction
 from .runs import check_latest_link
@@ -115,6 +116,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "command": rendered.argv,
         "memory": asdict(plan.memory),
         "latent_space": plan.latent_space,
+        "trained": trained_parts(plan.config).as_dict() if plan.options.task == "train" else None,
         "predicted": asdict(p) if (p := prediction(plan)) else None,
         "resume": plan.options.resume,
         "files": rendered.files,  # exactly what the launch writes into run_dir
@@ -187,6 +189,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
                 f"  optimizer AdamW lr {c['learning_rate']:g}, warmup {c['lr_warmup_steps']}, {c['lr_scheduler']} to "
                 f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
                 *([f"  strategy  {plan.strategy}"] if plan.strategy else []),
+                f"  trains    {trained_parts(c).line()}",
             ]
             if not cache
             else [

@@ -5,7 +5,8 @@ stage, so its own checkpoint only loads on the layout that wrote it. Every check
 therefore also holds, per parameter name:
 
 - model.safetensors      full fp32 weights (the master copy under DeepSpeed) and buffers
-- optimizer.safetensors  `exp_avg/<name>`, `exp_avg_sq/<name>`; metadata: the AdamW step
+- optimizer.safetensors  `exp_avg/<name>`, `exp_avg_sq/<name>` of the trained parameters (a frozen part,
+                         plan/trainable.py, has none); metadata: the AdamW step
 
 For the 11.28M-parameter TAEHV that is 45 + 90 MB per checkpoint (measured; the base decoder: with
 decoder_arch=super TAEHV has 20.44M parameters at 16 latent channels against 11.32M, count_params).
@@ -23,7 +24,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ...errors import CheckpointError
-from ...rundir.checkpoint import MODEL_FILE, MOMENTS, OPTIMIZER_FILE, PORTABLE_FORMAT as FORMAT, CheckpointMismatch
+from ...rundir.checkpoint import (
+    EMA_FILE,
+    MODEL_FILE,
+    MOMENTS,
+    OPTIMIZER_FILE,
+    PORTABLE_FORMAT as FORMAT,
+    CheckpointMismatch,
+)
 from ...compat import init_zero_optimizer_state
 from ..model.ema import gathered
 
@@ -40,7 +48,7 @@ def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:
         if not main:
             return None
         weights = {n: cpu32(p) for n, p in net.named_parameters()}
-        names, step = list(weights), 0
+        names, step = [n for n, p in net.named_parameters() if p.requires_grad], 0  # the optimizer's (trainable)
         for idx, st in optimizer.state_dict()["state"].items():
             step = int(st["step"])
             moments |= {f"{key}/{names[idx]}": cpu32(st[key]) for key in MOMENTS}
@@ -51,6 +59,10 @@ def gather(accelerator, model, optimizer) -> tuple[dict, dict, int] | None:
         has_state = len(base.state) > 0  # AdamW creates its state at the first step
         step = int(next(iter(base.state.values()))["step"]) if has_state else 0
         for name, p in net.named_parameters():
+            if not p.requires_grad:  # frozen (plan/trainable.py): no fp32 master, no moments; gathered under ZeRO-3
+                with gathered([p], 3 if hasattr(p, "ds_id") else 0):
+                    weights[name] = cpu32(p)
+                continue
             weights[name] = cpu32(safe_get_full_fp32_param(p))
             for key in MOMENTS if has_state else ():
                 moments[f"{key}/{name}"] = cpu32(safe_get_full_optimizer_state(p, key))
@@ -94,19 +106,27 @@ def load(folder: Path, accelerator, model, optimizer, zero_stage: int) -> None:
                 f"{name} has shape {tuple(weights[name].shape)} in the checkpoint, {tuple(shape)} in this model"
             )
     device = accelerator.device
+    trained = {n: p for n, p in params.items() if p.requires_grad}  # frozen parts: weights only (plan/trainable.py)
+    lacking = [n for n in trained if f"{MOMENTS[0]}/{n}" not in moments]
+    if moments and lacking:
+        raise CheckpointMismatch(
+            f"it holds no optimizer state for {len(lacking)} of this run's trained parameters (e.g. {lacking[0]}), "
+            f"frozen when it was written (freeze_encoder, use_ref_vae=False or a loss weight of 0); to train them, "
+            f"start a new run from its weights: --set pretrained_model_path={folder / EMA_FILE}"
+        )
     if accelerator.state.deepspeed_plugin is None:
         if moments:
             osd = optimizer.state_dict()
             osd["state"] = {
                 i: {"step": torch.tensor(float(step)), **{key: moments[f"{key}/{n}"] for key in MOMENTS}}
-                for i, n in enumerate(params)
+                for i, n in enumerate(trained)
             }
             optimizer.load_state_dict(osd)
     else:
         zero_opt = model.optimizer  # DeepSpeed's ZeRO optimizer (the engine's)
         if moments:
             _materialise_adam_state(zero_opt, step)
-        for name, p in params.items():
+        for name, p in trained.items():
             _set_master(p, weights[name].to(device), None)
             for key in MOMENTS if moments else ():
                 _set_master(p, moments[f"{key}/{name}"].to(device), key)

@@ -1,23 +1,28 @@
 """Divergence: skip a bad micro-batch, roll back to the last complete checkpoint, stop if it comes back.
 
 What is checked, in the one host sync per micro-batch there was already (before backward):
-- each rank's reconstruction and encoder losses, and the gradient norm of the previous optimizer step,
-  go into one small all-reduce: a SUM of a vector in which each rank fills only its own three slots, so
-  every rank reads every rank's values bit for bit and takes the same decision from them;
+- each rank's reconstruction and encoder losses go into one small all-reduce: a SUM of a vector in which
+  each rank fills only its own two slots, so every rank reads every rank's values bit for bit and takes
+  the same decision from them;
 - bad: a loss that is not finite on some rank, or a rank's loss (reconstruction_loss_weight x rec +
   encoder_loss_weight x enc, before Seraena) above loss_spike_factor x the running median of the last
   loss_spike_window good micro-batches' losses (their mean over the ranks). The spike check starts once
   that window is full (and never with loss_spike_factor 0). A bad micro-batch is skipped on every rank,
   before backward and before Seraena's step: nothing changes;
-- non-finite gradients: under DDP, clip_grad_norm_ computes the total norm on the device already; it
-  rides in the next micro-batch's vector (no extra sync). The optimizer has applied that step by then,
-  so the weights are no longer finite and there is nothing to skip: the trainer rolls back at once.
-  A checkpoint is never written after such a step (`weights_finite`, one small all-reduce when a
-  checkpoint is due). Under DeepSpeed the engine clips itself and its norm is not read (that would be a
-  sync per step): non-finite gradients show as non-finite losses from the next micro-batch on, and take
-  the tolerance below. Under fp16's GradScaler the norm is not checked either: the scaler skips such a
-  step itself. With gradient accumulation under DeepSpeed, the good micro-batches of a step interrupted
-  by a rollback stay in DeepSpeed's gradient buffers (under DDP they are cleared).
+- non-finite gradients, before the optimizer step (`grads_finite`): under DDP, clip_grad_norm_ computes
+  the total norm on the device already; each rank's "not finite" flag goes into one all-reduce per
+  optimizer step (not per micro-batch; one host sync), so every rank takes the same decision, as
+  torchtitan does. A non-finite norm on any rank skips the optimizer step on every rank: its gradients
+  are dropped, the parameters and AdamW's state stay as they were, the step is not counted (the next
+  micro-batches make it again), and it is logged on every rank and counted in the TensorBoard scalar
+  train/skipped_steps. max_consecutive_bad_steps skipped steps in a row roll back as below. Under fp16's
+  GradScaler the norm is not checked: the scaler skips such a step itself and lowers its scale. Under
+  DeepSpeed the engine clips inside its own step and its norm is not read here (a sync per step); its
+  ZeRO-1/2/3 optimizers skip a step whose global gradient norm is not finite themselves, on every rank
+  (deepspeed 0.19's step(), read, not tested here), uncounted by us; whatever non-finite values reach the
+  weights show as non-finite losses from the next micro-batch on, which take the tolerance and the
+  rollback below. With gradient accumulation under DeepSpeed, the good micro-batches of a step
+  interrupted by a rollback stay in DeepSpeed's gradient buffers (under DDP they are cleared).
 - max_consecutive_bad_steps bad micro-batches in a row: `roll_back` loads the newest complete checkpoint
   at or before this step in-process (every rank the same one: rank 0 verifies its checksums and
   broadcasts it), reseeds the data order, multiplies the learning rate by rollback_lr_factor for
@@ -33,7 +38,8 @@ field) is left out with one note line, never a crash. The running median starts 
 Test only: TAEHV_LAUNCH_TEST_INJECT="nan@12,spike@30-32:1,gradnan@20:0" makes the check see a NaN
 (`nan`) or a x1000 reconstruction loss (`spike`) at those micro-batches (this process's count, from 1,
 skipped ones included) on that global rank (all ranks without `:rank`); `gradnan` fills a gradient with
-NaN before the clip of that micro-batch's optimizer step (DDP). Unset, nothing is parsed or called.
+NaN after DDP's reduction, before the clip of that micro-batch's optimizer step, on that rank only (DDP).
+Unset, nothing is parsed or called.
 """
 
 from __future__ import annotations
@@ -130,14 +136,16 @@ class Injection:
 class Guard:
     """The micro-batch check and the rollback policy of one rank (see the module's docstring)."""
 
-    def __init__(self, cfg, rank: int, world: int, device: torch.device, log, run_dir: Path, step: int, clock=None):
-        self.cfg, self.rank, self.world, self.log, self.clock = cfg, rank, world, log, clock
+    def __init__(
+        self, cfg, rank: int, world: int, device: torch.device, log, run_dir: Path, step: int, clock=None, scalar=None
+    ):
+        """log(msg, all_ranks=False) as the trainer's; scalar(name, value, step) writes a TensorBoard scalar."""
+        self.cfg, self.rank, self.world, self.log, self.clock, self.scalar = cfg, rank, world, log, clock, scalar
         self.factor, self.tolerance = cfg.loss_spike_factor, cfg.max_consecutive_bad_steps
         self.median = RunningMedian(cfg.loss_spike_window)
         self.bad_in_a_row, self.micro = 0, 0
         self.rollback_due, self.why = False, ""
-        self.pending_norm: torch.Tensor | None = None
-        self.zero = torch.zeros((), device=device)
+        self.skipped_steps, self.skipped_in_a_row, self.step_skipped = 0, 0, False  # optimizer steps (grads_finite)
         self.inject = Injection.from_env(rank)
         self.history, self.left_out, note = rollbacks(run_dir)  # records a resume cannot use: left out
         if note:
@@ -149,35 +157,32 @@ class Guard:
     def check(self, rec: torch.Tensor, enc: torch.Tensor, step: int) -> bool:
         """The micro-batch's one host sync: True to go on, False to skip it (then see rollback_due)."""
         self.micro += 1
+        self.step_skipped = False
         if self.inject is not None:
             rec = self.inject.loss(self.micro, rec)
-        norm, self.pending_norm = self.pending_norm, None
-        mine = torch.stack(
-            [rec.detach().float().reshape(()), enc.detach().float().reshape(()), self.zero if norm is None else norm]
-        )
-        if self.world > 1:
-            v = mine.new_zeros(3 * self.world)
-            v[3 * self.rank : 3 * self.rank + 3] = mine
-            with PROGRESS.phase("collective"):
-                if self.clock is not None:
-                    self.clock.wait_begin()
-                PROGRESS.count_collective()
-                dist.all_reduce(v)
-                if self.clock is not None:
-                    self.clock.wait_end()
-                mine = v
-        return self.judge(mine.tolist(), step)
+        mine = torch.stack([rec.detach().float().reshape(()), enc.detach().float().reshape(())])
+        return self.judge(self._every_rank(mine).tolist(), step)
+
+    def _every_rank(self, mine: torch.Tensor) -> torch.Tensor:
+        """Every rank's values of `mine` side by side: one all-reduce (SUM) where each rank fills its own slots."""
+        if self.world == 1:
+            return mine
+        n = mine.numel()
+        v = mine.new_zeros(n * self.world)
+        v[n * self.rank : n * self.rank + n] = mine
+        with PROGRESS.phase("collective"):
+            if self.clock is not None:
+                self.clock.wait_begin()
+            PROGRESS.count_collective()
+            dist.all_reduce(v)
+            if self.clock is not None:
+                self.clock.wait_end()
+        return v
 
     def judge(self, vals: list[float], step: int) -> bool:
-        """The decision from every rank's (rec, enc, previous gradient norm): identical on every rank."""
-        ranks = range(len(vals) // 3)
-        rec, enc, norms = vals[0::3], vals[1::3], vals[2::3]
-        if not all(math.isfinite(g) for g in norms):
-            bad = [r for r in ranks if not math.isfinite(norms[r])]
-            self.rollback_due = True
-            self.why = f"non-finite gradient norm on rank {_ranks(bad)} (the weights are no longer finite)"
-            self.log(f"step {step}: {self.why}; micro-batch skipped on all ranks")
-            return False
+        """The decision from every rank's (rec, enc): identical on every rank."""
+        ranks = range(len(vals) // 2)
+        rec, enc = vals[0::2], vals[1::2]
         losses = [self.cfg.reconstruction_loss_weight * rec[r] + self.cfg.encoder_loss_weight * enc[r] for r in ranks]
         what = ""
         nonfinite = [r for r in ranks if not (math.isfinite(rec[r]) and math.isfinite(enc[r]))]
@@ -206,26 +211,31 @@ class Guard:
         """The parameters to clip (the test hook may fill a gradient with NaN first)."""
         return params if self.inject is None else self.inject.grads(self.micro, params)
 
-    def grad_norm(self, norm, scaler=None) -> None:
-        """clip_grad_norm_'s result (a device tensor): checked with the next micro-batch. Not with fp16's
-        GradScaler, which skips a step with non-finite gradients itself (and lowers its scale)."""
-        if isinstance(norm, torch.Tensor) and scaler is None:
-            self.pending_norm = norm.detach().float().reshape(())
-
-    def weights_finite(self) -> bool:
-        """Before a checkpoint: was the last optimizer step's gradient norm finite on every rank? One small
-        all-reduce when a norm is pending (DDP), none otherwise."""
-        if self.pending_norm is None:
+    def grads_finite(self, norm, scaler, step: int) -> bool:
+        """Before optimizer step `step` + 1: is clip_grad_norm_'s norm (a device tensor) finite on every rank?
+        One all-reduce and one host sync per optimizer step. False: skip the step on every rank (module
+        docstring). Always True with fp16's GradScaler, which skips such a step itself."""
+        if not isinstance(norm, torch.Tensor) or scaler is not None:
             return True
-        bad = (~torch.isfinite(self.pending_norm)).float().reshape(1)
-        if self.world > 1:
-            with PROGRESS.phase("collective"):
-                PROGRESS.count_collective()
-                dist.all_reduce(bad)
-        if bad.item() == 0:
+        flags = self._every_rank((~torch.isfinite(norm.detach().float())).float().reshape(1)).tolist()
+        bad = [r for r, f in enumerate(flags) if f]
+        if not bad:
+            self.skipped_in_a_row = 0
             return True
-        self.pending_norm, self.rollback_due = None, True
-        self.why = "non-finite gradient norm (the weights are no longer finite)"
+        self.skipped_steps += 1
+        self.skipped_in_a_row += 1
+        self.step_skipped = True
+        what = f"non-finite gradient norm on rank {_ranks(bad)}"
+        self.log(
+            f"optimizer step {step + 1} skipped on all ranks: {what}; its gradients dropped, parameters unchanged "
+            f"({self.skipped_in_a_row} in a row, {self.skipped_steps} in this process)",
+            all_ranks=True,
+        )
+        if self.scalar is not None:
+            self.scalar("train/skipped_steps", self.skipped_steps, step + 1)
+        if self.skipped_in_a_row >= self.tolerance:
+            self.rollback_due = True
+            self.why = f"{self.skipped_in_a_row} optimizer steps in a row skipped (the last: {what})"
         return False
 
     # ------------------------------------------------------------------ policy
@@ -245,7 +255,7 @@ class Guard:
     def reset(self, event: dict[str, Any]) -> None:
         self.history.append(event)
         self.active = event
-        self.bad_in_a_row, self.rollback_due, self.pending_norm = 0, False, None
+        self.bad_in_a_row, self.rollback_due, self.skipped_in_a_row, self.step_skipped = 0, False, 0, False
 
 
 def _ranks(ranks: list[int]) -> str:

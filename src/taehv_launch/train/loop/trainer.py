@@ -4,7 +4,8 @@ One optimizer step = gradient_accumulation_steps micro-batches on every rank. Th
 rate is a pure function of the optimizer step (warmup + cosine, lowered for a while after a
 rollback: guard.py), set on the optimizer before each step, so it advances once per optimizer
 step whatever the world size, and resumes exactly. Bad micro-batches (non-finite, loss spikes)
-are skipped and, past max_consecutive_bad_steps, rolled back in-process (guard.py); the ranks'
+and optimizer steps whose gradients are not finite on some rank are skipped on every rank and,
+past max_consecutive_bad_steps, rolled back in-process (guard.py); the ranks'
 step times are compared at each log line (stragglers.py). PROGRESS (durability/progress.py)
 carries this rank's step and phase for the hang detector: attribute writes, no I/O.
 """
@@ -25,6 +26,7 @@ from ...compat import uncount_micro_batch
 from ...errors import EXIT_OK, EXIT_RESUMABLE, one_line
 from ...plan.families import get_family
 from ...plan.schema import Config, config_dict, global_batch
+from ...plan.trainable import check_trains_something
 from ...rundir.layout import REQUEUE
 from . import build
 from ...rundir.checkpoint import rotate
@@ -32,7 +34,7 @@ from ..durability.checkpoint import TrainState, export_meta, export_model, load_
 from ..durability.progress import PROGRESS
 from ..model.ema import EMA
 from .evaluate import evaluate
-from ..model.losses import DistillNet, decoder_targets, psnr_t
+from ..model.losses import DistillNet, decoder_targets, psnr_t, reconstruction_loss
 from ..model.seraena import seraena_crop
 from ..reference.latentscale import for_run
 from .guard import Guard, roll_back
@@ -63,19 +65,20 @@ class Trainer:
         from ..model.taehv import build_taehv, count_params
 
         taehv = build_taehv(cfg)
+        trained = check_trains_something(cfg)  # a part without a gradient is frozen: plan/trainable.py
+        net = DistillNet(taehv, get_family(cfg.ref_vae_type), trained)
         self.log(
             f"model: TAEHV {count_params(taehv) / 1e6:.2f}M parameters, latent_channels {cfg.latent_channels}, "
-            f"frames_to_trim {taehv.frames_to_trim}; processes {self.world}, "
-            f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, "
-            f"device {self.device}"
+            f"frames_to_trim {taehv.frames_to_trim}; trains {count_params(taehv, trainable_only=True) / 1e6:.2f}M "
+            f"parameters: {trained.line()}; processes {self.world}, "
+            f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, device {self.device}"
         )
-        net = DistillNet(taehv, get_family(cfg.ref_vae_type))
         self.ema = EMA(taehv, cfg.ema_decay, zero_stage=0)  # before partitioning: a full copy
         self.ema.model.to(self.device)
         self._compile(taehv)
         fused = self.device.type == "cuda" and cfg.fused_optimizer
         optimizer = torch.optim.AdamW(
-            net.parameters(),
+            [p for p in net.parameters() if p.requires_grad],  # frozen parts: out of the optimizer and DDP
             lr=lr_at(0, cfg),
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             weight_decay=cfg.adam_weight_decay,
@@ -92,7 +95,9 @@ class Trainer:
             self.state.config = config_dict(cfg)
             self.log(f"resumed from {resume} at step {self.state.step}")
         self.clock = StepClock(self.device, self.world > 1, self.rank)
-        self.guard = Guard(cfg, self.rank, self.world, self.device, self.log, run_dir, self.state.step, self.clock)
+        self.guard = Guard(
+            cfg, self.rank, self.world, self.device, self.log, run_dir, self.state.step, self.clock, self.scalar
+        )
         self.train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
         self.decoder = build.use_decoder(cfg, self.device, self.train_ds, self.log)
         self.open_data(self.guard.data_seed(cfg.seed), self.state.samples_seen)
@@ -172,7 +177,7 @@ class Trainer:
                     latents = enc.detach().float()
                 dec = dec.float()
                 target = decoder_targets(frames, dec)
-                rec_loss = F.mse_loss(dec, target)
+                rec_loss = reconstruction_loss(dec, target, cfg.reconstruction_loss)
                 enc_loss = F.mse_loss(enc.float(), latents) if (enc is not None and distilling) else dec.new_zeros(())
                 if not self.guard.check(rec_loss, enc_loss, self.state.step):  # the one host sync and all-reduce
                     uncount_micro_batch(self.acc)  # this micro-batch does not count towards accumulation
@@ -192,7 +197,9 @@ class Trainer:
                 self.acc.backward(loss)
                 if self.acc.sync_gradients and self.acc.state.deepspeed_plugin is None:
                     norm = self.acc.clip_grad_norm_(self.guard.clipped(self.model.parameters()), cfg.max_grad_norm)
-                    self.guard.grad_norm(norm, self.acc.scaler)  # checked with the next micro-batch: no sync
+                    if not self.guard.grads_finite(norm, self.acc.scaler, self.state.step):  # one all-reduce a step
+                        self.optimizer.zero_grad(set_to_none=True)  # skipped on every rank: parameters unchanged
+                        return None
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
         return {
@@ -263,6 +270,7 @@ class Trainer:
                         if self.guard.rollback_due:
                             self.rollback()
                             break
+                        done_micro = 0 if self.guard.step_skipped else done_micro  # the step is made again
                         continue
                     done_micro += 1
                     self.samples_window += micro * self.world
@@ -369,9 +377,6 @@ class Trainer:
         return val_psnr
 
     def checkpoint(self) -> None:
-        if not self.guard.weights_finite():  # never save weights a non-finite gradient reached: roll back
-            self.rollback()
-            return
         st = self.state
         st.skipped_files = sorted(self.skipped_seen)[:1000]
         include = self.seraena is not None and self.seraena.buffer_nbytes <= self.cfg.seraena_checkpoint_buffer_mb << 20

@@ -42,7 +42,8 @@ class EMA:
         live = list(model.parameters())
         with gathered(live, self.zero_stage):
             for ema_p, p in zip(self.model.parameters(), live):
-                ema_p.lerp_(p.detach().float(), 1.0 - d)
+                if p.requires_grad:  # a frozen part (plan/trainable.py) keeps its exact fp32 start
+                    ema_p.lerp_(p.detach().float(), 1.0 - d)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}

@@ -14,15 +14,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...plan.families import Family
+from ...plan.trainable import Trained
 
 
 class DistillNet(nn.Module):
     """TAEHV behind one forward(), so DDP and DeepSpeed see every parameter used in one call."""
 
-    def __init__(self, taehv: nn.Module, family: Family):
+    def __init__(self, taehv: nn.Module, family: Family, trained: Trained | None = None):
+        """trained (plan/trainable.py): the parts that get no gradient in this config are frozen here, before
+        DDP or DeepSpeed wrap the model (DDP stops on a parameter without a gradient); None trains both."""
         super().__init__()
         self.taehv = taehv
         self.family = family
+        self.encode = True  # a frozen encoder runs only where there are no reference latents to decode
+        if trained is not None:
+            taehv.encoder.requires_grad_(not trained.encoder)
+            taehv.decoder.requires_grad_(not trained.decoder)
+            self.encode = not trained.encoder
 
     def trims(self, n_latents: int) -> bool:
         return self.family.trims(n_latents)
@@ -31,15 +39,20 @@ class DistillNet(nn.Module):
         """frames NTCHW RGB in [0, 1]; latents NTCHW reference latents (raw), or None to decode
         TAEHV's own (detached) encodings.
 
-        Returns (encoded latents, decoded frames NTCHW, unclamped: the loss sees gradients
-        outside [0, 1]).
+        Returns (encoded latents, or None where a frozen encoder is not run; decoded frames NTCHW,
+        unclamped: the loss sees gradients outside [0, 1]).
         """
         dtype = self.taehv.encoder[0].weight.dtype  # bf16 when DeepSpeed holds the weights in bf16
-        enc = self.taehv.encode_video(frames.to(dtype))
+        enc = self.taehv.encode_video(frames.to(dtype)) if self.encode or latents is None else None
         if latents is None:  # use_ref_vae=False: decode our own encodings
             latents = enc.detach()
         dec = self.taehv.decode_video(latents.to(dtype), trim=self.trims(latents.shape[1]), clamp=False)
         return enc, dec
+
+
+def reconstruction_loss(decoded: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
+    """The reconstruction_loss key: "mse" (mean squared error) or "l1" (mean absolute error)."""
+    return F.l1_loss(decoded, target) if kind == "l1" else F.mse_loss(decoded, target)
 
 
 def decoder_targets(frames: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
