@@ -32,7 +32,7 @@ from conftest import REPO, clean_env, run_cli, run_cli_here
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "zh").glob("*.md"))]
 GPU_PROFILES = {"h100", "h200", "a800"}
-SUBCOMMANDS = {"run", "cache", "validate-env", "render", "bench", "keys"}
+SUBCOMMANDS = {"run", "cache", "validate-env", "render", "bench", "keys", "eval"}
 SHELL_STOP = {">", ">>", "|", "&&", ";", "&", "2>&1", "||"}
 EXIT_MARK = re.compile(r"#\s*exit\s+(\d+)\s*$")
 
@@ -52,7 +52,7 @@ class DocCommand:
             return "render"
         positional = [x for x in (a[1:] if a[0] in SUBCOMMANDS else a) if not x.startswith("-")]
         profile = next((x for x in positional if x in GPU_PROFILES | {"cpu"}), None)
-        if a[0] == "bench":
+        if a[0] in ("bench", "eval"):  # measurements: run on CPU only (slow suite)
             return "cpu" if profile == "cpu" else "skip"
         if profile in GPU_PROFILES:
             return "gpu"
