@@ -43,7 +43,8 @@ class Family:
     latent_norm: str  # a key of NORMS: the latent space of upstream's file (see docs/families.md)
     norm_source: str  # the evidence for latent_norm (docs)
     default_n_frames: int  # n_frames when the user sets none (a valid one: check_n_frames)
-    # Peak GiB of one 12x480x720 clip's encode (bf16, H200; plan/memory.py); None: not measured yet
+    # Peak GiB of one clip's encode at the step's measured size (12x480x720 for the first three families, bf16,
+    # H200; the others at step_frames() on one H100 by scripts/gpu_families.sh); None: not measured yet
     encode_gib: float | None
     demo_config: Callable[[int], dict[str, Any]]  # latent channels -> tiny constructor kwargs, real strides
     # Chunked encode (MiniMax-H3): clip_length frames per chunk (0 = none), token_drop trailing latents
@@ -54,6 +55,10 @@ class Family:
     pixel_space: str = "minus_one_one"  # one of PIXEL_SPACES
     keeps_tiling: bool = False  # the VAE's own spatial tiling stays on (released that way: MiniMax-H3)
     encode_batch_limit: int = 0  # clips per encode call at most (0 = ref_vae_chunk_size decides)
+    # The base decoder's training step at step_frames() (plan/memory.py): gradient_checkpointing -> (fixed GiB,
+    # GiB per clip), fitted to `bench step` peaks at micro 1-8 (scripts/gpu_families.sh); empty: the
+    # step of a patch-1, 4x TAEHV is memory.STEP_FIT's, any other shape is not predicted
+    step_fit: dict[bool, tuple[float, float]] = field(default_factory=dict)
     real_config: dict[str, Any] = field(default_factory=dict)  # over the class defaults: the released shape
     # config.json values that tell this family from another of the same class (Wan 2.1 / 2.2: patch_size)
     config_marks: dict[str, Any] = field(default_factory=dict)
@@ -79,6 +84,11 @@ class Family:
             "encoder_time_downscale": self.encoder_time_downscale,
             "decoder_time_upscale": self.decoder_time_upscale,
         }
+
+    def step_frames(self) -> tuple[int, int, int]:
+        """n_frames, height, width at which step_fit and encode_gib are measured: the h100 profile's clip
+        (480x720; 480x704 where the VAE downsamples 32x) of default_n_frames."""
+        return self.default_n_frames, 480, 704 if self.space_stride > 16 else 720
 
     # --- frames ------------------------------------------------------------------------
 

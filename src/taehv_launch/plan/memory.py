@@ -27,9 +27,19 @@ from .schema import global_batch
 REF_PIXELS = 12 * 480 * 720
 
 # TAEHV + Seraena train step, allocator peak = fixed + per_clip * micro (max fit error 0.005 GiB
-# over micro 1, 2, 4, 8).
+# over micro 1, 2, 4, 8), for TAEHV at patch_size 1, 4x in time (cogvideox, hunyuan, wan). A family of
+# another shape has its own fit in its record (Family.step_fit, measured at Family.step_frames()).
 STEP_FIT = {False: (0.281, 6.312), True: (0.249, 4.452)}  # gradient_checkpointing -> (fixed, per clip)
-STEP_FIT_SHAPE = (1, 4)  # the TAEHV it was measured on: (patch_size, time stride); other shapes are not predicted
+STEP_FIT_SHAPE = (1, 4)  # the TAEHV it was measured on: (patch_size, time stride)
+# decoder_arch=super: the Super decoder's step is the base step times this ratio, the ratio of the two
+# peaks at micro 4 measured on one H100 (12x480x720, patch 1; docs/evidence/super_decoder/: base 25.53 vs
+# super 34.64 GiB without checkpointing, 18.06 vs 19.76 with). It reproduces the six other measured
+# points (micro 1 and 2) within 0.08 GiB (tests/test_memory_families.py); other shapes are assumed alike.
+SUPER_STEP_MEASURED = {  # checkpointing -> {micro: (base peak, super peak)}
+    False: {1: (6.59, 8.96), 2: (12.91, 17.52), 4: (25.53, 34.64)},
+    True: {1: (4.70, 5.20), 2: (9.15, 10.05), 4: (18.06, 19.76)},
+}
+SUPER_STEP_RATIO = {ckpt: points[4][1] / points[4][0] for ckpt, points in SUPER_STEP_MEASURED.items()}
 # Reference encode peak for one clip per encode call: the family record's encode_gib (families.py).
 # Each extra clip in the call adds this share of it: measured for CogVideoX (26.58 GiB at chunk 4 vs
 # 7.32 GiB at chunk 1); the other families are assumed to scale alike.
@@ -56,6 +66,20 @@ class MemoryPlan:
     detail: str
 
 
+def step_fit(cfg: dict, checkpointing: bool) -> tuple[float, float, int] | None:
+    """(fixed GiB, GiB per clip, the pixels n_frames x height x width they were measured at) of TAEHV's base
+    step for this config's TAEHV, or None where that shape was never measured."""
+    family = get_family(cfg["ref_vae_type"])
+    shape = (cfg.get("patch_size", 1), 2 ** sum(cfg.get("encoder_time_downscale", (True, True, False))))
+    own = (family.patch_size, family.time_stride, family.latent_channels)
+    if checkpointing in family.step_fit and (*shape, cfg.get("latent_channels", family.latent_channels)) == own:
+        n, h, w = family.step_frames()
+        return (*family.step_fit[checkpointing], n * h * w)
+    if shape == STEP_FIT_SHAPE:
+        return (*STEP_FIT[checkpointing], REF_PIXELS)
+    return None
+
+
 def predict_gib(
     micro: int,
     n_frames: int,
@@ -65,40 +89,49 @@ def predict_gib(
     ref_vae_type: str,
     ref_chunk: int,
     use_ref_vae: bool = True,
+    decoder_arch: str = "base",
+    cfg: dict | None = None,
 ) -> float:
-    scale = n_frames * height * width / REF_PIXELS
-    fixed, per_clip = STEP_FIT[checkpointing]
-    step = fixed + per_clip * micro * scale
+    """cfg: the TAEHV keys (patch_size, encoder_time_downscale, latent_channels); None: the family's shape."""
+    family = get_family(ref_vae_type)
+    fit = step_fit({**family.defaults(), **(cfg or {}), "ref_vae_type": ref_vae_type}, checkpointing)
+    assert fit is not None, f"{ref_vae_type}: step memory not measured (plan_memory checks unmeasured())"
+    fixed, per_clip, pixels = fit
+    step = (fixed + per_clip * micro * n_frames * height * width / pixels) * (
+        SUPER_STEP_RATIO[checkpointing] if decoder_arch == "super" else 1.0
+    )
     ref = 0.0
     if use_ref_vae:
-        one = get_family(ref_vae_type).encode_gib
+        one = family.encode_gib
         assert one is not None, f"{ref_vae_type}: encode memory not measured (plan_memory checks unmeasured())"
+        n, h, w = family.step_frames()
+        scale = n_frames * height * width / (n * h * w)
         ref = one * (1 + REF_EXTRA_CLIP_SHARE * (min(ref_chunk, micro) - 1)) * scale
     return TRAINER_OVERHEAD_GIB + max(step, ref) + CUDA_CONTEXT_GIB
-
-
-def _measured_shape(cfg: dict) -> bool:
-    """Whether TAEHV has the shape STEP_FIT was measured on: patch_size 1, 4x in time."""
-    return (cfg["patch_size"], 2 ** sum(cfg["encoder_time_downscale"])) == (1, 4)
 
 
 def step_floor_gib(cfg: dict, micro: int) -> float:
     """The least memory a training step on clips of this size can take on any device: the step of the
     model above with gradient checkpointing on, its fixed costs, and no reference encode (a latent cache
     can spare it). The GPU's bf16 activations are a floor for the CPU too, which computes in fp32 or
-    bf16. For a TAEHV of another shape (not measured) only what must exist whatever the model: the
-    micro-batch's decoded uint8 clips. resolve.check_clip_size refuses clips no profile could hold."""
-    if not _measured_shape(cfg):
+    bf16. For a TAEHV whose checkpointed step was not measured only what must exist whatever the model:
+    the micro-batch's decoded uint8 clips. resolve.check_clip_size refuses clips no profile could hold."""
+    if step_fit(cfg, True) is None:
         return micro * cfg["n_frames"] * 3 * cfg["height"] * cfg["width"] / 2**30
-    return predict_gib(micro, cfg["n_frames"], cfg["height"], cfg["width"], True, cfg["ref_vae_type"], 1, False)
+    return predict_gib(
+        micro, cfg["n_frames"], cfg["height"], cfg["width"], True, cfg["ref_vae_type"], 1, False,
+        cfg.get("decoder_arch", "base"), cfg,
+    )  # fmt: skip
 
 
 def max_clip_pixels(cfg: dict, gib: float, micro: int = 1) -> int:
     """The largest n_frames x height x width whose step_floor_gib at `micro` is at most `gib`."""
-    if not _measured_shape(cfg):
+    fit = step_fit(cfg, True)
+    if fit is None:
         return int(gib * 2**30 / (3 * micro))
-    fixed, per_clip = STEP_FIT[True]
-    return max(0, int((gib - TRAINER_OVERHEAD_GIB - CUDA_CONTEXT_GIB - fixed) / (per_clip * micro) * REF_PIXELS))
+    fixed, per_clip, pixels = fit
+    ratio = SUPER_STEP_RATIO[True] if cfg.get("decoder_arch", "base") == "super" else 1.0
+    return max(0, int(((gib - TRAINER_OVERHEAD_GIB - CUDA_CONTEXT_GIB) / ratio - fixed) / (per_clip * micro) * pixels))
 
 
 def decode_gib(cfg: dict) -> float:
@@ -116,12 +149,15 @@ def runs_reference_encode(cfg: dict) -> bool:
 
 def unmeasured(cfg: dict) -> str:
     """What of this plan's memory was never measured ('' when all of it was): a family whose record has no
-    encode_gib (families.py), or a TAEHV of another shape than STEP_FIT's. No figure is guessed for it."""
+    encode_gib, or a TAEHV step neither STEP_FIT nor the family's step_fit covers (families.py). No figure is
+    guessed for it: measuring is one line in the record (scripts/gpu_families.sh, docs/families.md)."""
     family = get_family(cfg["ref_vae_type"])
     parts = [f"the {family.name} reference encode"] if runs_reference_encode(cfg) and family.encode_gib is None else []
-    shape = (cfg["patch_size"], 2 ** sum(cfg["encoder_time_downscale"]))
-    if shape != STEP_FIT_SHAPE:
-        parts.append(f"TAEHV's training step at patch_size {shape[0]}, {shape[1]}x in time")
+    ckpt = bool(cfg.get("gradient_checkpointing", False))
+    if step_fit(cfg, ckpt) is None:
+        shape = (cfg["patch_size"], 2 ** sum(cfg["encoder_time_downscale"]))
+        with_ckpt = " with gradient checkpointing" if ckpt and step_fit(cfg, False) else ""
+        parts.append(f"TAEHV's training step at patch_size {shape[0]}, {shape[1]}x in time{with_ckpt}")
     return " and ".join(parts)
 
 
@@ -150,6 +186,8 @@ def plan_memory(gpu: float | None, cfg: dict, world_size: int) -> MemoryPlan:
             cfg["ref_vae_type"],
             cfg["ref_vae_chunk_size"],
             runs_reference_encode(cfg),
+            cfg.get("decoder_arch", "base"),
+            cfg,
         ) + decode_gib({**cfg, "micro_batch_size": micro})
 
     micro, budget = cfg["micro_batch_size"], gpu * HEADROOM

@@ -1,0 +1,69 @@
+"""The memory model per family and decoder (issue #36): the Super decoder's rule against the points measured
+on one H100 (docs/evidence/super_decoder/), a new family's measured figures as one record change, and the
+plan's memory line for each. Pure: plan/ only, no torch, no subprocess."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from taehv_launch.plan import families, memory
+from taehv_launch.plan.families import FAMILIES
+from test_family_plan import plan_for
+
+
+def test_the_super_rule_reproduces_every_measured_point():
+    """Super peak = base peak x the micro-4 ratio: within 0.08 GiB of the six other measured points."""
+    for ckpt, points in memory.SUPER_STEP_MEASURED.items():
+        for micro, (base, sup) in points.items():
+            assert base * memory.SUPER_STEP_RATIO[ckpt] == pytest.approx(sup, abs=0.08), (ckpt, micro)
+        fixed, per_clip = memory.STEP_FIT[ckpt]  # the base fit agrees with the base points measured that day
+        for micro, (base, _) in points.items():
+            assert fixed + per_clip * micro == pytest.approx(base, abs=0.1), (ckpt, micro)
+
+
+def test_the_super_decoder_is_counted_and_can_stop_a_row_from_fitting():
+    base = plan_for(1, "h100").memory
+    sup = plan_for(1, "h100", decoder_arch="super").memory
+    assert base.fits and base.best_micro == 8
+    step = memory.STEP_FIT[False][0] + memory.STEP_FIT[False][1] * 8
+    assert sup.predicted_gib - base.predicted_gib == pytest.approx(
+        step * (memory.SUPER_STEP_RATIO[False] - 1), abs=0.01
+    )
+    assert sup.fits is False and sup.best_micro is not None and sup.best_micro < 8  # 8 x 8.6 GiB does not fit 72
+    assert "micro_batch_size=" in sup.detail
+    ckpt = plan_for(1, "h100", decoder_arch="super", gradient_checkpointing=True).memory
+    assert ckpt.fits and ckpt.predicted_gib < sup.predicted_gib
+
+
+@pytest.mark.parametrize("name", ["wan22", "hunyuan15", "ltx2", "ltx23", "h3"])
+def test_a_new_family_is_predicted_once_its_record_holds_the_measured_figures(monkeypatch, name):
+    """Until measured: 'not predicted'. Measured: encode_gib and step_fit in the record (one line each)."""
+    assert "not predicted" in plan_for(1, "h100", ref_vae_type=name).memory.detail
+    fam = FAMILIES[name]
+    monkeypatch.setitem(
+        families.FAMILIES, name, dataclasses.replace(fam, encode_gib=10.0, step_fit={False: (0.5, 5.0)})
+    )
+    plan = plan_for(1, "h100", ref_vae_type=name)
+    mem = plan.memory
+    n, h, w = fam.step_frames()
+    assert (plan.config["n_frames"], plan.config["height"], plan.config["width"]) == (n, h, w)
+    micro = plan.config["micro_batch_size"]
+    expect = memory.TRAINER_OVERHEAD_GIB + max(0.5 + 5.0 * micro, 10.0) + memory.CUDA_CONTEXT_GIB
+    assert mem.fits and mem.predicted_gib == pytest.approx(expect + memory.decode_gib(plan.config), abs=1e-6)
+    # twice the frames: twice the per-clip step; the checkpointed step was not measured: not predicted
+    longer = plan_for(1, "h100", ref_vae_type=name, n_frames=fam.first_valid(2, start=2 * n)[0])
+    assert longer.memory.predicted_gib is None or longer.memory.predicted_gib > mem.predicted_gib
+    ckpt = plan_for(1, "h100", ref_vae_type=name, gradient_checkpointing=True).memory
+    assert ckpt.predicted_gib is None and "with gradient checkpointing" in ckpt.detail
+    # a --set that changes TAEHV's channels is another model: its step is not the record's
+    other = plan_for(1, "h100", ref_vae_type=name, latent_channels=fam.latent_channels * 2).memory
+    assert other.predicted_gib is None and "not predicted" in other.detail
+
+
+def test_measured_shapes_are_the_profiles_clip():
+    for fam in FAMILIES.values():
+        n, h, w = fam.step_frames()
+        assert fam.valid_n_frames(n) and h % fam.space_stride == 0 and w % fam.space_stride == 0
+    assert FAMILIES["cogvideox"].step_frames() == (12, 480, 720)  # STEP_FIT's and encode_gib's shape
