@@ -10,6 +10,7 @@ import pytest
 
 from taehv_launch.plan import families, memory
 from taehv_launch.plan.families import FAMILIES
+from conftest import run_cli_here
 from test_family_plan import plan_for
 
 
@@ -67,3 +68,26 @@ def test_measured_shapes_are_the_profiles_clip():
         n, h, w = fam.step_frames()
         assert fam.valid_n_frames(n) and h % fam.space_stride == 0 and w % fam.space_stride == 0
     assert FAMILIES["cogvideox"].step_frames() == (12, 480, 720)  # STEP_FIT's and encode_gib's shape
+
+
+@pytest.mark.parametrize(
+    "sets, line",
+    [
+        ((), "TAEHV, base decoder (patch 1, 16 latent channels, 4x in time); exports final_model/taecvx.pth"),
+        (
+            ("ref_vae_type='taew2_2'", "decoder_arch='super'"),
+            "TAEHV, super decoder (patch 2, 48 latent channels, 4x in time); exports final_model/taew2_2_super.pth",
+        ),
+        (("ref_vae_type='ltx23'",), "(patch 4, 128 latent channels, 8x in time); exports final_model/taeltx2_3.pth"),
+    ],
+)
+def test_the_dry_run_names_the_model_and_its_export(tmp_path, sets, line):
+    from test_family_plan import dry_json
+
+    args = [a for s in sets for a in ("--set", s)]
+    proc = run_cli_here("1", "h100", "--dry-run", *args, "--set", f"output_dir={str(tmp_path / 'o')!r}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    model_lines = [x for x in proc.stdout.splitlines() if x.startswith("  model     ")]
+    assert len(model_lines) == 1 and model_lines[0].endswith(f"{line} + .safetensors"), model_lines
+    model = dry_json(tmp_path, "1", "h100", *args)["model"]
+    assert model["exports"][0] == line.split("exports ")[1] and model["exports"][1].endswith(".safetensors")

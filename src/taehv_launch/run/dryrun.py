@@ -84,6 +84,28 @@ def check_output_dir(run_dir: Path) -> None:
         )
 
 
+def model_json(c: dict) -> dict[str, Any]:
+    """The TAEHV the trainer builds and the files its export writes (train/model/taehv.py, rundir/layout.py)."""
+    from ..plan.families import get_family
+
+    stem = get_family(c["ref_vae_type"]).export_stem(c["decoder_arch"])
+    return {
+        "decoder_arch": c["decoder_arch"],
+        "patch_size": c["patch_size"],
+        "latent_channels": c["latent_channels"],
+        "time_stride": 2 ** sum(c["encoder_time_downscale"]),
+        "exports": [f"final_model/{stem}.pth", f"final_model/{stem}.safetensors"],
+    }
+
+
+def model_line(c: dict) -> str:
+    m = model_json(c)
+    return (
+        f"TAEHV, {m['decoder_arch']} decoder (patch {m['patch_size']}, {m['latent_channels']} latent channels, "
+        f"{m['time_stride']}x in time); exports {m['exports'][0]} + .safetensors"
+    )
+
+
 def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
     topo = plan.topology
     return {
@@ -116,6 +138,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "command": rendered.argv,
         "memory": asdict(plan.memory),
         "latent_space": plan.latent_space,
+        "model": model_json(plan.config) if plan.options.task == "train" else None,
         "trained": trained_parts(plan.config).as_dict() if plan.options.task == "train" else None,
         "predicted": asdict(p) if (p := prediction(plan)) else None,
         "resume": plan.options.resume,
@@ -190,6 +213,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
                 f"{c['max_train_steps']} steps, " + (f"DeepSpeed ZeRO-{c['zero_stage']}" if c["zero_stage"] else "DDP"),
                 *([f"  strategy  {plan.strategy}"] if plan.strategy else []),
                 f"  trains    {trained_parts(c).line()}",
+                f"  model     {model_line(c)}",
             ]
             if not cache
             else [

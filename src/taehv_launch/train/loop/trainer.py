@@ -68,7 +68,9 @@ class Trainer:
         trained = check_trains_something(cfg)  # a part without a gradient is frozen: plan/trainable.py
         net = DistillNet(taehv, get_family(cfg.ref_vae_type), trained)
         self.log(
-            f"model: TAEHV {count_params(taehv) / 1e6:.2f}M parameters, latent_channels {cfg.latent_channels}, "
+            f"model: TAEHV, {cfg.decoder_arch} decoder, {count_params(taehv) / 1e6:.2f}M parameters, latent_channels "
+            f"{cfg.latent_channels}, patch_size {cfg.patch_size}, exports final_model/"
+            f"{get_family(cfg.ref_vae_type).export_stem(cfg.decoder_arch)}.pth + .safetensors, "
             f"frames_to_trim {taehv.frames_to_trim}; trains {count_params(taehv, trainable_only=True) / 1e6:.2f}M "
             f"parameters: {trained.line()}; processes {self.world}, "
             f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, device {self.device}"
