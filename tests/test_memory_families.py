@@ -1,6 +1,6 @@
 """The memory model per family and decoder (issue #36): the Super decoder's rule against the points measured
 on one H100 (docs/evidence/super_decoder/), a new family's measured figures as one record change, and the
-plan's memory line for each. Pure: plan/ only, no torch, no subprocess."""
+plan's memory line for each, the dry run's model line, and TAEHV's own trim rule (one small CPU check)."""
 
 from __future__ import annotations
 
@@ -91,3 +91,19 @@ def test_the_dry_run_names_the_model_and_its_export(tmp_path, sets, line):
     assert len(model_lines) == 1 and model_lines[0].endswith(f"{line} + .safetensors"), model_lines
     model = dry_json(tmp_path, "1", "h100", *args)["model"]
     assert model["exports"][0] == line.split("exports ")[1] and model["exports"][1].endswith(".safetensors")
+
+
+def test_taehv_of_a_family_applies_its_trim_rule_itself():
+    """evaluate.py decodes with TAEHV's own rule (build_taehv gives it the family's): the same frames as
+    passing the family's trims() by hand, for every family and 1-8 latents."""
+    import torch
+
+    from taehv_launch.train.model.taehv import TAEHV
+
+    with torch.no_grad():
+        for fam in FAMILIES.values():
+            model = TAEHV.from_family(fam, latent_channels=4).eval()
+            for n in range(1, 9):
+                z = torch.randn(1, n, 4, 1, 1)
+                assert torch.equal(model.decode_video(z), model.decode_video(z, trim=fam.trims(n))), (fam.name, n)
+                assert model.decode_video(z).shape[1] == fam.decoded_frames(n), (fam.name, n)

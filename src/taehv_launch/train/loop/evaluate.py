@@ -7,7 +7,6 @@ import math
 import torch
 import torch.distributed as dist
 
-from ...plan.families import get_family
 from ...plan.schema import Config
 from ..model.losses import decoder_targets, psnr, ssim
 from .speed import eager_reference
@@ -22,7 +21,6 @@ def evaluate(
     n_batches = max(1, min(cfg.max_validation_batches, math.ceil(len(val_ds) / world)))
     sums = torch.zeros(3, device=device, dtype=torch.float64)
     samples = []
-    family = get_family(cfg.ref_vae_type)
     for b in range(n_batches):
         idx = (b * world + rank) % len(val_ds)
         item = val_ds[idx]
@@ -32,7 +30,7 @@ def evaluate(
         else:
             with eager_reference(ref):  # batch 1: no compile for a shape used only here
                 latents = ref.encode(frames) if ref is not None else ema.encode_video(frames)
-        dec = ema.decode_video(latents.float(), trim=family.trims(latents.shape[1]), clamp=True)
+        dec = ema.decode_video(latents.float(), clamp=True)  # the family's trim rule: TAEHV's own (build_taehv)
         target = decoder_targets(frames, dec)
         sums += torch.tensor([psnr(dec, target), ssim(dec, target), 1.0], device=device, dtype=torch.float64)
         if len(samples) < cfg.num_sample_clips:
