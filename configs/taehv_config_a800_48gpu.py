@@ -19,7 +19,7 @@ args.validation_batch_size = 1  # clips per rank per validation batch
 args.dataloader_num_workers = 11  # DataLoader worker processes per rank
 args.prefetch_factor = 3  # batches prefetched per worker
 args.video_decoder = 'auto'  # where training clips are decoded: nvdec (the GPU's hardware decoder, in the training process; needs the [nvdec] extra), opencv (CPU, in the DataLoader workers), auto (nvdec on GPUs when installed, else opencv)
-args.video_decode_threads = 4  # with nvdec: decoding threads per rank, each with its own NVDEC session and CUDA stream
+args.video_decode_threads = 0  # with nvdec: decoding threads per rank, each with its own NVDEC session and CUDA stream; 0 = chosen from the sources' size and keyframe interval and the GPU (docs/guide.md)
 args.index_cache_dir = ''  # where the dataset index is cached (default: <output_dir>/.index)
 args.use_ref_vae = True  # distil from a reference VAE (False: the decoder trains on TAEHV's own encodings, with encoder_loss_weight=0; the encoder, which then has no target, is frozen)
 args.ref_vae_type = 'cogvideox'  # reference VAE family (docs/families.md); upstream's file stems (taecvx, taehv, taew2_1, taew2_2, taehv1_5, taeltx_2, taeltx2_3, taeh3) are accepted too and stored as the family's name
@@ -79,6 +79,8 @@ args.hang_timeout = 300  # seconds a rank may make no progress (step or phase) b
 args.hang_timeout_slow = 1800  # the same limit during phases known to be long: set-up, compile warm-up, checkpoint, validation
 args.straggler_threshold = 0.2  # a rank whose step time is this fraction above the other ranks' median is named at each log line (0 = no line)
 args.max_requeues_without_progress = 3  # sbatch/k8s: the job stops requeueing when this many attempts in a row ended with no newer complete checkpoint (0 = no limit)
+args.max_restarts = 3  # after a rank failure or a hang, the launcher restarts the ranks in place from the newest complete checkpoint up to this many times per launch (0 = off: the job ends, the scheduler requeues)
+args.max_restarts_without_progress = 2  # restarts in a row that get past no checkpoint newer than the one they started from before the job ends (0 = no limit)
 args.compile = 'all'  # torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)
 args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
 args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)

@@ -197,20 +197,28 @@ def _timed(batches, workers: int, seconds: float) -> tuple[float, float]:
 
 
 def stage_rate(
-    files: list[str], cfg: dict[str, Any], workers: int, threads: int, seconds: float
-) -> tuple[float, float]:
-    """(clips/s, CPU cores) of the trainer's GPU path: the dataset planning tickets in `workers`
-    DataLoader workers and the DecodeStage decoding them with NVDEC in `threads` threads."""
+    files: list[str], cfg: dict[str, Any], workers: int, threads: int, seconds: float, log=print
+) -> tuple[float, float, int]:
+    """(clips/s, CPU cores, threads) of the trainer's GPU path: the dataset planning tickets in `workers`
+    DataLoader workers and the DecodeStage decoding them with NVDEC in `threads` threads (0: chosen from
+    the files' sources and the GPU as the trainer chooses, without a training plan's memory cap)."""
     import torch
 
     from ..train.data import nvdec
 
     ds, loader = _trainer_loader(files, cfg, workers, defer=True)
     stage = nvdec.DecodeStage(
-        loader, ds, torch.device("cuda"), cfg["height"], cfg["width"], nvdec.NvdecDecoder, threads=threads
+        loader,
+        ds,
+        torch.device("cuda", torch.cuda.current_device()),
+        cfg["height"],
+        cfg["width"],
+        nvdec.NvdecDecoder,
+        threads=threads,
+        log=log,
     )
     try:
-        return _timed(stage, workers, seconds)
+        return (*_timed(stage, workers, seconds), stage.threads)
     finally:
         stage.close()
 
@@ -247,9 +255,13 @@ def run(
     clips: int,
     as_json: bool,
     resolutions: list[int] | None = None,
-    threads: int = 4,
+    threads: int = 0,
 ) -> int:
+    """threads: NVDEC threads for --decoder nvdec (0: chosen from each set's sources, as the trainer does)."""
+    if not 0 <= threads <= 32:
+        from ..errors import ConfigError
 
+        raise ConfigError(f"--decode-threads {threads}: give 0 (chosen from the sources) or 1-32 NVDEC threads")
     everything = _videos(data_root)
     groups = by_height(everything, resolutions)
     if "nvdec" in decoders:
@@ -359,19 +371,21 @@ def _run_set(
             )
     if "nvdec" in decoders:
         for w in workers:
-            rate, used = stage_rate(files, cfg, w, threads, seconds)
+            rate, used, n = stage_rate(files, cfg, w, threads, seconds, log)
+            how = "chosen from the sources" if not threads else "as set"
             report["rows"].append(
                 {
                     "what": "loader",
                     "decoder": "nvdec",
                     "procs": w,
-                    "threads": threads,
+                    "threads": n,
+                    "threads_how": how,
                     "clips_per_s": rate,
                     "cpu_cores": used,
                 }
             )
             log(
                 f"  loader  {'nvdec':<15} {w:>3} workers    {rate:8.1f} clips/s  {used:5.1f} cores  "
-                f"(trainer's dataset planning, {threads} NVDEC threads in this process)"
+                f"(trainer's dataset planning, {n} NVDEC threads in this process, {how})"
             )
     return report

@@ -173,10 +173,17 @@ def loader_cmd(
     seconds: Annotated[float, typer.Option(help="seconds per DataLoader row")] = 10.0,
     clips: Annotated[int, typer.Option(help="clips per decode row")] = 64,
     as_json: JsonOpt = False,
+    decode_threads: Annotated[
+        int,
+        typer.Option(
+            "--decode-threads", help="NVDEC threads for --decoder nvdec; 0 = chosen from the sources, as training does"
+        ),
+    ] = 0,
 ) -> None:
     if not data_root:
         fail("bench loader needs --data-root DIR (a folder of videos)")
     more = {"resolutions": resolution} if resolution else {}  # loader.run's default: every height found
+    more["threads"] = decode_threads
 
     workers, decoders = workers or [4, 8, 12], decoder or LOADER_DECODERS
 

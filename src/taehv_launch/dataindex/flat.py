@@ -37,6 +37,7 @@ class FlatIndex(Sequence):
     missing: int = 0  # listed files that do not exist (annotation files)
     cache_path: str = ""
     from_cache: bool = False
+    sources = None  # sources.SourceSample of the whole index (build_index), shared by its subsets
 
     def __init__(
         self, prefix: str, buf: np.ndarray, offsets: np.ndarray, counts: np.ndarray, rows: np.ndarray | None = None
@@ -76,7 +77,7 @@ class FlatIndex(Sequence):
         if len(self.counts) < 2**31:
             rows = rows.astype(np.int32)  # 4 bytes per entry of a split, not 8
         sub = FlatIndex(self.prefix, self.buf, self.offsets, self.counts, rows)
-        sub.missing = self.missing
+        sub.missing, sub.sources = self.missing, self.sources
         return sub
 
     # --- the Sequence -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import DataError
 from .flat import FlatIndex, VideoEntry, as_flat
 from .listing import VIDEO_EXTENSIONS, existing, is_utf8, name_text, read_annotation, scan
+from .sources import SourceSample, read_sources, sample_sources, sources_path, write_sources
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ def build_index(
     each file to read the container's frame count (a hint; the dataset reads it anyway when it opens a
     file, so it is off by default).
     read_only=True reads the cache file but writes nothing: keep_index(index) writes it later.
+    With a cache_dir (and not read_only), a sample of the sources is probed once and kept beside the cache
+    file (sources.py): the index's `sources`, read by the GPU decoder's thread choice and the dry run.
     """
     root = check_root(data_root, annotation_file)
     key = index_key(root, annotation_file, probe_frame_counts is not None)
@@ -55,7 +58,7 @@ def build_index(
     cache_path = os.path.join(cache_dir, f"index-{index_name(key)}.npz")
     cached = _read_index(cache_path, key)
     if cached is not None:
-        return cached
+        return with_sources(cached) if not read_only else cached
     if read_only:
         index = _make_index(root, annotation_file, probe_frame_counts)
         index.pending = (cache_path, key)
@@ -67,7 +70,33 @@ def build_index(
         index = _make_index(root, annotation_file, probe_frame_counts)
         _write_index(cache_path, key, index)
     index.cache_path = cache_path
+    return with_sources(index)
+
+
+def with_sources(index: FlatIndex) -> FlatIndex:
+    """The index with its `sources`: the record beside its cache file, or a sample probed now and kept there
+    (where the folder is writable)."""
+    if index.sources is None:
+        where = sources_path(index.cache_path) if index.cache_path else ""
+        index.sources = read_sources(where) if where else None
+        if index.sources is None:  # none yet, or damaged: probed again and (re)written
+            index.sources = sample_sources(index.path, len(index))
+            if where:
+                write_sources(where, index.sources)
     return index
+
+
+def cached_sources(data_root: str, annotation_file: str, cache_dir: str) -> tuple[SourceSample | None, str]:
+    """The sources record of this dataset's index cache, without listing or opening any video: (record,
+    its path), or (None, why not) when no index of this dataset was cached with one yet."""
+    try:
+        root = check_root(data_root, annotation_file)
+        name = index_name(index_key(root, annotation_file, False))
+    except (DataError, OSError):
+        return None, "the data is not there to look up"
+    where = sources_path(os.path.join(cache_dir, f"index-{name}.npz"))
+    got = read_sources(where)
+    return (got, where) if got is not None else (None, "no index cache with a sources record yet")
 
 
 def keep_index(index: FlatIndex) -> None:

@@ -139,7 +139,8 @@ def decode_gib(cfg: dict) -> float:
     if cfg.get("video_decoder", "opencv") == "opencv":
         return 0.0
     batch = cfg["micro_batch_size"] * cfg["n_frames"] * 3 * cfg["height"] * cfg["width"] / 2**30
-    return cfg.get("video_decode_threads", 4) * NVDEC_GIB_PER_THREAD + NVDEC_BATCHES_IN_FLIGHT * batch
+    threads = cfg.get("video_decode_threads") or 4  # 0: chosen at start, from 4 up within the headroom (decodeplan.py)
+    return threads * NVDEC_GIB_PER_THREAD + NVDEC_BATCHES_IN_FLIGHT * batch
 
 
 def runs_reference_encode(cfg: dict) -> bool:

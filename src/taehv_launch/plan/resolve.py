@@ -374,7 +374,10 @@ def check_config(c: dict[str, Any], profile: Profile, topology: Topology, given:
         f"hang_timeout_slow={c['hang_timeout_slow']} is below hang_timeout={c['hang_timeout']}: the slow phases' "
         "limit must be at least the normal one",
     )
-    need(1 <= c["video_decode_threads"] <= 32, f"video_decode_threads={c['video_decode_threads']} must be 1-32")
+    need(
+        0 <= c["video_decode_threads"] <= 32,
+        f"video_decode_threads={c['video_decode_threads']} must be 0 (chosen from the sources) or 1-32",
+    )
     tracker_names(c["trackers"])
     if profile.device == "cpu":
         need(c["mixed_precision"] in ("no", "bf16"), "mixed_precision=fp16 is not supported on the cpu profile")

@@ -60,7 +60,10 @@ KEYS: dict[str, Key] = {
         ("auto", "nvdec", "opencv"),
     ),
     "video_decode_threads": Key(
-        4, int, "with nvdec: decoding threads per rank, each with its own NVDEC session and CUDA stream"
+        0,
+        int,
+        "with nvdec: decoding threads per rank, each with its own NVDEC session and CUDA stream; 0 = chosen "
+        "from the sources' size and keyframe interval and the GPU (docs/guide.md)",
     ),
     "index_cache_dir": Key("", str, "where the dataset index is cached (default: <output_dir>/.index)"),
     # --- reference VAE ----------------------------------------------------------------

@@ -57,9 +57,14 @@ def check_decoder(plan: Plan, path: str | None) -> Check:
         "video decoder",
         PASS,
         f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}, "
-        f"{c['video_decode_threads']} threads per rank): {tuple(frames.shape)} frames of {path} decoded on "
-        f"the GPU in {ms:.0f} ms",
+        f"{threads_text(c['video_decode_threads'])}): {tuple(frames.shape)} frames of {path} decoded on the GPU "
+        f"in {ms:.0f} ms",
     )
+
+
+def threads_text(n: int) -> str:
+    """video_decode_threads as the check says it (0: chosen by the trainer from the sources, plan/decodeplan.py)."""
+    return f"{n} threads per rank" if n else "threads per rank chosen at start from the sources"
 
 
 def plan_cfg(c: dict):

@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ..errors import EXIT_USAGE, LaunchError, UserError, one_line
@@ -139,6 +140,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "memory": asdict(plan.memory),
         "latent_space": plan.latent_space,
         "model": model_json(plan.config) if plan.options.task == "train" else None,
+        "decode": decode_json(plan),
         "trained": trained_parts(plan.config).as_dict() if plan.options.task == "train" else None,
         "predicted": asdict(p) if (p := prediction(plan)) else None,
         "resume": plan.options.resume,
@@ -284,13 +286,67 @@ def hang_text(c: dict) -> str:
 
 
 def decode_line(plan: Plan) -> str:
-    """Where training clips are decoded (video_decoder), said without importing the decoder."""
+    """Where training clips are decoded (video_decoder), and with NVDEC its threads and why, said without
+    importing the decoder or opening a video (the sources come from the index cache's record)."""
     c, workers = plan.config, plan.config["dataloader_num_workers"]
     cpu = f"OpenCV on the CPU in {workers} DataLoader workers per process"
     if c["video_decoder"] == "opencv" or plan.profile.device == "cpu":
         return cpu
-    nv = (
-        f"NVDEC on the GPU (PyNvVideoCodec, {c['video_decode_threads']} threads per process, H.264; other codecs "
-        f"and files NVDEC refuses on the CPU)"
+    nv = "NVDEC on the GPU (PyNvVideoCodec, H.264; other codecs and files NVDEC refuses on the CPU)"
+    if c["video_decoder"] != "nvdec":
+        nv += f" where installed (the [nvdec] extra), else {cpu}"
+    return f"{nv}; {decode_threads_text(plan)}"
+
+
+def decode_json(plan: Plan) -> dict[str, Any] | None:
+    """The NVDEC threads as the dry run states them: threads (None: chosen at start), how, reason."""
+    if plan.config["video_decoder"] == "opencv" or plan.profile.device == "cpu" or plan.options.task != "train":
+        return None
+    choice, where = planned_decode(plan)
+    if choice is None:
+        return {"threads": None, "how": "at start", "reason": where}
+    return {"threads": choice.threads, "how": choice.how, "reason": choice.reason, "record": where}
+
+
+def planned_decode(plan: Plan):
+    """(plan.decodeplan.DecodeChoice, where its sources were read) for the NVDEC threads, or (None, why not):
+    video_decode_threads=0 is chosen at the trainer's start where the index cache has no sources record."""
+    from ..dataindex.index import cached_sources, index_dir
+    from ..plan.decodeplan import decode_choice, largest_pixels, memory_cap, nvdec_engines
+
+    c = plan.config
+    sources, where = (
+        (None, "")
+        if c["video_decode_threads"]
+        else cached_sources(c["data_root"], c["annotation_file"], index_dir(SimpleNamespace(**c)))
     )
-    return nv if c["video_decoder"] == "nvdec" else f"{nv} where installed (the [nvdec] extra), else {cpu}"
+    if sources is None and not c["video_decode_threads"]:
+        return None, where
+    choice = decode_choice(
+        c["video_decode_threads"],
+        sources,
+        n_frames=c["n_frames"],
+        min_delta=c["min_frame_delta"],
+        max_delta=c["max_frame_delta"],
+        clip_pixels=c["n_frames"] * c["height"] * c["width"],
+        engines=nvdec_engines(plan.profile.name),
+        gpu=plan.profile.name,
+        memory=memory_cap(c, plan.memory.gpu_gib, plan.world_size, largest_pixels(sources)),
+    )
+    return choice, where
+
+
+def decode_threads_text(plan: Plan) -> str:
+    from ..plan.decodeplan import BASE_THREADS, SESSIONS_PER_ENGINE, memory_cap, nvdec_engines
+
+    choice, where = planned_decode(plan)
+    if choice is not None:
+        return choice.line() + (f" (record: {where})" if where else "")
+    engines = nvdec_engines(plan.profile.name)
+    most = min(SESSIONS_PER_ENGINE * engines or BASE_THREADS, memory_cap(plan.config, plan.memory.gpu_gib) or 99)
+    return (
+        f"threads chosen at start from the sources ({where}): {BASE_THREADS} to {max(BASE_THREADS, most)} per "
+        f"process"
+        + (f" on the {plan.profile.name}'s {engines} NVDEC engines" if engines else "")
+        + ", within the memory the plan leaves"
+    )

@@ -31,9 +31,10 @@ def decode_threads() -> int | None:
         return None
     if WORKER_DECODE_THREADS is not None:
         return WORKER_DECODE_THREADS
+    from ...plan.decodeplan import opencv_threads
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, cores // (ranks * max(1, info.num_workers)))
+    return opencv_threads(cores, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), info.num_workers)
 
 
 def capture(path: str, threads: int | None) -> cv2.VideoCapture:

@@ -25,14 +25,16 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from ...plan.decodeplan import NVDEC_CODECS
 from .clips import Crop, Ticket
+from .probe import choose_threads
 
 CHUNK_BYTES = 256 << 20  # float32 frames resized at a time: bounds the 4K crop's working memory
 DECODER_CACHE = 2  # NVDEC sessions PyNvVideoCodec keeps per thread (one per stream shape)
-# Codecs (OpenCV's header names) NVDEC decodes here: H.264 was checked frame for frame against a decode
-# from frame 0 on the H100 (docs/benchmarks.md). HEVC gave wrong frames for some clips, so it and
-# every codec not checked yet (VP8/VP9/AV1, ...) are decoded on the CPU.
-NVDEC_CODECS = frozenset({"h264", "avc1", "avc3"})
+# NVDEC_CODECS: H.264 was checked frame for frame against a decode from frame 0 on the H100
+# (docs/benchmarks.md). HEVC gave wrong frames for some clips, so it and every codec not checked yet
+# (VP8/VP9/AV1, ...) are decoded on the CPU.
+RUN_CONFIG: dict[str, Any] = {}  # device -> the run's config, noted by choose() for the thread choice
 FETCH_FAILURES = 3  # failed frame fetches after which a file goes to the CPU for good (HEVC fails on a
 # few clips of a file that NVDEC otherwise decodes: docs/benchmarks.md)
 
@@ -203,7 +205,9 @@ class DecodeStage:
 
     `depth` batches are decoding while the step runs; `make_decoder(device)` builds one decoder per
     thread (NvdecDecoder on GPUs). `dataset.recover(ticket)` cuts a refused file's clip on the CPU.
-    Log lines from the threads are handed to `log` by the consuming thread."""
+    threads 0 (video_decode_threads' default): chosen from the dataset's sources and the GPU
+    (probe.choose_threads), said in one log line. Log lines from the threads are handed to `log` by the
+    consuming thread."""
 
     def __init__(
         self,
@@ -220,6 +224,11 @@ class DecodeStage:
         self.it: Iterator[dict[str, Any]] = iter(loader)
         self.dataset, self.device, self.height, self.width = dataset, device, height, width
         self.make_decoder, self.log = make_decoder, log
+        if threads <= 0:
+            choice = choose_threads(dataset, device, height, width, RUN_CONFIG.get(str(device)))
+            threads = choice.threads
+            log(f"data: NVDEC decode threads: {choice.line()}")
+        self.threads = threads
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="video-decode")
         self.local = threading.local()
         self.lock = threading.Lock()
@@ -352,4 +361,5 @@ def choose(cfg, device: torch.device) -> tuple[str, str]:
     missing = nvdec_available()
     if missing:
         return "opencv", missing
+    RUN_CONFIG[str(device)] = cfg
     return "nvdec", ""
