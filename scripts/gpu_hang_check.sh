@@ -11,6 +11,8 @@
 #   run has no process group, so no flight recorder); then a 1-rank NCCL process group runs an
 #   all-reduce and dumps its flight recorder through the trainer's own function
 #   (compat.flight_recorder_dumps).
+# max_restarts=0: with the restart in place (issue 39) the launcher would start a hung job again (twice,
+# then stop on max_restarts_without_progress) before it exits 76.
 # Small and fast: synthetic 128x128 videos, no reference VAE (use_ref_vae=False), no compile.
 # Writes $OUT (default /tmp/gpu_hang): the launcher's output, the run's heartbeat folder, the dumps' summary.
 set -uo pipefail
@@ -56,7 +58,7 @@ TAEHV_LAUNCH_TEST_HANG=$HOOK timeout 900 python3 -m taehv_launch.cli $N "$PROFIL
   --set encoder_loss_weight=0 --set height=128 --set width=128 --set micro_batch_size=1 \
   --set gradient_accumulation_steps=1 --set max_train_steps=10000 --set log_every=1 --set compile="'none'" \
   --set validation_steps=100000 --set checkpointing_steps=100000 --set validation_at_start=False \
-  --set dataloader_num_workers=2 --set hang_timeout=$HANG_TIMEOUT > "$OUT/$NAME.out" 2> "$OUT/$NAME.err"
+  --set dataloader_num_workers=2 --set hang_timeout=$HANG_TIMEOUT --set max_restarts=0 > "$OUT/$NAME.out" 2> "$OUT/$NAME.err"
 code=$?
 echo "exit $code (expected 76) after $(( $(date +%s) - start )) s"
 echo "-- stderr:"; cat "$OUT/$NAME.err"
