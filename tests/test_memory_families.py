@@ -5,6 +5,8 @@ plan's memory line for each, the dry run's model line, and TAEHV's own trim rule
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,8 @@ from taehv_launch.plan import families, memory
 from taehv_launch.plan.families import FAMILIES
 from conftest import run_cli_here
 from test_family_plan import plan_for
+
+EVIDENCE = Path(__file__).resolve().parent.parent / "docs" / "evidence" / "families"
 
 
 def test_the_super_rule_reproduces_every_measured_point():
@@ -39,28 +43,49 @@ def test_the_super_decoder_is_counted_and_can_stop_a_row_from_fitting():
 
 
 @pytest.mark.parametrize("name", ["wan22", "hunyuan15", "ltx2", "ltx23", "h3"])
-def test_a_new_family_is_predicted_once_its_record_holds_the_measured_figures(monkeypatch, name):
-    """Until measured: 'not predicted'. Measured: encode_gib and step_fit in the record (one line each)."""
-    assert "not predicted" in plan_for(1, "h100", ref_vae_type=name).memory.detail
+def test_a_new_family_is_predicted_from_the_measured_figures_in_its_record(monkeypatch, name):
+    """Measured (docs/evidence/families/): encode_gib and step_fit in the record, and the plan predicts from
+    them; a record without them: 'not predicted'."""
     fam = FAMILIES[name]
-    monkeypatch.setitem(
-        families.FAMILIES, name, dataclasses.replace(fam, encode_gib=10.0, step_fit={False: (0.5, 5.0)})
-    )
     plan = plan_for(1, "h100", ref_vae_type=name)
     mem = plan.memory
     n, h, w = fam.step_frames()
     assert (plan.config["n_frames"], plan.config["height"], plan.config["width"]) == (n, h, w)
     micro = plan.config["micro_batch_size"]
-    expect = memory.TRAINER_OVERHEAD_GIB + max(0.5 + 5.0 * micro, 10.0) + memory.CUDA_CONTEXT_GIB
+    fixed, per_clip = fam.step_fit[False]
+    expect = memory.TRAINER_OVERHEAD_GIB + max(fixed + per_clip * micro, fam.encode_gib) + memory.CUDA_CONTEXT_GIB
     assert mem.fits and mem.predicted_gib == pytest.approx(expect + memory.decode_gib(plan.config), abs=1e-6)
     # twice the frames: twice the per-clip step; the checkpointed step was not measured: not predicted
     longer = plan_for(1, "h100", ref_vae_type=name, n_frames=fam.first_valid(2, start=2 * n)[0])
-    assert longer.memory.predicted_gib is None or longer.memory.predicted_gib > mem.predicted_gib
+    assert longer.memory.predicted_gib > mem.predicted_gib
     ckpt = plan_for(1, "h100", ref_vae_type=name, gradient_checkpointing=True).memory
     assert ckpt.predicted_gib is None and "with gradient checkpointing" in ckpt.detail
     # a --set that changes TAEHV's channels is another model: its step is not the record's
     other = plan_for(1, "h100", ref_vae_type=name, latent_channels=fam.latent_channels * 2).memory
     assert other.predicted_gib is None and "not predicted" in other.detail
+    monkeypatch.setitem(families.FAMILIES, name, dataclasses.replace(fam, encode_gib=None, step_fit={}))
+    assert "not predicted" in plan_for(1, "h100", ref_vae_type=name).memory.detail
+
+
+@pytest.mark.parametrize("name", ["wan22", "hunyuan15", "ltx2", "h3"])
+def test_the_records_hold_the_h100_measurements(name):
+    """The record's figures are docs/evidence/families/memory/'s: encode_gib the one-clip chunk-1 peak, step_fit
+    the line through the micro 1 and largest measured micro peaks, within 0.08 GiB of every measured micro;
+    a micro that ran out of memory is above the record's max_micro."""
+    fam, ev = FAMILIES[name], EVIDENCE / "memory"
+    encode = json.loads((ev / f"encode_{name}_c1.json").read_text())["rows"][0]
+    assert (encode["micro"], encode["chunk"]) == (1, 1) and fam.encode_gib == round(encode["peak_gib"], 2)
+    rows = json.loads((ev / f"step_{name}.json").read_text())["rows"]
+    fixed, per_clip = fam.step_fit[False]
+    for r in rows:
+        assert r["checkpointing"] is False and r["decoder_arch"] == "base"
+        if r.get("oom"):
+            assert 0 < fam.max_micro < r["micro"]
+        else:
+            assert fixed + per_clip * r["micro"] == pytest.approx(r["peak_gib"], abs=0.08), r["micro"]
+    step = json.loads((ev / f"step_{name}.json").read_text())
+    assert (step["n_frames"], step["height"], step["width"]) == fam.step_frames()
+    assert FAMILIES["ltx23"].step_fit == FAMILIES["ltx2"].step_fit  # ltx2's measurement, same architecture
 
 
 def test_measured_shapes_are_the_profiles_clip():

@@ -118,7 +118,10 @@ _TAECVX = "upstream's examples/TAECVX_T2I_Demo.ipynb divides the pipeline's late
 _WAN = "diffusers' WanPipeline and upstream's taehv issue #22; examples/test_latents_wan.pth has RMS 0.94, mean 0.03"
 _LTX = "diffusers' LTX2Pipeline _normalize_latents; upstream's examples/TAELTX2_Encoding_Decoding_Demo.ipynb"
 
-# Frame alignment measured in tests/test_refvae.py; encode GiB measured with `taehv-launch bench`.
+# Frame alignment measured in tests/test_refvae.py; encode GiB measured with `taehv-launch bench`. The last five
+# families' encode_gib and step_fit ({checkpointing off: (fixed, per clip)}, from the micro 1 and largest measured
+# micro's peaks) come from scripts/gpu_families.sh on one H100, 2026-11-26 (docs/benchmarks.md 'Families on one
+# H100', docs/evidence/families/); the step with gradient checkpointing was not measured for them.
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -192,7 +195,8 @@ FAMILIES: dict[str, Family] = {
             latent_norm="latents_mean_std",
             norm_source=_WAN,
             default_n_frames=12,
-            encode_gib=None,
+            encode_gib=2.77,
+            step_fit={False: (0.242, 2.218)},
             demo_config=_wan22_demo,
             config_marks={"patch_size": 2},
             real_config=dict(  # Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json's architecture
@@ -223,7 +227,8 @@ FAMILIES: dict[str, Family] = {
             latent_norm="scaling_factor",
             norm_source="diffusers' HunyuanVideo15Pipeline",
             default_n_frames=12,
-            encode_gib=None,
+            encode_gib=7.95,
+            step_fit={False: (0.242, 2.185)},
             demo_config=_hunyuan15_demo,
             # diffusers 0.42.1's AutoencoderKLHunyuanVideo15 attention fails for a batch of 2 or more (its
             # causal mask (B, S, S) broadcasts against the heads axis): one clip per encode call
@@ -244,7 +249,8 @@ FAMILIES: dict[str, Family] = {
             latent_norm="buffers_mean_std",
             norm_source=_LTX,
             default_n_frames=16,
-            encode_gib=None,
+            encode_gib=2.72,
+            step_fit={False: (0.238, 2.005)},
             demo_config=_ltx2_demo,
         ),
         Family(
@@ -262,7 +268,8 @@ FAMILIES: dict[str, Family] = {
             latent_norm="buffers_mean_std",
             norm_source=_LTX,
             default_n_frames=16,
-            encode_gib=None,
+            encode_gib=2.72,  # this and step_fit: ltx2's measurement (the same architecture, not run apart)
+            step_fit={False: (0.238, 2.005)},
             demo_config=_ltx2_demo,
         ),
         Family(
@@ -280,7 +287,9 @@ FAMILIES: dict[str, Family] = {
             latent_norm="latents_mean_std",
             norm_source="diffusers' AutoencoderKLMiniMaxH3 docstring (a pipeline encodes (z - mean) / std)",
             default_n_frames=39,
-            encode_gib=None,
+            encode_gib=7.14,
+            step_fit={False: (0.358, 9.192)},
+            max_micro=4,  # micro 8's step ran out of the H100's 80 GB (37.1 GiB at micro 4)
             demo_config=_h3_demo,
             clip_length=17,
             token_drop=3,

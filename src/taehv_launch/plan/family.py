@@ -59,6 +59,10 @@ class Family:
     # GiB per clip), fitted to `bench step` peaks at micro 1-8 (scripts/gpu_families.sh); empty: the
     # step of a patch-1, 4x TAEHV is memory.STEP_FIT's, any other shape is not predicted
     step_fit: dict[bool, tuple[float, float]] = field(default_factory=dict)
+    # The largest micro-batch a GPU profile's row gives this family (0: no cap): a row above it runs this
+    # micro-batch with accumulation raised to keep its global batch (profiles.row_for; the plan says so).
+    # A --set micro_batch_size is the user's and is not capped.
+    max_micro: int = 0
     real_config: dict[str, Any] = field(default_factory=dict)  # over the class defaults: the released shape
     # config.json values that tell this family from another of the same class (Wan 2.1 / 2.2: patch_size)
     config_marks: dict[str, Any] = field(default_factory=dict)

@@ -246,7 +246,7 @@ def gpu_count_line(text: str) -> str:
     return f"GPU count must be at least 1, got {text} (usage: taehv-launch GPUS PROFILE)"
 
 
-def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
+def row_for(profile: Profile, gpus: int, max_micro: int = 0) -> tuple[Row, str]:
     """The row for `gpus` and how it was obtained (a table row, or the derivation rule).
 
     Rule for counts not in the table: take the nearest table row with fewer GPUs (its
@@ -256,6 +256,7 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
     A800 (micro_override) then replaces the micro-batch with 2 and re-derives accumulation
     to keep that row's global batch, scaling the LR if the batch cannot be kept exactly.
     """
+    # max_micro (the family record's, 0: none) caps the micro-batch last, the same way (docs/families.md)
     check_gpu_count(profile, gpus)
     exact = [r for r in profile.rows if r.gpus == gpus]
     unit = "process" if profile.device == "cpu" else "GPU"
@@ -289,19 +290,25 @@ def row_for(profile: Profile, gpus: int) -> tuple[Row, str]:
             how += f"; {profile.name}: micro {micro}, accumulation {accum} keeps the global batch {row.global_batch}"
             row = replace(row, micro_batch_size=micro, gradient_accumulation_steps=accum)
     if profile.micro_override is not None and row.micro_batch_size != profile.micro_override:
-        target = row.global_batch
-        micro = profile.micro_override
-        accum = _closest_accum(target, micro * gpus)
-        batch = micro * gpus * accum
-        lr = row.learning_rate if batch == target else _round_lr(row.learning_rate * batch / target)
-        how += (
-            f"; {profile.name}: micro {micro}, accumulation {accum} "
-            + ("keeps" if batch == target else f"gives {batch} instead of")
-            + f" the global batch {target}"
-            + ("" if batch == target else f", LR scaled to {lr:g}")
-        )
-        row = replace(row, micro_batch_size=micro, gradient_accumulation_steps=accum, learning_rate=lr)
+        row, how = _with_micro(row, gpus, profile.micro_override, how + f"; {profile.name}")
+    if max_micro and row.micro_batch_size > max_micro:
+        row, how = _with_micro(row, gpus, max_micro, how + f"; the family's max_micro {max_micro}")
     return row, how
+
+
+def _with_micro(row: Row, gpus: int, micro: int, how: str) -> tuple[Row, str]:
+    """The row at `micro`, accumulation re-derived to keep its global batch (the LR scaled where it cannot)."""
+    target = row.global_batch
+    accum = _closest_accum(target, micro * gpus)
+    batch = micro * gpus * accum
+    lr = row.learning_rate if batch == target else _round_lr(row.learning_rate * batch / target)
+    how += (
+        f": micro {micro}, accumulation {accum} "
+        + ("keeps" if batch == target else f"gives {batch} instead of")
+        + f" the global batch {target}"
+        + ("" if batch == target else f", LR scaled to {lr:g}")
+    )
+    return replace(row, micro_batch_size=micro, gradient_accumulation_steps=accum, learning_rate=lr), how
 
 
 def _closest_accum(target_global: int, per_step: int) -> int:

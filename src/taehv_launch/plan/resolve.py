@@ -133,16 +133,12 @@ def resolve(
 ) -> Plan:
     """env_values: keys set by the environment (NCCL_TIMEOUT), above the profile, below files and --set."""
     profile = get_profile(profile_name)
-    row, how = row_for(profile, gpus)
-    above = {
-        **profile.config,
-        **row_config(row, topology),
-        **(env_values or {}),
-        **(file_values or {}),
-        **(set_values or {}),
-    }
+    chosen = {**(env_values or {}), **(file_values or {}), **(set_values or {})}
+    family = get_family({**profile.config, **chosen}.get("ref_vae_type", DEFAULTS["ref_vae_type"]))
+    cap = 0 if "micro_batch_size" in chosen else family.max_micro  # a micro-batch the user gives is not capped
+    row, how = row_for(profile, gpus, cap)
     # the family's keys (TAEHV's shape, n_frames) sit just above the schema: everything else overrides them
-    family = get_family(above.get("ref_vae_type", DEFAULTS["ref_vae_type"]))
+    above = {**profile.config, **row_config(row, topology), **chosen}
     config = {**DEFAULTS, **family.defaults(), **above, "ref_vae_type": family.name}
     given = frozenset({**(file_values or {}), **(set_values or {})})
     space = 8 * config["patch_size"] if isinstance(config["patch_size"], int) and config["patch_size"] > 0 else 0
