@@ -202,7 +202,16 @@ def test_version_and_keys_json():
     keys = json.loads(run_cli_here("keys", "--json").stdout)
     micro = next(k for k in keys if k["name"] == "micro_batch_size")
     assert micro["type"] == "int" and micro["aliases"] == ["train_batch_size"]
-    assert next(k for k in keys if k["name"] == "ref_vae_type")["choices"] == ["cogvideox", "hunyuan", "wan"]
+    assert next(k for k in keys if k["name"] == "ref_vae_type")["choices"] == [
+        "cogvideox",
+        "hunyuan",
+        "wan",
+        "wan22",
+        "hunyuan15",
+        "ltx2",
+        "ltx23",
+        "h3",
+    ]
 
 
 def test_shell_completion_is_offered():
