@@ -573,6 +573,7 @@ class HangRun:
             "validation_steps=100000",
             "checkpointing_steps=100000",
             f"hang_timeout={hang_timeout}",
+            "max_restarts=0",  # the hang's exit 76 is what is checked here; restarts: test_restart.py
         ):
             argv += ["--set", key]
         environ = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1", **env)

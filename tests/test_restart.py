@@ -39,6 +39,20 @@ def test_clean_ends_config_errors_preemption_and_aborts_do_not(code):
     assert not verdict(code).restart
 
 
+def test_a_user_error_that_a_restart_would_meet_again_is_not_restarted(tmp_path):
+    """Diverging again or a full disk (a UserError of exit 1) is recorded with "repeats" by the trainer's
+    main.py; a dead peer (PeerFailure) and a crash are not, and restart."""
+    from taehv_launch.rundir.status import read_exit_status, write_exit_status
+
+    v = verdict(EXIT_FAILED, "diverged again 120 steps after the rollback", repeats=True)
+    assert not v.restart and "a restart would meet again (exit 1)" in v.line
+    write_exit_status(tmp_path / "s.json", EXIT_FAILED, "diverged again", repeats=True)
+    assert read_exit_status(tmp_path / "s.json") == {"code": 1, "message": "diverged again", "repeats": True}
+    write_exit_status(tmp_path / "p.json", EXIT_FAILED, "rank 1 died")
+    assert read_exit_status(tmp_path / "p.json") == {"code": 1, "message": "rank 1 died"}
+    assert verdict(EXIT_FAILED, "rank 1 died").restart
+
+
 def test_a_stop_the_launcher_was_asked_for_several_nodes_and_restarts_off_do_not():
     assert not verdict(EXIT_FAILED, stop_requested=True).restart
     assert "one node" in verdict(EXIT_FAILED, nodes=2).line
@@ -95,7 +109,7 @@ def test_restarts_summary():
 def _launch(tmp: Path, name: str, *extra: str) -> subprocess.Popen:
     env = clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
     argv = [*CLI, "2", "cpu", "--run-name", name, "--master-port", str(free_port())]
-    argv += ["--set", f"output_dir='{tmp / 'output'}'", *FAST, *extra]
+    argv += ["--set", f"output_dir='{tmp / 'output'}'", *FAST, "--set", "max_restarts=3", *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
 
 

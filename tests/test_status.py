@@ -55,6 +55,7 @@ FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)
     "requeues",
     "requeue_marker",
     "rollbacks",
+    "restarts",
     "launches",
     "first_launch",
     "resume_from",

@@ -189,6 +189,7 @@ def test_the_launch_notes_bad_rollback_records_and_goes_on(tmp_path):
         "data_root": "",
         "use_ref_vae": False,
         "ref_vae_path": "",
+        "pretrained_model_path": "",
     }
     assert check_inputs(config, ("", ""), "train", run_dir=run) == notes  # what the launch prints as a note
     assert check_inputs(config, ("", ""), "train") == []

@@ -19,6 +19,8 @@ FAST = [
     "dataloader_num_workers=0",
     "--set",
     "max_validation_batches=1",
+    "--set",
+    "max_restarts=0",  # a test of one failure checks its exit code; tests/test_restart.py turns restarts on
 ]
 
 

@@ -7,7 +7,8 @@ count) out. launch.py runs the loop: it waits for the old ranks to let go of the
 restart in <run>/events.jsonl (rundir/events.py) and starts `accelerate launch` again with
 `--resume <checkpoint>`.
 
-Not restarted: a clean end (0), bad input (2: config errors), exit 75 (a stop signal: the checkpoint is
+Not restarted: a clean end (0), bad input (2: config errors), a user error that a restart would meet
+again (the exit status's "repeats": diverging again, a full disk; a dead peer is restarted), exit 75 (a stop signal: the checkpoint is
 saved, the scheduler requeues as before), 130 (aborted by a second signal), a stop the launcher itself was
 asked for, an out-of-memory before the attempt's first step (it would fail again), and a job of several
 nodes (they must restart together: not done yet, the job ends for requeue as before).
@@ -65,16 +66,21 @@ def decide(
     max_without_progress: int,
     stop_requested: bool = False,
     nodes: int = 1,
+    repeats: bool = False,
 ) -> Verdict:
     """Whether the launcher starts the ranks again after an attempt ended with `code`.
     started_from/newest: checkpoint names (the one the attempt resumed, the newest complete one now);
-    stepped: the attempt logged a training step past its start; count: restarts so far."""
+    stepped: the attempt logged a training step past its start; count: restarts so far; repeats: the
+    trainer's exit status says a restart would meet the same problem (a user error: diverged again, a
+    full disk ...; not a dead peer)."""
     progressed = newest is not None and newest != started_from
     wp = 0 if progressed else without_progress + (1 if count > 0 else 0)
     if code in NOT_RESTARTED:
         return Verdict(False, NOT_RESTARTED[code], wp)
     if stop_requested:
         return Verdict(False, "the launcher was asked to stop", wp)
+    if repeats:
+        return Verdict(False, f"the trainer stopped on a problem a restart would meet again (exit {code})", wp)
     if max_restarts <= 0:
         return Verdict(False, "restarts are off (max_restarts=0)", wp)
     if nodes > 1:
@@ -249,9 +255,10 @@ def supervise(plan, rendered, run_dir: Path) -> int:
         prog = read_progress(run_dir)
         start_step = checkpoint_step(Path(started_from)) if started_from else 0
         stepped = bool(prog and prog["step"] > (start_step or 0) and (prog["time"] or 0) >= t0)
+        status = edge.read_status(run_dir, node) or {}
         verdict = decide(
             code,
-            (edge.read_status(run_dir, node) or {}).get("message"),
+            status.get("message"),
             started_from=started_from,
             newest=newest.name if newest else None,
             stepped=stepped,
@@ -261,6 +268,7 @@ def supervise(plan, rendered, run_dir: Path) -> int:
             max_without_progress=max_wp,
             stop_requested=bool(outcome.get("stop_requested")),
             nodes=plan.topology.num_machines,
+            repeats=bool(status.get("repeats")),
         )
         wp = verdict.without_progress
         if not verdict.restart:

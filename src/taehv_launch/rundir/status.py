@@ -15,17 +15,21 @@ def status_path(run_dir: Path, node: int) -> Path:
     return run_dir / f"exit_status{node_suffix(node)}.json"
 
 
-def write_exit_status(path: Path, code: int, message: str) -> None:
-    """Record {"code", "message"} atomically; an OSError is the caller's to report."""
-    write_atomic(path, json.dumps({"code": code, "message": message}))
+def write_exit_status(path: Path, code: int, message: str, repeats: bool = False) -> None:
+    """Record {"code", "message"} atomically, and "repeats": true when the trainer stopped on a problem a
+    restart would meet again (a user error such as diverging again or a full disk, not a dead peer): the
+    launcher's restart in place (run/restart.py) leaves it. An OSError is the caller's to report."""
+    rec = {"code": code, "message": message} | ({"repeats": True} if repeats else {})
+    write_atomic(path, json.dumps(rec))
 
 
 def read_exit_status(path: Path) -> dict | None:
-    """The recorded {"code": int, "message": str or None}, or None when there is none (yet) or it is
+    """The recorded {"code": int, "message": str or None} (and "repeats": True where recorded), or None when there is none (yet) or it is
     unusable (unreadable, not an object, no whole-number code)."""
     rec = read_json_or_none(path)
     code = rec.get("code") if rec else None
     if not isinstance(code, int) or isinstance(code, bool):
         return None
     message = rec.get("message")
-    return {"code": code, "message": message if isinstance(message, str) else None}
+    out = {"code": code, "message": message if isinstance(message, str) else None}
+    return out | ({"repeats": True} if rec.get("repeats") is True else {})

@@ -47,11 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK", "0")
     stop.hold_trainer_lock(run_dir, node_rank())
     stop.watch_launcher(rank)
-    from taehv_launch.errors import EXIT_FAILED, EXIT_RESUMABLE, UserError, one_line
+    from taehv_launch.errors import EXIT_FAILED, EXIT_RESUMABLE, PeerFailure, UserError, one_line
     from taehv_launch.rundir.heartbeat import STACKS_SIGNAL
 
     faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
 
+    repeats = False  # a user error meets a restart again (run/restart.py); a dead peer or a crash may not
     try:
         from taehv_launch.plan.configfile import read_rendered_config
         from taehv_launch.plan.schema import make_config
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
             code, message = train(cfg, run_dir, args.resume, args.debug, args.profile), "ok"
     except UserError as err:
-        code, message = err.exit_code, one_line(str(err))
+        code, message, repeats = err.exit_code, one_line(str(err)), not isinstance(err, PeerFailure)
         print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
     except Exception as exc:  # a bug or a dead peer: full traceback, the job fails
         died = stop.worker_death_message(exc)
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if code == EXIT_RESUMABLE and stop.launcher_gone():
         kept = "the cache job kept its complete shards" if args.task == "cache" else "the trainer saved a checkpoint"
         message = f"{stop.launcher_gone()}: {kept} and stopped"
-    write_status(run_dir, code, message)
+    write_status(run_dir, code, message, repeats)
     return code
 
 

@@ -14,11 +14,11 @@ def node_rank() -> int:
     return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
 
 
-def write_status(run_dir: Path, code: int, message: str) -> None:
+def write_status(run_dir: Path, code: int, message: str, repeats: bool = False) -> None:
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return
     path = status_path(run_dir, node_rank())
     try:
-        write_exit_status(path, code, message)
+        write_exit_status(path, code, message, repeats)
     except OSError as exc:  # the launcher then reports accelerate's code instead: say why
         print(f"warning: cannot record the exit status in {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
