@@ -108,7 +108,7 @@ def test_two_runs_differing_in_one_key(runs):
 def test_a_run_against_a_plan(runs):
     out = f"output_dir='{runs / 'output'}'"
     fast = "--set log_every=1 --set validation_steps=2 --set checkpointing_steps=2 --set dataloader_num_workers=0"
-    plan = f"1 cpu --set {out} {fast} --set max_validation_batches=1 --set max_train_steps=1"
+    plan = f"1 cpu --set {out} {fast} --set max_validation_batches=1 --set max_restarts=0 --set max_train_steps=1"
     env = clean_env(TAEHV_CACHE=str(runs.parent / "taehv-cache"), OMP_NUM_THREADS="1")  # as trainrun launched it
     proc = run_cli("diff", "output/a", plan, "--json", cwd=runs, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the plan it was launched with, resolved again
