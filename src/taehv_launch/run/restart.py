@@ -274,7 +274,7 @@ def supervise(plan, rendered, run_dir: Path) -> int:
         if not verdict.restart:
             if count and code not in (EXIT_OK,):
                 record(run_dir, {"event": "restart_stop", "time": time.time(), "code": code, "reason": verdict.line})
-            if code not in NOT_RESTARTED and max_restarts > 0:
+            if code not in NOT_RESTARTED and max_restarts > 0 and not status.get("repeats"):  # its own line says it
                 print(f"taehv-launch: not restarting: {verdict.line}", file=sys.stderr, flush=True)
             return code
         count += 1
