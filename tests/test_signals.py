@@ -57,6 +57,8 @@ def settings(workers: int) -> list[str]:
         f"dataloader_num_workers={workers}",
         "--set",
         "checkpoints_total_limit=2",
+        "--set",
+        "max_restarts=0",  # one failure's exit code and line are checked here; restarts: test_restart.py
     ]
 
 
