@@ -272,12 +272,15 @@ def test_status_follows_a_two_node_run_to_its_end(tmp_path):
 def test_status_of_a_failed_and_a_killed_run(tmp_path):
     import psutil
 
-    (proc,) = start(tmp_path, "--set", f"pretrained_model_path='{tmp_path / 'nope.pth'}'", name="bad")
+    # a weights file the launcher's header reader lets through (not a zip archive) and the trainer refuses
+    # (a missing file is refused by the launcher now, before the run dir exists: #36)
+    (tmp_path / "taecvx.pth").write_bytes(b"not a torch archive" * 50)
+    (proc,) = start(tmp_path, "--set", f"pretrained_model_path='{tmp_path / 'taecvx.pth'}'", name="bad")
     proc.communicate(timeout=600)
     assert proc.returncode == 2
     f = collect(tmp_path / "output" / "bad")
     assert f["state"] == "failed" and f["exit_code"] == 2
-    assert "TAEHV weights not found" in f["last_error"], f
+    assert "taecvx.pth" in f["last_error"], f
     (proc,) = start(tmp_path, "--set", "max_train_steps=500", name="gone")
     run = tmp_path / "output" / "gone"
     try:
