@@ -10,11 +10,12 @@
 #       keeps the teacher and the export under $KEEP (carry them into the recipe call)
 #   bash scripts/gpu_quality.sh recipe VIDS KEEP  the decoder-only recipe (item 2): start from KEEP's export,
 #       freeze_encoder=True, reconstruction_loss=l1, Seraena on, FT_STEPS steps (400); then `eval` before vs after
+#   bash scripts/gpu_quality.sh all VIDS          both in one call (the teacher does not fit the transfer back)
 # Env: OUT (evidence folder), W (work folder), KEEP (where distil leaves teacher/ and start/), STEPS, VAL_EVERY,
 # FT_STEPS, TEACHER_STEPS (1200), TEACHER_S (seconds, 200).
 set -uo pipefail
 MODE=${1:?usage: bash scripts/gpu_quality.sh distil|recipe VIDS [KEEP]}; VIDS=${2:?the sample videos folder}
-OUT=${OUT:-/tmp/gpu_quality}; W=${W:-/tmp/gq}; KEEP=${KEEP:-${3:-$OUT/keep}}; mkdir -p "$OUT" "$W" "$KEEP"
+OUT=${OUT:-/tmp/gpu_quality}; W=${W:-/tmp/gq}; KEEP=${KEEP:-${3:-$W/keep}}; mkdir -p "$OUT" "$W" "$KEEP"
 STEPS=${STEPS:-1000}; VAL_EVERY=${VAL_EVERY:-250}; FT_STEPS=${FT_STEPS:-400}
 trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where
 if [ -d .whl ] && [ ! -d /tmp/site/diffusers ]; then
@@ -35,10 +36,10 @@ evalrow() {  # NAME WEIGHTS...
   tl eval "$@" --data-root "$DATA" --ref-vae-path "$KEEP/teacher" --height 480 --width 720 --n-frames 12 \
     --max-clips 8 > "$OUT/eval_$name.txt" 2> "$OUT/eval_$name.log"
   echo "eval $name: exit $?"; cat "$OUT/eval_$name.txt"
-  tl eval "$@" --data-root "$DATA" --ref-vae-path "$KEEP/teacher" --height 480 --width 720 --n-frames 12 \
-    --max-clips 8 --json > "$OUT/eval_$name.json" 2>> "$OUT/eval_$name.log"
 }
-if [ "$MODE" = distil ]; then
+if [ "$MODE" = all ]; then
+  bash "$0" distil "$VIDS" && bash "$0" recipe "$VIDS"; exit $?
+elif [ "$MODE" = distil ]; then
   python3 scripts/train_sanity_reference.py "$DATA" "$KEEP/teacher" "${TEACHER_STEPS:-1200}" "${TEACHER_S:-200}" 2>&1 \
     | grep -v Warn | tee "$OUT/teacher-training.log"
   tl 1 h100 --run-name distil480 "${common[@]}" --set ref_vae_path="'$KEEP/teacher'" \
