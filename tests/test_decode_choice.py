@@ -324,11 +324,11 @@ def test_the_trainer_chooses_the_threads_at_start(gop_sets, tmp_path):
     """A real 1-rank CPU run through the GPU path's stage (OpenCV frames stand in for NVDEC) at the default
     video_decode_threads=0: the index keeps its sources record, and the start-up says the choice and why."""
     from conftest import clean_env
-    from taehv_launch.train.loop import build
+    from taehv_launch.train import faults
     from trainrun import launch, ok
 
     env = clean_env(
-        TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1", **{build.TEST_STAGE_ENV: "opencv"}
+        TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1", **{faults.STAGE_ENV: "opencv"}
     )
     args = ["--set", f"data_root='{gop_sets / 'mixed'}'", "--set", "max_train_steps=2", "--set", "micro_batch_size=1"]
     proc, run = launch(tmp_path, 1, *args, env=env)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from taehv_launch.train.loop import build
+from taehv_launch.train import faults
 from taehv_launch.train.data import nvdec
 from taehv_launch.train.data.clips import Crop, VideoClipDataset, collate
 from trainrun import launch, ok
@@ -228,7 +228,7 @@ def build_env(tmp_path):
     return clean_env(
         TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"),
         OMP_NUM_THREADS="1",
-        **{build.TEST_STAGE_ENV: "opencv", build.TEST_REFUSE_ENV: ",".join(REFUSED)},
+        **{faults.STAGE_ENV: "opencv", faults.REFUSE_ENV: ",".join(REFUSED)},
     )
 
 

@@ -17,9 +17,10 @@ import torch
 from conftest import assert_one_line_error, clean_env
 from trainrun import launch, ok, scalars, trainer_state
 from taehv_launch.errors import ConfigError
-from taehv_launch.train.loop import guard as guard_mod
+from taehv_launch.train import faults
 from taehv_launch.rundir.events import EVENTS_FILE, append_event, read_events
-from taehv_launch.train.loop.guard import Guard, Injection, RunningMedian
+from taehv_launch.train.faults import Injection
+from taehv_launch.train.loop.guard import Guard, RunningMedian
 
 CPU = torch.device("cpu")
 
@@ -117,7 +118,7 @@ def test_every_rank_is_judged_and_named(tmp_path):
 
 
 def test_check_runs_the_one_sync_on_tensors_and_the_hook_injects(tmp_path, monkeypatch):
-    monkeypatch.setenv(guard_mod.TEST_INJECT_ENV, "nan@2,spike@3:0,spike@4:1")
+    monkeypatch.setenv(faults.INJECT_ENV, "nan@2,spike@3:0,spike@4:1")
     g = make_guard(tmp_path, loss_spike_window=1)
     one, zero = torch.tensor(1.0), torch.tensor(0.0)
     assert g.check(one, zero, 0)  # micro-batch 1
@@ -165,14 +166,14 @@ def test_fp16_scaler_or_no_norm_leaves_the_step_to_others(tmp_path):
 
 
 def test_injection_spec(monkeypatch):
-    monkeypatch.setenv(guard_mod.TEST_INJECT_ENV, "nan@3-5:1,spike@9,gradnan@12:0")
+    monkeypatch.setenv(faults.INJECT_ENV, "nan@3-5:1,spike@9,gradnan@12:0")
     assert Injection.from_env(1).at == {3: "nan", 4: "nan", 5: "nan", 9: "spike"}
     assert Injection.from_env(0).at == {9: "spike", 12: "gradnan"}
     for bad in ("oops@3", "nan@x", "nan@3:one", "nan"):
-        monkeypatch.setenv(guard_mod.TEST_INJECT_ENV, bad)
+        monkeypatch.setenv(faults.INJECT_ENV, bad)
         with pytest.raises(ConfigError, match="kind@N"):
             Injection.from_env(0)
-    monkeypatch.delenv(guard_mod.TEST_INJECT_ENV)
+    monkeypatch.delenv(faults.INJECT_ENV)
     assert Injection.from_env(0) is None
 
 
@@ -229,7 +230,7 @@ def test_reset_after_a_rollback(tmp_path):
 
 
 # ---------------------------------------------------------------------------- real runs
-INJECT = guard_mod.TEST_INJECT_ENV
+INJECT = faults.INJECT_ENV
 RUN = [
     "--set",
     "checkpointing_steps=4",

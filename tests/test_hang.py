@@ -543,11 +543,11 @@ def test_every_rank_that_ends_a_hung_job_records_exit_76_for_its_node(tmp_path, 
     ],
 )
 def test_the_test_hook_fires_only_where_and_on_the_rank_it_names(monkeypatch, spec, rank, where, point):
-    from taehv_launch.train.loop.speed import hang_hook_point
+    from taehv_launch.train.faults import hang_point
 
     monkeypatch.setenv("TAEHV_LAUNCH_TEST_HANG", spec)
     monkeypatch.setenv("RANK", rank)
-    assert hang_hook_point(where) == point
+    assert hang_point(where) == point
 
 
 # ----------------------------------------------------------------------------- the real launcher, 2 CPU ranks

@@ -12,7 +12,7 @@ import torch
 
 from conftest import clean_env
 from trainrun import launch, ok, scalars
-from taehv_launch.train.loop import stragglers as st
+from taehv_launch.train import faults
 from taehv_launch.train.loop.stragglers import StepClock, Stragglers, find_stragglers, gather_window
 
 CPU = torch.device("cpu")
@@ -70,9 +70,9 @@ class _Slow:
 
 
 def test_the_slow_hook_sleeps_on_its_rank_only(monkeypatch):
-    monkeypatch.setenv(st.TEST_SLOW_ENV, "1:0.25")
+    monkeypatch.setenv(faults.SLOW_ENV, "1:0.25")
     assert StepClock(CPU, True, 1).slow == 0.25 and StepClock(CPU, True, 0).slow == 0.0
-    monkeypatch.setenv(st.TEST_SLOW_ENV, "junk")
+    monkeypatch.setenv(faults.SLOW_ENV, "junk")
     assert StepClock(CPU, True, 1).slow == 0.0
 
 
@@ -102,7 +102,7 @@ def test_report_skips_the_first_window_then_says_one_line_per_slow_rank():
 
 @pytest.mark.slow
 def test_a_slowed_rank_is_named_with_its_host(tmp_path):
-    env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1", **{st.TEST_SLOW_ENV: "1:3"})
+    env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1", **{faults.SLOW_ENV: "1:3"})
     proc, run = launch(
         tmp_path,
         2,

@@ -377,3 +377,31 @@ def test_errors_are_in_the_family():
         if (n := len([l for l in p.read_text().splitlines() if "raise RuntimeError(" in l or "raise ValueError(" in l]))
     }
     assert not bare, bare
+
+
+FAULTS = PKG / "train" / "faults.py"  # the one module that reads the tests' fault-injection variables
+FAULT_PREFIX = "TAEHV_LAUNCH_" + "TEST_"
+
+
+def fault_hooks_outside(sources: dict[Path, str] | None = None) -> list[str]:
+    """file:line for each mention of a TAEHV_LAUNCH_TEST_* variable in a product module other than faults.py."""
+    sources = sources or {p: p.read_text() for p in sorted(PKG.rglob("*.py"))}
+    return [
+        f"{p.relative_to(PKG.parent.parent)}:{i}: {FAULT_PREFIX}* outside train/faults.py; add a named hook there"
+        for p, text in sources.items()
+        if p != FAULTS
+        for i, line in enumerate(text.splitlines(), 1)
+        if FAULT_PREFIX in line
+    ]
+
+
+def test_fault_injection_lives_only_in_the_faults_module():
+    """Issue #40: the tests' faults are switched on through train/faults.py's hooks, never read elsewhere."""
+    assert FAULTS.exists() and FAULT_PREFIX in FAULTS.read_text()
+    bad = fault_hooks_outside()
+    assert not bad, "\n".join(bad)
+    guard = PKG / "train" / "loop" / "guard.py"
+    injected = {guard: guard.read_text() + f'\nX = os.environ.get("{FAULT_PREFIX}X")\n', FAULTS: FAULTS.read_text()}
+    assert [b.split(": ")[0] for b in fault_hooks_outside(injected)] == [
+        f"src/taehv_launch/train/loop/guard.py:{len(injected[guard].splitlines())}"
+    ]

@@ -6,7 +6,7 @@ Each function builds one thing from the config; the loop in loop.py only uses th
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Sampler
 from ...errors import ConfigError, DataError, ModelError
 from ...plan.schema import Config
 from ...plan.demo import demo_cache_dir, demo_paths
+from .. import faults
 
 
 def make_accelerator(cfg: Config, run_dir: Path | None = None):
@@ -157,62 +158,52 @@ def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
     )
 
 
-# Test-only: "opencv" runs the GPU decode stage with OpenCV frames on any device (CPU CI), and
-# TEST_REFUSE_ENV lists file suffixes that stand-in decoder refuses, as NVDEC refuses some files.
-TEST_STAGE_ENV, TEST_REFUSE_ENV = "TAEHV_LAUNCH_TEST_STAGE_DECODER", "TAEHV_LAUNCH_TEST_STAGE_REFUSE"
+@dataclass(frozen=True)
+class Decoding:
+    """How the training clips are cut, decided once at start (`use_decoder`): "opencv" in the DataLoader
+    workers, or "nvdec" in the training process by the decoders `make` builds (NvdecDecoder, or the tests'
+    stand-in from faults.py)."""
+
+    name: str
+    make: Any = None
 
 
-def use_decoder(cfg: Config, device: torch.device, dataset, log) -> str:
+def use_decoder(cfg: Config, device: torch.device, dataset, log) -> Decoding:
     """Which decoder cuts the training clips ("nvdec" or "opencv"), said in one line; with nvdec the
     dataset plans clips (tickets) and the training process decodes them (nvdec.DecodeStage)."""
-    from ..data.nvdec import choose, nvdec_version
+    from ..data.nvdec import DecodeRefused, NvdecDecoder, OpenCVFrames, choose, nvdec_version
 
-    name, why = choose(cfg, device)
-    if os.environ.get(TEST_STAGE_ENV):
-        name, why = "nvdec", ""
+    stand_in = faults.decode_stand_in(OpenCVFrames, DecodeRefused)  # the tests' GPU path on any device
+    chosen = choose(cfg, device)
+    name, why = ("nvdec", "") if stand_in else chosen
     if cfg.video_decoder == "nvdec" and name != "nvdec":
         raise ConfigError(
             f"video_decoder=nvdec, but {why}: install the extra (pip install 'taehv-launch[nvdec]') "
             f"or use --set video_decoder=auto"
         )
-    if name == "nvdec":
-        dataset.defer = True
-        what = (
-            "a test stand-in (OpenCV frames)"
-            if os.environ.get(TEST_STAGE_ENV)
-            else f"NVDEC, PyNvVideoCodec {nvdec_version()}"
-        )
-        log(
-            f"data: decoding training clips on the GPU ({what}, {cfg.video_decode_threads} threads per rank); "
-            f"files it cannot take are decoded on the CPU"
-        )
-    else:
+    if name != "nvdec":
         log(
             f"data: decoding training clips on the CPU (OpenCV, {cfg.dataloader_num_workers} DataLoader workers "
             f"per rank)" + (f"; not on the GPU: {why}" if why and device.type == "cuda" else "")
         )
-    return name
+        return Decoding("opencv")
+    dataset.defer = True
+    what = stand_in.what if stand_in else f"NVDEC, PyNvVideoCodec {nvdec_version()}"
+    log(
+        f"data: decoding training clips on the GPU ({what}, {cfg.video_decode_threads} threads per rank); "
+        f"files it cannot take are decoded on the CPU"
+    )
+    return Decoding("nvdec", stand_in or NvdecDecoder)
 
 
-def batches(loader, decoder: str, cfg: Config, device: torch.device, log):
+def batches(loader, decoding: Decoding, cfg: Config, device: torch.device, log):
     """The loader itself, or with nvdec the DecodeStage that decodes its tickets."""
-    if decoder != "nvdec":
+    if decoding.name != "nvdec":
         return loader
-    from ..data.nvdec import DecodeRefused, DecodeStage, NvdecDecoder, OpenCVFrames
+    from ..data.nvdec import DecodeStage
 
-    make = NvdecDecoder
-    if os.environ.get(TEST_STAGE_ENV):
-        refuse = tuple(x for x in os.environ.get(TEST_REFUSE_ENV, "").split(",") if x)
-
-        class Refusing(OpenCVFrames):
-            def frames(self, path, indices):
-                if refuse and path.endswith(refuse):
-                    raise DecodeRefused("the test decoder refuses this file", os.path.basename(path))
-                return super().frames(path, indices)
-
-        make = Refusing
     return DecodeStage(
-        loader, loader.dataset, device, cfg.height, cfg.width, make, threads=cfg.video_decode_threads, log=log
+        loader, loader.dataset, device, cfg.height, cfg.width, decoding.make, threads=cfg.video_decode_threads, log=log
     )
 
 

@@ -35,18 +35,14 @@ step gives the data seed and, while it lasts, the lowered learning rate (the lea
 function of the step). A rollback record a resume cannot use (a hand edit; rundir/events.py checks each
 field) is left out with one note line, never a crash. The running median starts empty in every process.
 
-Test only: TAEHV_LAUNCH_TEST_INJECT="nan@12,spike@30-32:1,gradnan@20:0" makes the check see a NaN
-(`nan`) or a x1000 reconstruction loss (`spike`) at those micro-batches (this process's count, from 1,
-skipped ones included) on that global rank (all ranks without `:rank`); `gradnan` fills a gradient with
-NaN after DDP's reduction, before the clip of that micro-batch's optimizer step, on that rank only (DDP).
-Unset, nothing is parsed or called.
+The tests poison losses and gradients through train/faults.py (`injection`: a NaN or spike loss at given
+micro-batches, a NaN gradient before a clip); unset, nothing is parsed or called.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import os
 import time
 from collections import deque
 from pathlib import Path
@@ -55,15 +51,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...errors import ConfigError, TooManyBadSteps
+from ...errors import TooManyBadSteps
 from ...rundir.events import EVENTS_FILE, append_event, rollbacks
+from .. import faults
 from ..durability.checkpoint import load_checkpoint, rollback_checkpoint
 from ..durability.progress import PROGRESS
 from .speed import Prefetcher
 
-TEST_INJECT_ENV = "TAEHV_LAUNCH_TEST_INJECT"
 SEED_STRIDE = 7919  # the data seed after rollback n: seed + n x SEED_STRIDE
-SPIKE = 1000.0  # the test hook's spike
 
 
 class DivergedAgain(TooManyBadSteps):
@@ -95,44 +90,6 @@ class RunningMedian:
         return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-class Injection:
-    """TAEHV_LAUNCH_TEST_INJECT for this rank: {micro-batch: kind}."""
-
-    def __init__(self, at: dict[int, str]):
-        self.at = at
-
-    @classmethod
-    def from_env(cls, rank: int) -> Injection | None:
-        spec = os.environ.get(TEST_INJECT_ENV, "")
-        if not spec:
-            return None
-        at: dict[int, str] = {}
-        for item in filter(None, spec.split(",")):
-            kind, _, where = item.partition("@")
-            span, _, who = where.partition(":")
-            first, _, last = span.partition("-")
-            try:
-                lo, hi, target = int(first), int(last or first), int(who) if who else None
-            except ValueError:
-                kind = ""
-            if kind not in ("nan", "spike", "gradnan"):
-                raise ConfigError(f"{TEST_INJECT_ENV}: cannot read {item!r}: write kind@N[-M][:rank]")
-            if target is None or target == rank:
-                at.update({k: kind for k in range(lo, hi + 1)})
-        return cls(at)
-
-    def loss(self, micro: int, rec: torch.Tensor) -> torch.Tensor:
-        kind = self.at.get(micro)
-        return rec * float("nan") if kind == "nan" else rec * SPIKE if kind == "spike" else rec
-
-    def grads(self, micro: int, params):
-        if self.at.get(micro) != "gradnan":
-            return params
-        params = list(params)
-        next(p for p in params if p.grad is not None).grad.fill_(float("nan"))
-        return params
-
-
 class Guard:
     """The micro-batch check and the rollback policy of one rank (see the module's docstring)."""
 
@@ -146,7 +103,7 @@ class Guard:
         self.bad_in_a_row, self.micro = 0, 0
         self.rollback_due, self.why = False, ""
         self.skipped_steps, self.skipped_in_a_row, self.step_skipped = 0, 0, False  # optimizer steps (grads_finite)
-        self.inject = Injection.from_env(rank)
+        self.inject = faults.injection(rank)  # the tests' poisoned losses and gradients
         self.history, self.left_out, note = rollbacks(run_dir)  # records a resume cannot use: left out
         if note:
             log(f"note: {note}")

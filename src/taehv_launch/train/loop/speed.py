@@ -13,48 +13,20 @@ Each lever has its own config key and its own row in `taehv-launch bench --compa
   window instead of several per step.
 timing.py measures them (--profile's phase table, speed.json).
 
-Test only: TAEHV_LAUNCH_TEST_HANG=<rank>:<step>:<where> makes global rank <rank> sleep for ever at
-the first <where> ("collective": inside the stop vote's all-reduce, before it is issued; "data": in
-the batch fetch) at or after optimizer step <step>, so tests/test_hang.py and scripts/gpu_hang_check.sh
-can watch the hang detector (train/durability/hang.py) find and report it.
+The batch fetch and the stop vote's all-reduce carry the tests' hang hook (train/faults.py, `hang_at`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from ...plan.schema import Config
+from .. import faults
 from ..durability.progress import PROGRESS
-
-TEST_HANG_ENV = "TAEHV_LAUNCH_TEST_HANG"
-
-
-def hang_hook_point(where: str) -> tuple[int, int] | None:
-    """(rank, step) of TAEHV_LAUNCH_TEST_HANG when it names `where` and this process's rank; else None."""
-    spec = os.environ.get(TEST_HANG_ENV, "").split(":")
-    try:
-        rank, step = int(spec[0]), int(spec[1])
-    except (ValueError, IndexError):
-        return None
-    if len(spec) != 3 or spec[2] != where or rank != int(os.environ.get("RANK", "0") or 0):
-        return None
-    return rank, step
-
-
-def hang_if_hooked(point: tuple[int, int] | None, where: str) -> None:
-    """Sleep for ever here when the test hook's step has come (see the module's docstring)."""
-    if point is None or PROGRESS.step < point[1]:
-        return
-    sys.stderr.write(f"[rank {point[0]}] {TEST_HANG_ENV}: hanging in {where} at step {PROGRESS.step} (test hook)\n")
-    sys.stderr.flush()
-    while True:
-        time.sleep(3600)
 
 
 def compile_cache_dir(cfg: Config) -> Path:
@@ -115,7 +87,7 @@ class Prefetcher:
 
     def __init__(self, loader, device: torch.device):
         self.it, self.device = iter(loader), device
-        self.test_hang = hang_hook_point("data")
+        self.hang = faults.hang_at("data")  # a test's hang (no-op unless set)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.next = self._load()
 
@@ -135,7 +107,7 @@ class Prefetcher:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        hang_if_hooked(self.test_hang, "data")
+        self.hang(PROGRESS.step)
         batch = self.next
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
@@ -188,12 +160,12 @@ class AsyncVote:
         self.host = torch.zeros(1, pin_memory=device.type == "cuda")
         self.event = torch.cuda.Event() if device.type == "cuda" else None
         self.pending = False
-        self.test_hang = hang_hook_point("collective")
+        self.hang = faults.hang_at("collective")  # a test's hang (no-op unless set)
 
     def cast(self, local: bool) -> None:
         flag = torch.tensor([1.0 if local else 0.0], device=self.device)
         with PROGRESS.phase("collective"):
-            hang_if_hooked(self.test_hang, "collective")
+            self.hang(PROGRESS.step)
             PROGRESS.count_collective()
             self.dist.all_reduce(flag, op=self.dist.ReduceOp.MAX)
         self.host.copy_(flag, non_blocking=self.event is not None)

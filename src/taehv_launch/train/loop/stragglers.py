@@ -21,14 +21,12 @@ of a launch, and the one after a rollback, are left out (workers starting, compi
 ending within 2 steps of the start (DDP's second iteration rebuilds its gradient buckets with a collective
 in its forward, where a slow rank's delay is not measured).
 
-Test only: TAEHV_LAUNCH_TEST_SLOW="<rank>:<seconds>" makes that global rank sleep this long in every
-micro-batch's forward (tests/test_stragglers.py).
+A test makes one rank slow in every micro-batch's forward through train/faults.py (`slow_forward`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import statistics
 import time
@@ -36,19 +34,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from .. import faults
 from ..durability.progress import PROGRESS
 
-TEST_SLOW_ENV = "TAEHV_LAUNCH_TEST_SLOW"
 FIELDS = ("busy", "forward", "data", "wait")  # per step, seconds
-
-
-def _slow_hook(rank: int) -> float:
-    spec = os.environ.get(TEST_SLOW_ENV, "")
-    who, _, secs = spec.partition(":")
-    try:
-        return float(secs) if spec and int(who) == rank else 0.0
-    except ValueError:
-        return 0.0
 
 
 class StepClock:
@@ -56,7 +45,7 @@ class StepClock:
 
     def __init__(self, device: torch.device, enabled: bool, rank: int):
         self.enabled, self.cuda = enabled, enabled and device.type == "cuda"
-        self.slow = _slow_hook(rank)
+        self.slow = faults.slow_forward(rank)  # seconds a test makes this rank sleep per forward; 0.0
         self.reset()
 
     def reset(self) -> None:
