@@ -141,11 +141,12 @@ def build_datasets(cfg: Config, accelerator, log):
 def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
     from ..data.cached import collate_cached
     from ..data.clips import collate, worker_init_fn
+    from ..data.workers import WorkerLoader  # workers started with the stop signals blocked
 
     collate = collate_cached if cfg.latent_cache else collate
     workers = cfg.dataloader_num_workers
     extra = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True) if workers > 0 else {}
-    return DataLoader(
+    return WorkerLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
@@ -158,19 +159,25 @@ def make_loader(dataset, batch_size: int, sampler, cfg: Config) -> DataLoader:
     )
 
 
+# How video_decode_threads=0 came to its number (plan/decodeplan.py DecodeChoice.how); the next line says why.
+CHOSEN = {"sources": "chosen from the sources", "default": "the default"}
+
+
 @dataclass(frozen=True)
 class Decoding:
     """How the training clips are cut, decided once at start (`use_decoder`): "opencv" in the DataLoader
-    workers, or "nvdec" in the training process by the decoders `make` builds (NvdecDecoder, or the tests'
-    stand-in from faults.py)."""
+    workers, or "nvdec" in the training process by `threads` decoders `make` builds (NvdecDecoder, or the
+    tests' stand-in from faults.py)."""
 
     name: str
     make: Any = None
+    threads: int = 0
 
 
 def use_decoder(cfg: Config, device: torch.device, dataset, log) -> Decoding:
     """Which decoder cuts the training clips ("nvdec" or "opencv"), said in one line; with nvdec the
-    dataset plans clips (tickets) and the training process decodes them (nvdec.DecodeStage)."""
+    dataset plans clips (tickets) and the training process decodes them (nvdec.DecodeStage) with the threads
+    video_decode_threads sets, or with 0 those chosen here from the sources (a second line says why)."""
     from ..data.nvdec import DecodeRefused, NvdecDecoder, OpenCVFrames, choose, nvdec_version
 
     stand_in = faults.decode_stand_in(OpenCVFrames, DecodeRefused)  # the tests' GPU path on any device
@@ -189,11 +196,19 @@ def use_decoder(cfg: Config, device: torch.device, dataset, log) -> Decoding:
         return Decoding("opencv")
     dataset.defer = True
     what = stand_in.what if stand_in else f"NVDEC, PyNvVideoCodec {nvdec_version()}"
+    threads, how, choice = cfg.video_decode_threads, "as set by video_decode_threads", None
+    if threads <= 0:  # 0: chosen once, at start, from the sources and the GPU (plan/decodeplan.py)
+        from ..data.probe import choose_threads
+
+        choice = choose_threads(dataset, device, cfg.height, cfg.width, cfg)
+        threads, how = choice.threads, CHOSEN[choice.how]
     log(
-        f"data: decoding training clips on the GPU ({what}, {cfg.video_decode_threads} threads per rank); "
+        f"data: decoding training clips on the GPU ({what}, {threads} threads per rank, {how}); "
         f"files it cannot take are decoded on the CPU"
     )
-    return Decoding("nvdec", stand_in or NvdecDecoder)
+    if choice is not None:
+        log(f"data: NVDEC decode threads: {choice.line()}")
+    return Decoding("nvdec", stand_in or NvdecDecoder, threads)
 
 
 def batches(loader, decoding: Decoding, cfg: Config, device: torch.device, log):
@@ -203,7 +218,7 @@ def batches(loader, decoding: Decoding, cfg: Config, device: torch.device, log):
     from ..data.nvdec import DecodeStage
 
     return DecodeStage(
-        loader, loader.dataset, device, cfg.height, cfg.width, decoding.make, threads=cfg.video_decode_threads, log=log
+        loader, loader.dataset, device, cfg.height, cfg.width, decoding.make, threads=decoding.threads, log=log
     )
 
 
