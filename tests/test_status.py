@@ -62,6 +62,7 @@ FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)
     "plan_hash",
     "node_logs",
     "unreadable",
+    "validation",
 }
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import assert_one_line_error
+from conftest import assert_one_line_error, run_cli
 from trainrun import launch, ok, scalars, trainer_state
 
 TB_KEYS = [
@@ -24,6 +24,7 @@ TB_KEYS = [
     "train/gpu_memory_gb",
     "val/psnr",
     "val/ssim",
+    "val/flicker",  # as `taehv-launch eval` measures it (#37); val/lpips only where LPIPS's weights are local
 ]
 
 
@@ -63,6 +64,20 @@ def test_demo_trains_checkpoints_exports_and_resumes(tmp_path):
     assert (run.parent / "latest").resolve() == run.resolve()
     for f in ("config.py", "accelerate.yaml", "env.json", "launch.log"):
         assert (run / f).is_file()
+    val = json.loads((run / "validation.json").read_text())  # the newest validation, for `status`
+    assert val["step"] == 4 and val["flicker"] >= 0 and val["best_step"] in (2, 4) and val["clips"] == 1, val
+    assert val["psnr"] == pytest.approx(tb["val/psnr"][-1][1]) and val["flicker"] == pytest.approx(
+        tb["val/flicker"][-1][1]
+    )
+    assert ("val/lpips" in tb) == (val["lpips"] is not None) and proc.stdout.count("validation: LPIPS n/a") == (
+        val["lpips"] is None
+    )
+    assert (
+        f"validation at step 4: psnr {val['psnr']:.2f} dB, ssim {val['ssim']:.4f}, flicker {val['flicker']:.4f}"
+        in proc.stdout
+    )
+    status = run_cli("status", str(run))
+    assert status.returncode == 0 and "  validation step 4: PSNR " in status.stdout, status.stdout + status.stderr
 
     # --resume auto continues at the saved step: TensorBoard steps continue, they do not restart
     proc, _ = launch(tmp_path, 1, "--resume", "auto", "--set", "max_train_steps=6")
@@ -128,6 +143,8 @@ def _check_two_ranks(run, proc):
     tb = scalars(run)
     assert all(math.isfinite(v) for _, v in tb["train/loss"])
     assert [s for s, _ in tb["train/straggler_ratio"]] == [3, 4]  # each log line but the first two steps
+    val = json.loads((run / "validation.json").read_text())  # sums all-reduced over both ranks' clips
+    assert val["step"] == 4 and val["clips"] == 2 and val["flicker"] == pytest.approx(tb["val/flicker"][-1][1])
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """The measurement of `taehv-launch eval`: the held-out clips of a data root (the trainer's own split,
 dataindex/index.py split_train_val, and its validation clips: the centre clip of each held-out video),
 then for each weights file the decoder on the reference VAE's latents (when one is given) and the whole
-model end to end, as PSNR, SSIM, LPIPS (when available), flicker (train/loop/metrics.py) and decode
-frames/s. One row per weights file; --json gives the same numbers."""
+model end to end, as PSNR, SSIM, LPIPS (when available) and flicker (train/loop/metrics.py's
+clip_scores, which validation during training uses too) and decode frames/s. One row per weights file;
+--json gives the same numbers."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, ModelError
 from .weights import Weights, describe, load_model
-
-METRICS = ("psnr", "ssim", "lpips", "flicker")
 
 
 @dataclass
@@ -47,10 +47,13 @@ def check_shapes(ws: list[Weights], o: Options) -> int:
                 f"{w.arg} ({w.label}, patch {w.patch_size}) takes frames whose sides are multiples of {step}, "
                 f"not {o.height}x{o.width}: pass --height/--width multiples of {step}"
             )
-        try:
-            w.family.check_n_frames(n, group=1)
-        except Exception as exc:  # the family's own one-line rule
-            raise ModelError(f"{w.arg} ({w.label}): {exc}") from None
+        fam = w.family
+        if not fam.valid_n_frames(n, group=1):  # the family's frame rule (eval has no Seraena groups)
+            near = fam.first_valid(3, 1, start=n - 2 * fam.spacing(1))
+            raise ModelError(
+                f"{w.arg} ({w.label}) takes clips of {fam.frame_rule()}, not {n} frame{'s' if n != 1 else ''}: pass --n-frames "
+                f"{', '.join(map(str, near[:-1]))} or {near[-1]}"
+            )
     return n
 
 
@@ -83,25 +86,47 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def scores(dec, target, lpips_fn) -> dict[str, float]:
-    from ..train.loop.metrics import flicker, psnr, ssim
+def reference(o: Options, w: Weights, device) -> Any:
+    """The reference VAE of --ref-vae-path for weights `w`, or ModelError in one line that says what to
+    pass to eval (the loader's own messages speak of the trainer's keys)."""
+    from ..dataindex.refweights import model_dir
+    from ..plan.families import family_of_config
+    from ..train.reference.refvae import load_reference_vae
 
-    return {
-        "psnr": psnr(dec, target),
-        "ssim": ssim(dec, target),
-        "lpips": lpips_fn(dec, target) if lpips_fn else None,
-        "flicker": flicker(dec, target),
-    }
-
-
-def mean(rows: list[dict]) -> dict[str, float | None]:
-    return {k: (sum(r[k] for r in rows) / len(rows) if rows and rows[0][k] is not None else None) for k in METRICS}
+    path, fam = o.ref_vae_path, w.family
+    want = f"pass --ref-vae-path the local diffusers folder of the {fam.name} VAE ({fam.models}) the weights decode"
+    try:
+        folder, _ = model_dir(path)
+    except ModelError:
+        raise ModelError(
+            f"--ref-vae-path {path}: no such folder, or no config.json in it or in its vae/: {want}"
+        ) from None
+    try:
+        config = json.loads(Path(folder, "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"--ref-vae-path {path}: cannot read {folder}/config.json ({type(exc).__name__}): {want}"
+        ) from None
+    if not isinstance(config, dict):
+        config = {}
+    found = config.get("_class_name")
+    if found and (found != fam.class_name or any(config.get(k) != v for k, v in fam.config_marks.items())):
+        other = family_of_config(config)
+        what = f"a {other.name} VAE" if other is not None else f"an {found}"
+        raise ModelError(f"--ref-vae-path {path} holds {what} but {w.arg} holds {w.label} weights: {want}")
+    ref = load_reference_vae(fam.name, path, device=device)
+    if ref.latent_channels != w.latent_channels:
+        raise ModelError(
+            f"--ref-vae-path {path} gives {ref.latent_channels} latent channels but {w.arg} decodes "
+            f"{w.latent_channels}: {want}"
+        )
+    return ref
 
 
 def run(o: Options) -> int:
     import torch
 
-    from ..train.loop.metrics import load_lpips
+    from ..train.loop.metrics import clip_scores, load_lpips, mean_scores
     from ..train.model.losses import decoder_targets
 
     ws = [describe(a, o.family, o.decoder_arch) for a in o.weights]
@@ -116,11 +141,7 @@ def run(o: Options) -> int:
     device = torch.device(o.device if o.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     ref = None
     if o.ref_vae_path:
-        from ..train.reference.refvae import load_reference_vae
-
-        ref = load_reference_vae(
-            ws[0].family.name, o.ref_vae_path, device=device, expect_channels=ws[0].latent_channels
-        )
+        ref = reference(o, ws[0], device)
     else:
         o.notes.append("no --ref-vae-path: the decoder on the reference latents is not measured (end to end only)")
     clips = held_out_clips(o, n_frames)
@@ -147,7 +168,7 @@ def run(o: Options) -> int:
                     _sync(device)
                     seconds += time.perf_counter() - t0
                     frames_out += dec.shape[1]
-                    dec_rows.append(scores(dec, decoder_targets(frames, dec), lpips_fn))
+                    dec_rows.append(clip_scores(dec, decoder_targets(frames, dec), lpips_fn))
                 latents = model.encode_video(frames)
                 _sync(device)
                 t0 = time.perf_counter()
@@ -156,7 +177,7 @@ def run(o: Options) -> int:
                 if ref is None:
                     seconds += time.perf_counter() - t0
                     frames_out += dec.shape[1]
-                e2e_rows.append(scores(dec, decoder_targets(frames, dec), lpips_fn))
+                e2e_rows.append(clip_scores(dec, decoder_targets(frames, dec), lpips_fn))
                 bar.update(1)
             results.append(
                 {
@@ -164,8 +185,8 @@ def run(o: Options) -> int:
                     "file": w.path,
                     "family": w.family.name,
                     "decoder_arch": w.decoder_arch,
-                    "decoder": mean(dec_rows) if dec_rows else None,
-                    "end_to_end": mean(e2e_rows),
+                    "decoder": mean_scores(dec_rows) if dec_rows else None,
+                    "end_to_end": mean_scores(e2e_rows),
                     "decode_fps": frames_out / seconds if seconds > 0 else None,
                 }
             )

@@ -6,7 +6,7 @@ Where each fact comes from: progress.json (step, total, clips/s now and average,
 0 rewrites it at each log line), else the last `step N/T` line of launch.log; heartbeat/rank<r> (each
 rank's host, node, step, phase; the file's mtime says whether it lives); checkpoint-<step>/COMPLETE;
 exit_status[.node<k>].json and the last `error:` line of launch[.node<k>].log; requeue.json;
-env[.node<k>].json (nodes and processes); manifest.jsonl (launches); events.jsonl (divergence rollbacks).
+env[.node<k>].json (nodes and processes); manifest.jsonl (launches); events.jsonl (divergence rollbacks); validation.json.
 Every file is read as files.read_json* reads it (a FIFO, a device or a huge file never blocks nor fills
 memory; a field of another type than written reads as unknown). The current launch starts at node 0's
 .lock (rewritten by each launch), else the newest manifest record: what an earlier launch of the run
@@ -32,7 +32,7 @@ from ..rundir.events import EVENTS_FILE, read_events
 from ..rundir.heartbeat import node_rows, rank_rows, read_hang_reports
 from ..rundir.layout import REQUEUE
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
-from ..rundir.progress import count, number, progress_of, read_text_part, this_launch, timestamp
+from ..rundir.progress import count, number, progress_of, read_text_part, this_launch, timestamp, validation_of
 from ..rundir.requeue import REQUEUE_FILE
 from ..rundir.status import read_exit_status, status_path
 from .runs import runs_newest_first
@@ -51,7 +51,7 @@ FIELDS = (  # collect()'s keys: `status --json` (docs/watching.md lists them)
     "clips_per_s_avg", "global_batch", "eta_s", "ends_at", "progress_time", "progress_from", "progress_of",
     "launch_started", "flops", "checkpoint", "nodes", "processes", "heartbeat_nodes", "heartbeat_ranks",
     "heartbeat_age_s", "log_age_s", "exit", "last_error", "hang", "requeues", "requeue_marker", "rollbacks",
-    "launches", "first_launch", "resume_from", "plan_hash", "node_logs", "unreadable", "restarts",
+    "launches", "first_launch", "resume_from", "plan_hash", "node_logs", "unreadable", "restarts", "validation",
 )  # fmt: skip
 
 
@@ -332,6 +332,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "progress_of": progress.get("of", "this launch") if progress.get("step") is not None else None,
         "launch_started": progress.get("launch_started"),
         "flops": progress.get("flops"),  # the last log window's TFLOP/s per GPU and MFU (rundir/progress.py)
+        "validation": validation_of(run_dir, tails.get(0, ""), log0.name if log0 else ""),  # the newest one
         "checkpoint": guard("checkpoints", lambda: _checkpoint(run_dir, now, problems), None),
         **_topology(run_dir, manifest, nodes, ranks),
         "heartbeat_nodes": nodes,

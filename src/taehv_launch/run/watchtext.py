@@ -159,6 +159,8 @@ def run_block(f: dict[str, Any]) -> list[str]:
         out.append(f"  ETA        {duration(f['eta_s'])}, at {clock(f['ends_at'], now)}")
     ck = f["checkpoint"]
     out.append(f"  checkpoint {ck['name']}, saved {ago(ck['age_s'])}" if ck else "  checkpoint none complete yet")
+    if f.get("validation"):  # absent from a record of an older status: no line
+        out.append(f"  validation {validation_text(f['validation'], now)}")
     if f["nodes"] is not None:
         procs = f", {f['processes']} process{'es' if f['processes'] != 1 else ''}" if f["processes"] else ""
         out.append(f"  nodes      {f['nodes']} node{'s' if f['nodes'] != 1 else ''}{procs}")
@@ -259,6 +261,28 @@ def restart_text(rs: dict[str, Any], now: float) -> str:
     lost = f"; time lost {duration(rs['lost_s'])}" if rs.get("lost_s") is not None else ""
     ended = f"; stopped restarting: {text(rs['ended'])}" if rs.get("ended") else ""
     return f"{rs['count']} in the job; last{when} after {text(rs['last_reason'])}{lost}{ended} (events.jsonl)"
+
+
+def validation_text(v: dict[str, Any], now: float) -> str:
+    """`step 40: PSNR 11.20 dB, SSIM 0.2678, flicker 0.0123, LPIPS n/a (EMA model, 2 clips, 3 min ago;
+    validation.json); best PSNR 11.20 dB at step 40`. A run whose trainer measured no flicker or LPIPS
+    (before #37: read from launch.log's validation line) says n/a for them."""
+
+    def num(x: Any, digits: int) -> str:
+        return "n/a" if x is None else f"{x:.{digits}f}"
+
+    what = ["EMA model" if v.get("model") == "ema" else f"model {known(v.get('model'))}"]
+    if v.get("clips"):
+        what.append(f"{v['clips']} clip{'s' if v['clips'] != 1 else ''}")
+    if isinstance(v.get("time"), (int, float)):
+        what.append(ago(now - v["time"]))
+    line = (
+        f"step {v['step']}: PSNR {num(v.get('psnr'), 2)} dB, SSIM {num(v.get('ssim'), 4)}, flicker "
+        f"{num(v.get('flicker'), 4)}, LPIPS {num(v.get('lpips'), 4)} ({', '.join(what)}; {known(v.get('from'))})"
+    )
+    if v.get("best_step") is not None and v.get("best_psnr") is not None:
+        line += f"; best PSNR {v['best_psnr']:.2f} dB at step {v['best_step']}"
+    return line
 
 
 def why(event: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
 """<run>/progress.json: where training stands, rewritten by the trainer's rank 0 at each log line and
-read by `taehv-launch status` (which never writes).
+read by `taehv-launch status` (which never writes); <run>/validation.json: the newest validation's
+results, rewritten by rank 0 after each validation (format below, VALIDATION_FILE).
 
 {"step", "total", "samples_per_s" (this log window), "samples_per_s_avg" (since this launch started),
  "global_batch", "eta_s", "time" (the writer's clock, seconds since the epoch), "started" (this launch),
@@ -153,3 +154,79 @@ def _previous(progress: dict) -> dict:
     """An earlier launch's progress: where it got to, nothing about this launch's speed or end."""
     keep = ("step", "total", "global_batch", "progress_time", "progress_from")
     return {**{k: (v if k in keep else None) for k, v in progress.items()}, "of": "previous launch"}
+
+
+VALIDATION_FILE = "validation.json"
+# {"step", "time" (the writer's clock), "model": "ema", "clips" (clips measured over every rank),
+#  "psnr" (dB), "ssim", "flicker", "lpips" (null: not measured, "lpips_note" says why), "lpips_note",
+#  "best_step", "best_psnr" (the best validation PSNR so far, best_model/'s)}: train/loop/evaluate.py.
+# A trainer from before flicker and LPIPS wrote no file: its log's validation lines give step, PSNR, SSIM.
+VALIDATION_LINE = re.compile(  # train/loop/evaluate.py's log line; flicker and lpips since #37
+    r"^(?:\[rank \d+\] )?validation at step (\d+): psnr ([-\d.]+|nan|inf) dB, ssim ([-\d.]+|nan)"
+    r"(?:, flicker ([\d.]+|n/a))?(?:, lpips ([\d.]+|n/a))?",
+    re.M,
+)
+
+
+def write_validation(run_dir: Path, record: dict) -> None:
+    write_atomic(Path(run_dir) / VALIDATION_FILE, json.dumps(record))
+
+
+def _score(value: Any, low: float, high: float) -> float | None:
+    """A finite number from low to high (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and low <= value <= high else None
+
+
+def _scores(get: Any) -> dict[str, float | None]:
+    return {
+        "psnr": _score(get("psnr"), -1e3, 1e3),
+        "ssim": _score(get("ssim"), -1.0, 1.0),
+        "flicker": _score(get("flicker"), 0.0, 1.0),
+        "lpips": _score(get("lpips"), 0.0, 10.0),
+    }
+
+
+def validation_of(run_dir: Path, log: str, log_name: str) -> dict | None:
+    """The newest validation: validation.json with every field checked (a field of another type or out
+    of range is None), else the last validation line of the launch log's tail (`log`; a run from before
+    validation.json: step, PSNR and SSIM, flicker and LPIPS None). None when there is neither. "from"
+    says which."""
+    rec = read_json_or_none(Path(run_dir) / VALIDATION_FILE)
+    if isinstance(rec, dict) and count(rec.get("step")) is not None:
+        note = rec.get("lpips_note")
+        return {
+            "step": rec["step"],
+            "time": timestamp(rec.get("time")),
+            "model": rec["model"][:40] if isinstance(rec.get("model"), str) else None,
+            "clips": count(rec.get("clips")),
+            **_scores(rec.get),
+            "lpips_note": note[:300] if isinstance(note, str) else None,
+            "best_step": count(rec.get("best_step")),
+            "best_psnr": _score(rec.get("best_psnr"), -1e3, 1e3),
+            "from": VALIDATION_FILE,
+        }
+    found = list(VALIDATION_LINE.finditer(log))
+    if not found:
+        return None
+    m = found[-1]
+    fields = dict(zip(("psnr", "ssim", "flicker", "lpips"), m.group(2, 3, 4, 5)))
+
+    def get(k: str) -> float | None:
+        try:
+            return float(fields[k])  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # absent (an older trainer's line), n/a
+            return None
+
+    return {
+        "step": int(m.group(1)),
+        "time": None,
+        "model": "ema",
+        "clips": None,
+        **_scores(get),
+        "lpips_note": None,
+        "best_step": None,
+        "best_psnr": None,
+        "from": log_name,
+    }

@@ -1,5 +1,6 @@
-"""Quality metrics of decoded video against its target, pure torch: what validation logs and what
-`taehv-launch eval` prints (quality/). Frames are NTCHW in [0, 1]; the decoded side is clamped.
+"""Quality metrics of decoded video against its target, pure torch: what validation logs (evaluate.py)
+and what `taehv-launch eval` prints (quality/measure.py), both through clip_scores, so the two measure
+the same thing. Frames are NTCHW in [0, 1]; the decoded side is clamped.
 
 - PSNR and SSIM: train/model/losses.py's (the training loss module owns them; re-exported here).
 - flicker: the mean absolute error between the decoded and the target frame-to-frame differences,
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from typing import Callable
 
@@ -20,8 +22,9 @@ import torch
 
 from ..model.losses import psnr, ssim
 
-__all__ = ["psnr", "ssim", "flicker", "load_lpips", "LPIPS_BACKBONE"]
+__all__ = ["psnr", "ssim", "flicker", "load_lpips", "clip_scores", "mean_scores", "METRICS", "LPIPS_BACKBONE"]
 
+METRICS = ("psnr", "ssim", "lpips", "flicker")
 LPIPS_BACKBONE = "alexnet-owt-7be5be79.pth"  # torchvision's AlexNet weights, as lpips.LPIPS(net="alex") loads them
 
 
@@ -66,3 +69,26 @@ def load_lpips(device: torch.device | str) -> tuple[Callable[[torch.Tensor, torc
         return float(torch.cat([net(d[i : i + 16], x[i : i + 16]).flatten() for i in range(0, len(d), 16)]).mean())
 
     return fn, ""
+
+
+def clip_scores(
+    decoded: torch.Tensor, target: torch.Tensor, lpips_fn: Callable[[torch.Tensor, torch.Tensor], float] | None
+) -> dict[str, float | None]:
+    """METRICS of one decoded clip against its target: None for LPIPS without lpips_fn and for flicker
+    of a one-frame clip (it has no frame-to-frame difference)."""
+    fl = flicker(decoded, target)
+    return {
+        "psnr": psnr(decoded, target),
+        "ssim": ssim(decoded, target),
+        "lpips": lpips_fn(decoded, target) if lpips_fn is not None else None,
+        "flicker": fl if math.isfinite(fl) else None,
+    }
+
+
+def mean_scores(rows: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Each metric's mean over the clips that have it; None where none has."""
+    out: dict[str, float | None] = {}
+    for k in METRICS:
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        out[k] = sum(vals) / len(vals) if vals else None
+    return out

@@ -33,7 +33,7 @@ from ...rundir.checkpoint import rotate
 from ..durability.checkpoint import TrainState, export_meta, export_model, load_checkpoint, save_checkpoint
 from ..durability.progress import PROGRESS
 from ..model.ema import EMA
-from .evaluate import evaluate
+from .evaluate import validate
 from ..model.losses import DistillNet, decoder_targets, psnr_t, reconstruction_loss
 from ..model.seraena import seraena_crop
 from ..reference.latentscale import for_run
@@ -356,27 +356,10 @@ class Trainer:
         return means
 
     # ------------------------------------------------------------------ validation, checkpoints
-    @torch.no_grad()
     def validate(self) -> float:
-        """EMA model on the held-out clips, sharded over ranks; every rank runs the same count."""
-        with PROGRESS.phase("validation"), self.clock.outside():
-            val_psnr, val_ssim, samples = evaluate(
-                self.ema.model, self.ref, self.val_ds, self.cfg, self.device, self.rank, self.world
-            )
-            step = self.state.step
-            self.trackers.scalars({"val/psnr": val_psnr, "val/ssim": val_ssim}, step)
-            if self.trackers.active:
-                for i, (real, fake) in enumerate(samples):  # rows: input frames, reconstruction
-                    grid = torch.cat([torch.cat(list(real), -1), torch.cat(list(fake), -1)], -2)
-                    self.trackers.image(f"val/clip_{i}", grid, step)
-                    side = torch.cat([real, fake], -1)  # T x 3 x H x 2W: input | reconstruction
-                    self.trackers.video(f"val/video_{i}", side, step)
-                self.trackers.flush()
-            self.log(f"validation at step {step}: psnr {val_psnr:.2f} dB, ssim {val_ssim:.4f} (EMA model)")
-            if val_psnr > self.state.best_psnr and step > 0:  # step 0: the untrained baseline
-                self.state.best_psnr, self.state.best_step = val_psnr, step
-                self.export("best_model")
-        return val_psnr
+        """EMA model on the held-out clips, sharded over ranks; its scalars, log line, validation.json,
+        best_model (evaluate.py)."""
+        return validate(self)
 
     def checkpoint(self) -> None:
         st = self.state
