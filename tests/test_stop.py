@@ -14,9 +14,11 @@ import pytest
 
 WORKERS_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
+    from pathlib import Path
     import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import Dataset
     from taehv_launch.train.data.clips import worker_init_fn
+    from taehv_launch.train.data.workers import WorkerLoader
 
     class Slow(Dataset):
         def __len__(self): return 10**6
@@ -24,44 +26,74 @@ WORKERS_SCRIPT = textwrap.dedent("""
             time.sleep(0.01)
             return torch.tensor([i])
 
-    loader = DataLoader(Slow(), batch_size=1, num_workers=2, worker_init_fn=worker_init_fn, persistent_workers=True)
-    it = iter(loader)
-    next(it)
-    pids = [w.pid for w in it._workers]
-    print(" ".join(map(str, pids)), flush=True)
-    sys.stdin.readline()            # the test signals the workers now
-    for _ in range(20):
-        next(it)
-    print("alive", all(w.is_alive() for w in it._workers), flush=True)
-    it._shutdown_workers()          # torch's own shutdown: terminate() from the parent still works
-    print("exited", [w.exitcode for w in it._workers], flush=True)
+    def init(worker_id):
+        worker_init_fn(worker_id)                                # the product's
+        Path(os.environ["INIT_DIR"], str(os.getpid())).touch()   # then: this worker is initialised
+
+    if __name__ == "__main__":
+        method = None if sys.argv[1] == "default" else sys.argv[1]
+        loader = WorkerLoader(Slow(), batch_size=1, num_workers=2, worker_init_fn=init, persistent_workers=True,
+                              multiprocessing_context=method)
+        it = iter(loader)
+        workers = it._workers
+        pids = sorted(w.pid for w in workers)
+        deadline = time.monotonic() + 120                        # both workers ran their worker_init_fn
+        while sorted(int(p.name) for p in Path(os.environ["INIT_DIR"]).iterdir()) != pids:
+            assert time.monotonic() < deadline, "workers not initialised"
+            time.sleep(0.01)
+        print(" ".join(map(str, pids)), flush=True)
+        sys.stdin.readline()            # the test signals the workers now
+        for _ in range(20):
+            next(it)
+        print("alive", all(w.is_alive() for w in workers), flush=True)
+        os.kill(workers[0].pid, signal.SIGTERM)   # from its own rank: the worker exits, as torch's terminate()
+        workers[0].join(30)
+        it._shutdown_workers()          # torch's own shutdown of the other
+        print("exited", [w.exitcode for w in workers], flush=True)
 """)
 
 
-def test_dataloader_workers_ignore_stop_signals_but_not_their_rank(tmp_path):
+def run_workers(tmp_path, method: str) -> None:
+    """Signals from elsewhere (a scheduler, a terminal) to both workers once they are initialised: ignored;
+    SIGTERM from their rank: the worker exits 0."""
+    (tmp_path / "init").mkdir()
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS_SCRIPT)
     proc = subprocess.Popen(
-        [sys.executable, "-c", WORKERS_SCRIPT],
+        [sys.executable, str(script), method],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "INIT_DIR": str(tmp_path / "init")},
     )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2, proc.stderr.read()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGTERM):
             for pid in pids:
                 os.kill(pid, sig)
         time.sleep(0.5)
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
     assert "alive True" in out, (out, err)
     assert "exited [0, 0]" in out, (out, err)
     assert "Traceback" not in err and "killed by signal" not in err
+
+
+def test_dataloader_workers_ignore_stop_signals_but_not_their_rank(tmp_path):
+    run_workers(tmp_path, "default")
+
+
+@pytest.mark.slow
+def test_forkserver_workers_know_their_rank(tmp_path):
+    """Under forkserver (the default on Linux from Python 3.14) a worker's parent is the server, not its rank: SIGTERM from
+    the rank still ends it, and other stop signals are still ignored."""
+    run_workers(tmp_path, "forkserver")
 
 
 RANK_SCRIPT = textwrap.dedent("""

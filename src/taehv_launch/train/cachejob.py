@@ -273,10 +273,11 @@ def _encode_shard(
 
 def _loader(dataset: Dataset, batches: list[list[int]], cfg: Config) -> DataLoader:
     from .data.clips import worker_init_fn
+    from .data.workers import WorkerLoader  # workers started with the stop signals blocked
 
     workers = cfg.dataloader_num_workers
     extra = dict(prefetch_factor=cfg.prefetch_factor) if workers > 0 else {}
-    return DataLoader(
+    return WorkerLoader(
         dataset,
         batch_sampler=batches,
         num_workers=workers,

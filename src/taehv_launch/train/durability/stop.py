@@ -12,7 +12,9 @@ Who gets which signal (docs/troubleshooting.md has the table):
   It sets the flag and never counts as a second signal, so a rank that is signalled both
   directly (SLURM, `kill` on every process) and through the launcher stops once, with a checkpoint.
 - DataLoader workers never act on a stop signal (`guard_worker`): the rank decides. They still
-  exit when their own rank terminates them (what torch's DataLoader does at shutdown).
+  exit when their own rank terminates them (what torch's DataLoader does at shutdown). They are
+  started with the signals blocked (`workers_starting`), so a signal to the whole process group
+  while a rank starts workers (the run's start, a rollback's new loader) is left to the rank too.
 
 `install()` runs first thing in the trainer (train/main.py), so a signal during start-up is
 kept too: the run stops with a checkpoint after its first step.
@@ -27,6 +29,7 @@ is refused until the old one's processes, DataLoader workers included, have all 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -37,6 +40,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from ...errors import EXIT_ABORTED
 from ...rundir.layout import trainer_lock_path
@@ -206,24 +210,58 @@ class StopFlag:
 
 
 # ---------------------------------------------------------------- DataLoader workers
+WORKER_SIGNALS = (*STOP_SIGNALS, RELAY_SIGNAL)  # what a worker leaves to its rank
+
+
+@contextlib.contextmanager
+def workers_starting(start_method: str | None) -> Iterator[None]:
+    """Around the code that starts DataLoader workers (train/data/workers.py): this thread blocks the stop
+    signals meanwhile, so every new worker is born with them blocked and a signal to the whole process group
+    (SLURM, `timeout`, a terminal) in the moment before its `worker_init_fn` (guard_worker) stays pending in
+    it instead of killing it. Fork copies this thread's mask; spawn's exec keeps it; forkserver's workers are
+    forked from the server, which is started here with them blocked (never killed by them either: it exits
+    when the rank does). A rank's own pending signal is delivered when the mask is restored.
+
+    CPython's `resource_tracker.ensure_running` unblocks SIGINT/SIGTERM in the calling thread after it starts
+    the tracker (bpo-33613), so spawn and forkserver start the tracker first and block again."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
+    try:
+        if start_method in ("spawn", "forkserver"):
+            from multiprocessing import forkserver, resource_tracker
+
+            resource_tracker.ensure_running()
+            signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
+            if start_method == "forkserver":
+                forkserver.ensure_running()
+                signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def guard_worker() -> None:
     """In a DataLoader worker: stop signals from anyone but the worker's own rank are ignored.
 
-    A forked worker would otherwise die of SLURM's or a terminal's SIGTERM/SIGINT/SIGUSR1 (torch
-    installs a SIGTERM handler in workers that re-raises it unless it comes from the parent), and
-    the rank would then fail with "DataLoader worker ... is killed by signal". The signals are
-    blocked in the worker and read by a small thread: SIGTERM from the parent rank (torch's
-    `terminate()` of a worker at shutdown) exits the worker as torch's own handler does; every
-    other stop signal is dropped.
+    A worker would otherwise die of SLURM's or a terminal's SIGTERM/SIGINT/SIGUSR1 (torch installs a
+    SIGTERM handler in workers that re-raises it unless it comes from the parent; a spawned worker has
+    Python's defaults), and the rank would then fail with "DataLoader worker ... is killed by signal".
+    The signals are blocked in the worker (from birth, when `workers_starting` started it) and read by a
+    small thread: SIGTERM from the worker's rank (torch's `terminate()` of a worker at shutdown) exits the
+    worker as torch's own handler does; every other stop signal is dropped. The rank is the process that
+    created the worker (multiprocessing's parent_process), also under forkserver, whose workers are the
+    server's children.
     """
-    watched = {*STOP_SIGNALS, RELAY_SIGNAL}
-    signal.pthread_sigmask(signal.SIG_BLOCK, watched)  # before the thread: it inherits the mask
-    parent = os.getppid()
+    import multiprocessing
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)  # before the thread: it inherits the mask
+    creator = multiprocessing.parent_process()
+    rank = creator.pid if creator is not None and creator.pid else os.getppid()
+    watched = set(WORKER_SIGNALS)
 
     def wait() -> None:
         while True:
             info = signal.sigwaitinfo(watched)
-            if info.si_signo == signal.SIGTERM and info.si_pid == parent:
+            if info.si_signo == signal.SIGTERM and info.si_pid == rank:
                 os._exit(0)
 
     threading.Thread(target=wait, name="stop-signal-guard", daemon=True).start()
