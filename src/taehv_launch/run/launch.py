@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil  # accelerate depends on it; imported here, never inside a signal handler
 
@@ -257,10 +258,17 @@ class SignalRelay:
 
 
 def run(
-    plan: Plan, rendered: Rendered, run_dir: Path, argv: list[str] | None = None, outcome: dict | None = None
+    plan: Plan,
+    rendered: Rendered,
+    run_dir: Path,
+    argv: list[str] | None = None,
+    outcome: dict | None = None,
+    on_start: Callable[[int, Callable[[str], None]], None] | None = None,
 ) -> int:
-    """Start the launch (`argv`: rendered.argv, or a restart's, run/restart.py), tee its output into
-    launch.log, return the trainer's exit code; outcome["stop_requested"]: we were signalled to stop."""
+    """Start the launch (`argv`: rendered.argv, or a restart's, run/supervise.py), tee its output into
+    launch.log, return the trainer's exit code; outcome["stop_requested"]: we were signalled to stop.
+    on_start(pid, say): called once the launch runs, with its pid (for kill_launch) and the console's line
+    writer (run/together.py's PeerWatch stops this node's ranks when another node's failed)."""
     argv = list(rendered.argv if argv is None else argv)
     log_path = run_dir / f"launch{rendered.node_suffix}.log"
     status_file = status_path(run_dir, plan.topology.machine_rank)
@@ -288,6 +296,8 @@ def run(
                 f"cannot start {rendered.argv[0]}: {exc.strerror or exc}; is accelerate installed in this environment?"
             ) from None
         console = Console(log)
+        if on_start is not None:
+            on_start(child.pid, console.say)
         relay = SignalRelay(child.pid, console, plan.options.task, status_file)
         previous = {s: signal.signal(s, relay.handler) for s in STOP_SIGNALS}
         c = plan.config

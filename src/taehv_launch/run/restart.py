@@ -3,22 +3,20 @@ newest complete checkpoint instead of ending the job (issue #39).
 
 decide() is pure: the attempt's exit code and line, the checkpoint it started from and the newest complete
 one now, the counts so far and the caps in; the verdict (restart or not, the one line, the new no-progress
-count) out. launch.py runs the loop: it waits for the old ranks to let go of the trainer lock, records each
+count) out. supervise.py runs the loop: it waits for the old ranks to let go of the trainer lock, records each
 restart in <run>/events.jsonl (rundir/events.py) and starts `accelerate launch` again with
-`--resume <checkpoint>`.
+`--resume <checkpoint>`; on several nodes every launcher does so together, node 0 deciding (together.py).
 
 Not restarted: a clean end (0), bad input (2: config errors), a user error that a restart would meet
-again (the exit status's "repeats": diverging again, a full disk; a dead peer is restarted), exit 75 (a stop signal: the checkpoint is
-saved, the scheduler requeues as before), 130 (aborted by a second signal), a stop the launcher itself was
-asked for, an out-of-memory before the attempt's first step (it would fail again), and a job of several
-nodes (they must restart together: not done yet, the job ends for requeue as before).
+again (the exit status's "repeats": diverging again, a full disk; a dead peer is restarted), exit 75 (a stop
+signal: the checkpoint is saved, the scheduler requeues as before), 130 (aborted by a second signal), a stop
+the launcher itself was asked for, an out-of-memory before the attempt's first step (it would fail again).
 A restart whose attempt fails again without a complete checkpoint newer than the one it started from
 counts against max_restarts_without_progress; the first failure of a launch never does.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +63,6 @@ def decide(
     max_restarts: int,
     max_without_progress: int,
     stop_requested: bool = False,
-    nodes: int = 1,
     repeats: bool = False,
 ) -> Verdict:
     """Whether the launcher starts the ranks again after an attempt ended with `code`.
@@ -83,8 +80,6 @@ def decide(
         return Verdict(False, f"the trainer stopped on a problem a restart would meet again (exit {code})", wp)
     if max_restarts <= 0:
         return Verdict(False, "restarts are off (max_restarts=0)", wp)
-    if nodes > 1:
-        return Verdict(False, "restart in place runs on one node only: the job ends for requeue", wp)
     if not stepped and any(w in (message or "").lower() for w in OOM_WORDS):
         return Verdict(False, "out of memory before the first step repeats on a restart", wp)
     if count >= max_restarts:
@@ -221,99 +216,3 @@ def record(run_dir: Path, rec: dict) -> None:
         append_event(run_dir, rec)
     except (UserError, OSError):  # bookkeeping: never stops a run
         pass
-
-
-def supervise(plan, rendered, run_dir: Path) -> int:
-    """Run the launch (launch.run), and after a restartable failure run it again from the newest complete
-    checkpoint, up to max_restarts; returns the exit code of the last attempt."""
-    import signal
-
-    from . import launch as edge
-    from ..rundir.checkpoint import checkpoint_step, newest_complete
-    from ..rundir.layout import trainer_lock_path
-    from ..rundir.progress import read_progress
-    from ..rundir.signals import STOP_SIGNALS
-    from ..rundir.status import status_path
-
-    c, node = plan.config, plan.topology.machine_rank
-    max_restarts = int(c.get("max_restarts", 0) or 0) if plan.options.task == "train" else 0
-    max_wp = int(c.get("max_restarts_without_progress", 0) or 0)
-    argv, count, wp, watch = list(rendered.argv), 0, 0, None
-    started_from = Path(plan.options.resume).name if plan.options.resume else None
-    while True:
-        outcome: dict = {}
-        t0 = time.time()
-        code = edge.run(plan, rendered, run_dir, argv=argv, outcome=outcome)
-        ended_at = time.time()
-        if watch is not None:
-            watch.end()
-        try:
-            failed_at = min(ended_at, status_path(run_dir, node).stat().st_mtime)
-        except OSError:
-            failed_at = ended_at
-        newest, _ = newest_complete(run_dir, verify=True)
-        prog = read_progress(run_dir)
-        start_step = checkpoint_step(Path(started_from)) if started_from else 0
-        stepped = bool(prog and prog["step"] > (start_step or 0) and (prog["time"] or 0) >= t0)
-        status = edge.read_status(run_dir, node) or {}
-        verdict = decide(
-            code,
-            status.get("message"),
-            started_from=started_from,
-            newest=newest.name if newest else None,
-            stepped=stepped,
-            count=count,
-            without_progress=wp,
-            max_restarts=max_restarts,
-            max_without_progress=max_wp,
-            stop_requested=bool(outcome.get("stop_requested")),
-            nodes=plan.topology.num_machines,
-            repeats=bool(status.get("repeats")),
-        )
-        wp = verdict.without_progress
-        if not verdict.restart:
-            if count and code not in (EXIT_OK,):
-                record(run_dir, {"event": "restart_stop", "time": time.time(), "code": code, "reason": verdict.line})
-            if code not in NOT_RESTARTED and max_restarts > 0 and not status.get("repeats"):  # its own line says it
-                print(f"taehv-launch: not restarting: {verdict.line}", file=sys.stderr, flush=True)
-            return code
-        count += 1
-        frm = newest.name if newest else "the start (no complete checkpoint yet)"
-        print(
-            f"taehv-launch: restart {count} of {max_restarts} after {verdict.line}: from {frm}",
-            file=sys.stderr,
-            flush=True,
-        )
-        stop: list[int] = []
-        previous = {s: signal.signal(s, lambda n, _f, into=stop: into.append(n)) for s in STOP_SIGNALS}
-        try:
-            if not wait_lock_free(trainer_lock_path(run_dir, node)):
-                print(
-                    f"taehv-launch: not restarting: processes of the failed attempt still hold "
-                    f"{trainer_lock_path(run_dir, node)} after {LOCK_WAIT_S:g} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return code
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
-        if stop:
-            return code
-        record(
-            run_dir,
-            {
-                "event": "restart",
-                "time": time.time(),
-                "restart": count,
-                "code": code,
-                "reason": verdict.line,
-                "failed_at": failed_at,
-                "checkpoint": newest.name if newest else None,
-                "without_progress": wp,
-            },
-        )
-        argv = restart_argv(rendered.argv, newest)
-        started_from = newest.name if newest else started_from
-        after = checkpoint_step(newest) if newest else 0
-        watch = FirstStepWatch(run_dir, count, after or 0, failed_at, since=time.time() - 1)

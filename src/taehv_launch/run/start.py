@@ -8,7 +8,7 @@ from ..errors import EXIT_ABORTED, EXIT_RESUMABLE, ConfigError
 from ..plan.topology import check_local_gpus
 from .dryrun import NO_FIT, cache_size_check, check_run_name, check_this_machine, print_plan
 from .render import render
-from .restart import supervise
+from .supervise import supervise
 from .request import Request, build_plan
 
 

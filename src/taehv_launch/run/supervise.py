@@ -1,0 +1,286 @@
+"""The launcher's loop over attempts (issue #39): run the launch (launch.run); after a restartable failure run
+it again from the newest complete checkpoint, up to max_restarts. restart.py decides; on several nodes,
+together.py makes every node's launcher stop and start its ranks together, node 0 deciding once for the job.
+
+Only node 0 (the only node of a one-node job) writes the restart records in events.jsonl, so `status`
+counts each restart of the job once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import EXIT_OK, LaunchError
+from .restart import (
+    LOCK_WAIT_S,
+    NOT_RESTARTED,
+    FirstStepWatch,
+    Verdict,
+    decide,
+    reason_of,
+    record,
+    restart_argv,
+    wait_lock_free,
+)
+from .together import Nodes, PeerWatch, root_failure
+
+
+@dataclass
+class Ended:
+    """How an attempt ended on this node."""
+
+    code: int
+    status: dict
+    failed_at: float
+    stepped: bool
+    stop_requested: bool
+    peer: dict | None = None  # the other node's report that made us kill our ranks (our ranks did not fail)
+    stops: list[int] = field(default_factory=list)  # stop signals that came while we waited after it
+
+
+@contextmanager
+def catching_stops(into: list[int]):
+    """While the launcher waits between attempts, a stop signal is noted (no restart follows), not fatal."""
+    from ..rundir.signals import STOP_SIGNALS
+
+    previous = {s: signal.signal(s, lambda n, _f: into.append(n)) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def say(line: str) -> None:
+    print(f"taehv-launch: {line}", file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    def __init__(self, plan, rendered, run_dir: Path) -> None:
+        c = plan.config
+        self.plan, self.rendered, self.run_dir = plan, rendered, Path(run_dir)
+        self.node, self.nodes = plan.topology.machine_rank, plan.topology.num_machines
+        self.max_restarts = int(c.get("max_restarts", 0) or 0) if plan.options.task == "train" else 0
+        self.max_wp = int(c.get("max_restarts_without_progress", 0) or 0)
+        self.argv, self.count, self.wp = list(rendered.argv), 0, 0
+        self.started_from = Path(plan.options.resume).name if plan.options.resume else None
+        self.watch: FirstStepWatch | None = None
+        self.sync = Nodes(self.run_dir, self.node, self.nodes) if self.nodes > 1 and self.max_restarts > 0 else None
+
+    def run(self) -> int:
+        if self.sync is not None:
+            try:
+                self.sync.start()
+            except OSError as exc:
+                raise LaunchError(
+                    f"cannot write {self.sync.dir}: {exc.strerror or exc}: the launchers of a job of several nodes "
+                    f"agree on restarts there; fix the permissions or free space, or --set max_restarts=0"
+                ) from None
+        try:
+            while True:
+                ended = self.attempt()
+                code = self.after_one_node(ended) if self.sync is None else self.after_nodes(ended)
+                if code is not None:
+                    return code
+        finally:
+            if self.watch is not None:
+                self.watch.end()
+            if self.sync is not None:
+                self.sync.close()
+
+    def attempt(self) -> Ended:
+        from . import launch as edge
+        from ..rundir.checkpoint import checkpoint_step
+        from ..rundir.progress import read_progress
+        from ..rundir.status import status_path
+
+        outcome: dict = {}
+        t0 = time.time()
+        peer = PeerWatch(self.sync, self.count) if self.sync is not None else None
+        try:
+            code = edge.run(
+                self.plan, self.rendered, self.run_dir, argv=self.argv, outcome=outcome,
+                on_start=peer.attach if peer is not None else None,
+            )  # fmt: skip
+        finally:
+            if peer is not None:
+                peer.end()
+        ended_at = time.time()
+        if self.watch is not None:
+            self.watch.end()
+            self.watch = None
+        try:
+            failed_at = min(ended_at, status_path(self.run_dir, self.node).stat().st_mtime)
+        except OSError:
+            failed_at = ended_at
+        prog = read_progress(self.run_dir)
+        start_step = checkpoint_step(Path(self.started_from)) if self.started_from else 0
+        stepped = bool(prog and prog["step"] > (start_step or 0) and (prog["time"] or 0) >= t0)
+        status = edge.read_status(self.run_dir, self.node) or {}
+        fired = peer.fired if peer is not None and not status else None  # our trainer recorded nothing itself
+        return Ended(code, status, failed_at, stepped, bool(outcome.get("stop_requested")), fired)
+
+    def verdict(self, code: int, status: dict, stepped: bool, stop: bool, newest: str | None) -> Verdict:
+        return decide(
+            code,
+            status.get("message"),
+            started_from=self.started_from,
+            newest=newest,
+            stepped=stepped,
+            count=self.count,
+            without_progress=self.wp,
+            max_restarts=self.max_restarts,
+            max_without_progress=self.max_wp,
+            stop_requested=stop,
+            repeats=bool(status.get("repeats")),
+        )
+
+    def end(self, code: int, line: str, quiet: bool = False) -> int:
+        """No restart: the job ends with `code`; `line` says why (printed unless the code says it already)."""
+        if self.count and code != EXIT_OK and self.node == 0:
+            record(self.run_dir, {"event": "restart_stop", "time": time.time(), "code": code, "reason": line})
+        if code not in NOT_RESTARTED and self.max_restarts > 0 and not quiet:
+            say(f"not restarting: {line}")
+        return code
+
+    def wait_old_ranks(self, stops: list[int]) -> bool:
+        """Wait for every process of the failed attempt to exit (the trainer lock is free); False: they did
+        not within LOCK_WAIT_S, or a stop signal came meanwhile."""
+        from ..rundir.layout import trainer_lock_path
+
+        lock = trainer_lock_path(self.run_dir, self.node)
+        with catching_stops(stops):
+            free = wait_lock_free(lock)
+        if not free and not stops:
+            say(f"not restarting: processes of the failed attempt still hold {lock} after {LOCK_WAIT_S:g} s")
+        return free and not stops
+
+    def begin(self, line: str, newest: Path | None, e: dict, node: int | None = None) -> None:
+        """Restart number self.count (already counted) from `newest`: node 0 records it and watches for the
+        first new step; `e`: the failure's code, failed_at, and the no-progress count."""
+        if self.node == 0:
+            rec = {"event": "restart", "time": time.time(), "restart": self.count, "code": e["code"], "reason": line}
+            rec |= {"failed_at": e["failed_at"], "checkpoint": newest.name if newest else None}
+            rec |= {"without_progress": self.wp} | ({"node": node, "nodes": self.nodes} if node is not None else {})
+            record(self.run_dir, rec)
+        from ..rundir.checkpoint import checkpoint_step
+
+        self.argv = restart_argv(self.rendered.argv, newest)
+        self.started_from = newest.name if newest else self.started_from
+        after = (checkpoint_step(newest) or 0) if newest else 0
+        if self.node == 0:  # several nodes: every old rank has exited (all reported ready): no slack for them
+            since = time.time() - (1 if node is None else 0)
+            self.watch = FirstStepWatch(self.run_dir, self.count, after, e["failed_at"], since=since)
+
+    def after_one_node(self, e: Ended) -> int | None:
+        """One node: decide, wait for the old ranks, restart (None) or end (the exit code)."""
+        from ..rundir.checkpoint import newest_complete
+
+        newest, _ = newest_complete(self.run_dir, verify=True)
+        v = self.verdict(e.code, e.status, e.stepped, e.stop_requested, newest.name if newest else None)
+        self.wp = v.without_progress
+        if not v.restart:
+            return self.end(e.code, v.line, quiet=bool(e.status.get("repeats")))
+        self.count += 1
+        frm = newest.name if newest else "the start (no complete checkpoint yet)"
+        say(f"restart {self.count} of {self.max_restarts} after {v.line}: from {frm}")
+        if not self.wait_old_ranks(e.stops):
+            return e.code
+        self.begin(v.line, newest, {"code": e.code, "failed_at": e.failed_at})
+        return None
+
+    def after_nodes(self, e: Ended) -> int | None:
+        """Several nodes: report, wait for our old ranks, agree with the others (node 0 decides), then all
+        restart together (None) or every node ends (the exit code)."""
+        from ..rundir.checkpoint import newest_complete
+        from ..rundir.status import status_path, write_exit_status
+
+        sync, gen = self.sync, self.count
+        assert sync is not None
+        if e.peer is not None:  # our ranks were stopped for a peer's failure: node 0 judges that one
+            asked = e.stop_requested
+            v = Verdict(not asked, "the launcher was asked to stop" if asked else "stopped for a peer", self.wp)
+        else:  # the quick local verdict; node 0 decides on the verified newest checkpoint
+            newest, _ = newest_complete(self.run_dir)
+            v = self.verdict(e.code, e.status, e.stepped, e.stop_requested, newest.name if newest else None)
+        rec = {"node": self.node, "code": e.code, "message": e.status.get("message"), "stepped": e.stepped}
+        rec |= {"repeats": bool(e.status.get("repeats")), "stop_requested": e.stop_requested}
+        rec |= {"failed_at": e.failed_at, "peer": e.peer.get("node") if e.peer else None, "time": time.time()}
+        rec |= {"restartable": v.restart, "line": v.line, "ready": False}
+        if not sync.report(gen, rec):
+            say(f"warning: cannot write this node's report in {sync.dir}: the other nodes will not restart")
+        if v.restart:
+            rec["ready"] = self.wait_old_ranks(e.stops)
+            if not rec["ready"]:
+                rec["restartable"] = False
+                rec["line"] = (
+                    "the launcher was asked to stop" if e.stops else "the failed attempt's processes did not exit"
+                )
+            sync.report(gen, rec)
+        if not rec["restartable"]:
+            if sync.leader:
+                sync.decide(gen, {"restart": False, "line": rec["line"], "code": e.code, "node": self.node})
+            return self.end(e.code, rec["line"], quiet=bool(e.status.get("repeats")) or bool(e.stops))
+        with catching_stops(e.stops):
+            d = self.lead(gen, e.stops) if sync.leader else sync.wait_decision(gen, lambda: bool(e.stops))
+        if e.stops and not sync.leader and not d.get("restart"):
+            sync.report(gen, {**rec, "restartable": False, "line": "the launcher was asked to stop"})
+        if not d.get("restart"):
+            code = e.code
+            if e.peer is not None:  # our own code is the kill's: end with the failure's
+                code = d["code"] if isinstance(d.get("code"), int) and d.get("code") not in (EXIT_OK,) else 1
+                why = reason_of(e.peer.get("code", 1), e.peer.get("message"))
+                try:
+                    write_exit_status(
+                        status_path(self.run_dir, self.node),
+                        code,
+                        f"this node's ranks were stopped when node {e.peer.get('node')}'s failed ({why}); "
+                        f"not restarted: {d.get('line')}",
+                    )
+                except OSError:
+                    pass
+            return self.end(code, str(d.get("line")))
+        self.count, self.wp = int(d["count"]), int(d.get("without_progress", 0))
+        newest = self.run_dir / d["checkpoint"] if d.get("checkpoint") else None
+        frm = newest.name if newest else "the start (no complete checkpoint yet)"
+        say(
+            f"restart {self.count} of {self.max_restarts} after {d['line']} on node {d.get('node')}: from {frm} "
+            f"(all {self.nodes} nodes together)"
+        )
+        self.begin(str(d["line"]), newest, d, node=d.get("node"))
+        return None
+
+    def lead(self, gen: int, stops: list[int]) -> dict:
+        """Node 0: gather every node's report on attempt `gen`, decide once for the job, write the decision."""
+        from ..rundir.checkpoint import newest_complete
+
+        assert self.sync is not None
+        reports, why = self.sync.gather(gen, lambda: bool(stops))
+        if why is not None:
+            k, root = root_failure(reports) if reports else (0, {"code": 1})
+            d = {"restart": False, "line": f"{why}: the job ends", "code": root.get("code"), "node": k}
+        else:
+            k, root = root_failure(reports)
+            newest, _ = newest_complete(self.run_dir, verify=True)
+            stepped, at = bool(root.get("stepped")), root.get("failed_at")
+            v = self.verdict(
+                int(root["code"]), root, stepped, bool(root.get("stop_requested")), newest.name if newest else None
+            )
+            self.wp = v.without_progress
+            at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else time.time()
+            d = {"restart": v.restart, "line": v.line, "code": root["code"], "node": k, "failed_at": at}
+            d |= {"checkpoint": newest.name if newest and v.restart else None, "without_progress": v.without_progress}
+            d |= {"count": self.count + (1 if v.restart else 0)}
+        self.sync.decide(gen, d)
+        return d
+
+
+def supervise(plan, rendered, run_dir: Path) -> int:
+    """Run the launch, and after a restartable failure run it again from the newest complete checkpoint (on
+    every node together), up to max_restarts; returns the exit code of the last attempt."""
+    return Supervisor(plan, rendered, run_dir).run()
