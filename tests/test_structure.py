@@ -349,23 +349,7 @@ def test_an_upward_and_a_sideways_import_are_caught():
 
 # --- rules that are not about the graph -----------------------------------------------------------------
 
-PRIVATE = (
-    "_terminate_process_handler",
-    "__compatible_ops__",
-    "_lazy_init_hp_params_optimizer_state",
-    "mock.patch",
-    ".step -= 1",
-    "from unittest import mock",
-)
-
-
-def test_library_internals_are_touched_only_in_compat():
-    users = {
-        str(p.relative_to(PKG)): [s for s in PRIVATE if s in p.read_text()]
-        for p in PKG.rglob("*.py")
-        if p.name != "compat.py"
-    }
-    assert not {k: v for k, v in users.items() if v}, "move these uses of library internals into compat.py"
+# Library internals only in compat.py: tests/test_compat_rule.py reads the code's syntax tree.
 
 
 def test_errors_are_in_the_family():

@@ -1,10 +1,10 @@
 """Every use of a library's private internals, in one place, each with the versions it was
 checked on and what happens when the internal is not there.
 
-Nothing else in the package touches a private name of torch, accelerate or DeepSpeed. When a
-library moves one of these, the function below degrades as documented instead of failing
-somewhere deep.
-Checked on: torch 2.11-2.13, accelerate 1.15, DeepSpeed 0.19.8 (PLATFORM.md).
+Nothing else in the package touches a private name of torch, accelerate, DeepSpeed, diffusers or typer
+(tests/test_compat_rule.py reads the code to check). When a library moves one of these, the function
+below degrades as documented instead of failing somewhere deep.
+Checked on: torch 2.11-2.13, accelerate 1.15, DeepSpeed 0.19.8 (PLATFORM.md), typer 0.29.2.
 """
 
 from __future__ import annotations
@@ -73,6 +73,39 @@ def add_gif(writer: Any, tag: str, gif: bytes, height: int, width: int, step: in
         return
     image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
     get().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+
+def shutdown_loader_workers(loader: Any) -> None:
+    """Stop a DataLoader's persistent workers now and forget its iterator, so that the next `iter(loader)`
+    starts new ones (a rollback reopens the data before the new loader forks its own). torch keeps them in
+    `DataLoader._iterator` and stops them with `_shutdown_workers()` (private; checked on torch 2.13);
+    where either is gone, dropping the iterator leaves the shutdown to its `__del__`."""
+    it = getattr(loader, "_iterator", None)
+    getattr(it, "_shutdown_workers", lambda: None)()
+    if hasattr(loader, "_iterator"):
+        loader._iterator = None
+
+
+def loader_worker_pids(iterator: Any) -> list[int]:
+    """The worker processes' pids of a DataLoader iterator (`_MultiProcessingDataLoaderIter._workers`,
+    private; checked on torch 2.13); [] for a single-process iterator or where the list is gone."""
+    return [w.pid for w in getattr(iterator, "_workers", [])]
+
+
+def uncompiled(module: Any) -> Any:
+    """The module torch.compile wrapped (`OptimizedModule._orig_mod`, private; checked on torch
+    2.13), or `module` itself when it is not a compiled wrapper."""
+    return getattr(module, "_orig_mod", module)
+
+
+def typer_click() -> Any:
+    """The click that typer's commands run on: typer 0.2x ships its own copy (`typer._click`, private;
+    checked on typer 0.29.2); an older typer uses the click package itself."""
+    try:
+        from typer import _click as click
+    except ImportError:
+        import click
+    return click
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..compat import loader_worker_pids
 from ..errors import UserError
 
 
@@ -188,7 +189,7 @@ def _timed(batches, workers: int, seconds: float) -> tuple[float, float]:
     for _ in range(max(2, workers)):  # every worker has started and delivered once
         next(batches)
     it = getattr(batches, "it", batches)
-    pids = [os.getpid(), *(w.pid for w in getattr(it, "_workers", []))]
+    pids = [os.getpid(), *loader_worker_pids(it)]
     cpu0, t0, clips = _cpu_seconds(pids), time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
         clips += len(next(batches)["frames"])

@@ -16,12 +16,10 @@ from typing import Annotated, Callable
 import typer
 from typer.core import TyperGroup
 
-try:  # typer >= 0.2x carries its own copy of click
-    from typer import _click as click
-except ImportError:  # older typer uses click itself
-    import click
-
+from ..compat import typer_click
 from ..errors import EXIT_USAGE, UserError, one_line
+
+click = typer_click()  # typer's own copy of click where it ships one
 
 ROOT_OPTIONS = ("--help", "-h", "--version", "--install-completion", "--show-completion")
 

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ...compat import uncompiled
 from ...plan.schema import Config
 from .. import faults
 from ..durability.progress import PROGRESS
@@ -57,7 +58,7 @@ def compile_reference(ref, channels_last: bool = False, replicate_pad: bool = Tr
     from ..reference.refopt import channels_last_encoder, replicate_time_padding
 
     model = ref.model
-    encoder = getattr(model.encoder, "_orig_mod", model.encoder)
+    encoder = uncompiled(model.encoder)
     if replicate_pad:
         replicate_time_padding(encoder)
     if channels_last:
@@ -190,8 +191,8 @@ class eager_reference:
 
     def __enter__(self):
         enc = getattr(self.model, "encoder", None)
-        if enc is not None and hasattr(enc, "_orig_mod"):
-            self.compiled, self.model.encoder = enc, enc._orig_mod
+        if enc is not None and uncompiled(enc) is not enc:
+            self.compiled, self.model.encoder = enc, uncompiled(enc)
         return self
 
     def __exit__(self, *exc) -> None:

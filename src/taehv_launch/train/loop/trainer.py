@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...compat import uncount_micro_batch
+from ...compat import shutdown_loader_workers, uncount_micro_batch
 from ...errors import EXIT_OK, EXIT_RESUMABLE, one_line
 from ...plan.families import get_family
 from ...plan.schema import Config, config_dict, global_batch
@@ -118,9 +118,8 @@ class Trainer:
 
     def close_data(self) -> None:
         getattr(self.batches, "close", lambda: None)()  # the GPU decode threads
-        it = getattr(self.loader, "_iterator", None)  # persistent DataLoader workers (torch's private handle)
-        getattr(it, "_shutdown_workers", lambda: None)()
-        self.loader._iterator = self.data_iter = None
+        shutdown_loader_workers(self.loader)  # the persistent DataLoader workers
+        self.data_iter = None
 
     def _open_writer(self, purge_step: int | None) -> None:
         """After a rollback (guard.py): TensorBoard drops the steps from purge_step on, as on a resume."""
