@@ -24,6 +24,7 @@ import pytest
 
 from taehv_launch.errors import EXIT_HUNG
 from taehv_launch.run.freeze import NodeWatch, freeze_line, recorded_code
+from taehv_launch.rundir.hanglimits import HangLimits
 from taehv_launch.rundir.heartbeat import (
     heartbeat_path,
     process_state,
@@ -155,13 +156,13 @@ def test_a_live_peer_on_this_host_reports_first_and_a_slow_phase_holds_the_limit
 
 
 def test_the_jobs_limit_is_the_slow_one_while_a_running_rank_is_in_a_slow_phase():
-    fast, slow = {"phase": "forward"}, {"phase": "checkpoint"}
-    assert silence_limit([fast, fast], 300, 1800) == (300, "hang_timeout")
-    assert silence_limit([fast, slow], 300, 1800) == (1800, "hang_timeout_slow")
-    assert silence_limit([fast, {"phase": "data", "warmup": True}], 300, 1800) == (1800, "hang_timeout_slow")
-    assert silence_limit([fast, {**slow, "state": "T"}], 300, 1800) == (300, "hang_timeout")  # stopped: no allowance
-    assert silence_limit([fast], 300, 1800, world=2) == (1800, "hang_timeout_slow")  # a rank not beating yet
-    assert silence_limit([{"phase": ["not", "text"]}], 300, 1800) == (300, "hang_timeout")  # a bad field
+    fast, slow, lim = {"phase": "forward"}, {"phase": "checkpoint"}, HangLimits(300, 1800)
+    assert silence_limit([fast, fast], lim) == (300, "hang_timeout")
+    assert silence_limit([fast, slow], lim) == (1800, "hang_timeout_slow")
+    assert silence_limit([fast, {"phase": "data", "warmup": True}], lim) == (1800, "hang_timeout_slow")
+    assert silence_limit([fast, {**slow, "state": "T"}], lim) == (300, "hang_timeout")  # stopped: no allowance
+    assert silence_limit([fast], lim, world=2) == (1800, "hang_timeout_slow")  # a rank not beating yet
+    assert silence_limit([{"phase": ["not", "text"]}], lim) == (300, "hang_timeout")  # a bad field
 
 
 BLOCKED = textwrap.dedent("""

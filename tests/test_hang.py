@@ -4,8 +4,9 @@ stack dump from every live rank, and exit 76 (EXIT_HUNG).
 Fast: who is named as stuck (hand-made heartbeats), the line, the limits, process states, the launch
 environment for the flight recorder, a real gloo flight-recorder dump, and real watchdog threads with
 real heartbeat files and a real SIGSTOPped process. Slow: the real launcher and 2 CPU ranks with the cpu
-profile's DataLoader worker, one rank frozen with SIGSTOP, and one sleeping inside the stop vote's
-collective (the TAEHV_LAUNCH_TEST_HANG hook).
+profile's DataLoader worker, one rank frozen with SIGSTOP (with the configured limit, and with the
+limit derived from the run's step times, #39 item 4: the rest of that is tests/test_hang_limits.py),
+and one sleeping inside the stop vote's collective (the TAEHV_LAUNCH_TEST_HANG hook).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from taehv_launch.errors import EXIT_HUNG
+from taehv_launch.rundir.hanglimits import HangLimits
 from taehv_launch.rundir.heartbeat import read_hang_reports, stack_path, stacks_dir
 from taehv_launch.train.durability.hang import (
     hang_line,
@@ -143,15 +145,15 @@ def test_ranks_text(ranks, text):
 
 def test_the_slow_limit_holds_while_any_rank_is_in_a_slow_phase_warm_up_or_not_started():
     fast = {0: view(phase="data"), 1: view()}
-    assert job_limit(fast, 0, 300, 1800) == (300, "hang_timeout")
-    assert job_limit({**fast, 1: view(phase="checkpoint")}, 0, 300, 1800) == (1800, "hang_timeout_slow")
-    assert job_limit({**fast, 0: view(warmup=True)}, 0, 300, 1800) == (1800, "hang_timeout_slow")
-    assert job_limit(fast, 1, 300, 1800) == (1800, "hang_timeout_slow")  # a rank with no heartbeat yet
+    assert job_limit(fast, 0, HangLimits(300, 1800)) == (300, "hang_timeout")
+    assert job_limit({**fast, 1: view(phase="checkpoint")}, 0, HangLimits(300, 1800)) == (1800, "hang_timeout_slow")
+    assert job_limit({**fast, 0: view(warmup=True)}, 0, HangLimits(300, 1800)) == (1800, "hang_timeout_slow")
+    assert job_limit(fast, 1, HangLimits(300, 1800)) == (1800, "hang_timeout_slow")  # a rank with no heartbeat yet
     frozen = view(phase="checkpoint", warmup=True, late=True, state="T")
-    assert job_limit({**fast, 1: frozen}, 0, 300, 1800) == (300, "hang_timeout")  # stopped: no allowance
+    assert job_limit({**fast, 1: frozen}, 0, HangLimits(300, 1800)) == (300, "hang_timeout")  # stopped: no allowance
     frozen["state"] = "D"  # but a rank stuck writing (its heartbeat on the same filesystem) keeps it
-    assert job_limit({**fast, 1: frozen}, 0, 300, 1800) == (1800, "hang_timeout_slow")
-    assert job_limit({0: view(phase="setup")}, 0, 600, 100) == (600, "hang_timeout_slow")  # never below
+    assert job_limit({**fast, 1: frozen}, 0, HangLimits(300, 1800)) == (1800, "hang_timeout_slow")
+    assert job_limit({0: view(phase="setup")}, 0, HangLimits(600, 100)) == (600, "hang_timeout_slow")  # never below
 
 
 def test_rank_view_ages_a_silent_rank_from_its_last_heartbeat():
@@ -189,7 +191,8 @@ def test_a_stopped_process_is_late_at_once_whatever_its_heartbeats_age(tmp_path)
         info |= {"host": host, "pid": child.pid, "node": 0, "warmup": True}
         v = rank_view(info, 1001.0, 5.0)  # one second old: no beat missed yet
         assert (v["late"], v["state"], v["beat_age_s"]) == (True, "T", 1.0)
-        assert job_limit({0: view(phase="backward"), 1: v}, 0, 10, 1800) == (10, "hang_timeout")  # no warm-up grace
+        limits = HangLimits(10, 1800)
+        assert job_limit({0: view(phase="backward"), 1: v}, 0, limits) == (10, "hang_timeout")  # no warm-up grace
     finally:
         child.kill()
         child.wait()
@@ -560,7 +563,7 @@ class HangRun:
     """`taehv-launch 2 cpu` as users run it (the cpu profile's DataLoader worker per rank), hang_timeout
     20 s, no validation or checkpoint during the run (slow phases), output into files."""
 
-    def __init__(self, tmp: Path, name: str, hang_timeout: int = HANG_TIMEOUT, **env: str):
+    def __init__(self, tmp: Path, name: str, hang_timeout: int = HANG_TIMEOUT, sets: tuple[str, ...] = (), **env: str):
         from conftest import CLI, clean_env, free_port
 
         self.run = tmp / "output" / name
@@ -574,6 +577,7 @@ class HangRun:
             "checkpointing_steps=100000",
             f"hang_timeout={hang_timeout}",
             "max_restarts=0",  # the hang's exit 76 is what is checked here; restarts: test_restart.py
+            *sets,
         ):
             argv += ["--set", key]
         environ = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1", **env)
@@ -668,6 +672,38 @@ def test_a_rank_frozen_with_sigstop_is_reported_hung_and_the_job_stops(tmp_path)
     report = read_hang_reports(run.run)
     assert list(report.values())[0]["culprits"] == [1]
     assert not psutil.pid_exists(ranks[1]) or psutil.Process(ranks[1]).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+def test_a_rank_frozen_after_the_run_measured_its_steps_is_reported_within_the_derived_limit(tmp_path):
+    """#39 item 4: hang_timeout 300 s (the default), short CPU steps (32x32 clips: the 23 steps before the
+    limit is derived go fast): once the 20 steps after warm-up are measured, rank 0 prints the step limit
+    derived from them (5 x their p99, at least 30 s), `status` shows it, and a rank SIGSTOPped then is
+    reported within that limit, not 300 s."""
+    from conftest import run_cli
+
+    run = HangRun(tmp_path, "derived", hang_timeout=300, sets=("height=32", "width=32"))  # 23 steps: short ones
+    try:
+        run.wait_for("hang limits from this run's times: step ")
+        derived = re.search(r"hang limits from this run's times: step (\d+) s \(measured p99 ", run.out.read_text())
+        limit = int(derived.group(1))
+        assert limit <= 300 / 5, run.text()  # much below the configured value
+        status = run_cli("status", str(run.run), cwd=tmp_path, timeout=60)
+        assert f"  hang limit step {limit} s (measured p99 " in status.stdout, status.stdout + status.stderr
+        recorded = json.loads((run.run / "hang_limits.json").read_text())
+        assert round(recorded["limits"]["step_s"]) == limit and recorded["configured"]["hang_timeout"] == 300
+        os.kill(run.ranks()[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        code = run.finish(timeout=limit + MARGIN + 60)
+        elapsed = time.monotonic() - t0
+    finally:
+        run.kill()
+    assert code == EXIT_HUNG, run.text()
+    assert limit - 2 <= elapsed < limit + MARGIN, (elapsed, limit)
+    line = one_error_line(run)
+    assert re.match(r"error: job hung: rank 1 stuck in \w+ at step \d+, no progress for \d+ s ", line), line
+    assert f"(step limit {limit} s, from this run's step times); " in line
+    assert "its process is stopped (SIGSTOP" in line
 
 
 @pytest.mark.slow

@@ -8,9 +8,10 @@ alive beside the trainer on every node).
   process (SIGSTOP, a debugger, a native call holding the GIL) reports nothing itself, and in a 1-process
   job, or when every rank of the job is frozen, nobody else would. With hang_timeout on, a rank of this
   node whose process is stopped, or whose heartbeat is older than SILENT_S (its threads do not run), and
-  whose progress is older than
-  the job's hang limit (rundir/heartbeat.silence_limit) is reported here, unless a hang report or an exit
-  status already exists (then the trainer reports: no second report). A live rank on this host reports a
+  whose progress is older than the job's hang limit (rundir/heartbeat.silence_limit: the configured
+  values, or those derived from this launch's times in <run>/hang_limits.json, rundir/hanglimits.py) is
+  reported here, unless a hang report or an exit status already exists (then the trainer reports: no
+  second report). A live rank on this host reports a
   frozen peer itself, so while there is one the launcher waits PEER_GRACE_S longer. The report is the
   trainer's: heartbeat/rank<r>.hang (the other ranks of the job, on every node, read it, dump their
   stacks and stop with 76), exit status 76 with the one line, then every process of the launch is
@@ -31,6 +32,7 @@ from typing import Callable
 
 from ..errors import EXIT_HUNG
 from ..files import write_atomic
+from ..rundir.hanglimits import limit_text, read_hang_limits
 from ..rundir.heartbeat import (
     HANG_SUFFIX,
     HEARTBEAT_PERIOD_S,
@@ -99,7 +101,7 @@ def freeze_line(frozen: dict[int, dict], limit: tuple[float, str], node: int, st
     if asked:
         dumps += f"; {ranks_text(asked)}: Python stacks in the launch log"
     parts = [
-        f"job hung: {who}, no progress for {age:.0f} s ({limit[1]} {limit[0]:.0f} s)",
+        f"job hung: {who}, no progress for {age:.0f} s ({limit_text(limit)})",
         f"not responding since its last heartbeat {beat:.0f} s ago (its phase and step then), {states}",
         f"found by taehv-launch on node {node}: the rank's own hang detector does not run",
         dumps,
@@ -184,7 +186,8 @@ class NodeWatch:
                 hb["state"] = process_state(hb.get("host"), hb.get("pid"))  # None on another host
                 hb["silent"] = hb["beat_age_s"] > SILENT_S or hb["state"] in STOPPED
         peers_here = any(not hb["silent"] and hb.get("host") == here for hb in beats.values())
-        limit = silence_limit(list(beats.values()), self.hang_timeout, self.slow, self.world)
+        limits = read_hang_limits(self.run_dir, self.started - 1, self.hang_timeout, self.slow)
+        limit = silence_limit(list(beats.values()), limits, self.world)
         frozen = {}
         for rank, hb in beats.items():
             if hb.get("node") != self.node or hb.get("host") != here or not hb["silent"]:

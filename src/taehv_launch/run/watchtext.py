@@ -195,6 +195,9 @@ def run_block(f: dict[str, Any]) -> list[str]:
         out.append(
             f"  ranks      {len(ranks)} with heartbeats, {len(ranks) - len(listed)} not listed (all fresh): --json lists each"
         )
+    limits = next((r["hang_limits"] for r in ranks if r.get("hang_limits")), None)  # rundir/hanglimits.py
+    if live and limits:
+        out.append(f"  hang limit {text(limits['text'])} (hang_limits.json)")
     if len(f["exit"]) > 1 or (f["exit"] and f["exit"][0]["node"] != 0):
         for e in f["exit"]:
             out.append(f"  exit       node {e['node']}: {e['code']} ({text(e['message'])})")

@@ -3,13 +3,16 @@ train/durability/watchdog.py, read by the peers' watchdogs and by `taehv-launch 
 
 rank<r>       JSON, rewritten every few seconds by a background thread:
               {"rank", "node", "host", "pid", "step", "phase", "progress_age_s", "collectives",
-               "warmup", "time"}
+               "warmup", "times", "time"}
               `step` is the last finished optimizer step, `phase` what the rank does now (data,
               forward, backward, collective, checkpoint, validation, compile, setup, ...),
               `progress_age_s` how long ago the step or phase last changed, `collectives` how many
               collectives the rank has issued (those the trainer counts: a rank with fewer than its
               peers has not reached the one they wait in), `warmup` true during the first steps of
-              the process (compile warm-up), `time` the writer's clock.
+              the process (compile warm-up), `times` the rank's measured times once known
+              ({"step_s", "steps", "checkpoint_s", "validation_s"}, null until measured: the hang
+              limits derived from them are in <run>/hang_limits.json, rundir/hanglimits.py), `time`
+              the writer's clock.
               The file's mtime (the shared filesystem's clock) says whether the rank is alive.
 rank<r>.dead  one line: why the rank failed (an exception in that rank)
 rank<r>.done  the rank finished cleanly
@@ -28,8 +31,9 @@ deciding rank saw them), "dumps" (the files in stacks/ once every live rank dump
 the rank's own watchdog no longer runs) has "by": "taehv-launch node <k>".
 
 A rank whose heartbeat is older than SILENT_S does not run its threads (frozen: SIGSTOP, a debugger, a
-native call holding the GIL). Past its hang limit (`silence_limit`) the node's launcher reports it and
-`taehv-launch status` says the run is hung.
+native call holding the GIL). Past its hang limit (`silence_limit`: the configured values, or those
+derived from the run's times, rundir/hanglimits.py) the node's launcher reports it and `taehv-launch
+status` says the run is hung.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ import socket
 from pathlib import Path
 
 from ..files import read_json
+from .hanglimits import SLOW_PHASES as SLOW_PHASES
+from .hanglimits import HangLimits, job_limit, limits_summary, read_hang_limits
 from .progress import LONGEST_S, number, read_text_part
 
 HEARTBEAT_DIR = "heartbeat"
@@ -49,9 +55,6 @@ TIMEOUT_DUMP_PREFIX = "nccl_trace_rank_"  # torch appends the global rank
 HEARTBEAT_LIMIT = 1 << 20  # bytes: a heartbeat is a few hundred, a hang report a few thousand
 HEARTBEAT_PERIOD_S = 5.0  # how often a rank rewrites its heartbeat (train/durability/watchdog.py's period_s)
 SILENT_S = 3 * HEARTBEAT_PERIOD_S  # a heartbeat this old: the rank's threads do not run
-# Phases whose normal duration can exceed hang_timeout: judged against hang_timeout_slow (the trainer's
-# train/durability/progress.py takes them from here).
-SLOW_PHASES = frozenset({"setup", "checkpoint", "validation", "compile", "rollback", "export"})
 STOPPED = frozenset({"T", "t"})  # process states: stopped by a signal, or by a debugger
 STACKS_SIGNAL = signal.SIGRTMIN + 2  # a rank's faulthandler prints its Python stacks on it (train/main.py)
 
@@ -148,20 +151,15 @@ def process_state(host: object, pid: object) -> str | None:
         return "?"
 
 
-def silence_limit(beats: list[dict], hang_timeout: float, slow: float, world: int | None = None) -> tuple[float, str]:
-    """(seconds, key name) a rank whose heartbeat stopped may go without progress, as the trainer's hang
-    detector judges the job (train/durability/hang.py, job_limit): hang_timeout_slow while any rank whose
-    process is not stopped was last in a slow phase or its warm-up, or while fewer than `world` ranks have
-    a heartbeat; else hang_timeout. `beats`: this launch's heartbeats, with "state" (process_state) where
-    known: a stopped process gets no allowance for its own last phase, which no longer runs."""
-    for hb in beats:
-        phase = hb.get("phase")
-        slow_phase = (isinstance(phase, str) and phase in SLOW_PHASES) or hb.get("warmup") is True
-        if slow_phase and hb.get("state") not in STOPPED:
-            return max(slow, hang_timeout), "hang_timeout_slow"
-    if world is not None and len(beats) < world:
-        return max(slow, hang_timeout), "hang_timeout_slow"
-    return hang_timeout, "hang_timeout"
+def silence_limit(beats: list[dict], limits: HangLimits, world: int | None = None) -> tuple[float, str]:
+    """(seconds, name) a rank whose heartbeat stopped may go without progress, as the trainer's hang
+    detector judges the job (train/durability/hang.py, job_limit; rundir/hanglimits.py): the longest of
+    the step's limit and those of the phases its ranks are in (hang_timeout_slow for warm-up and the slow
+    phases without a limit of their own), hang_timeout_slow while fewer than `world` ranks have a heartbeat.
+    `beats`: this launch's heartbeats, with "state" (process_state) where known: a stopped process gets no
+    allowance for its own last phase, which no longer runs."""
+    running = [(hb.get("phase"), hb.get("warmup")) for hb in beats if hb.get("state") not in STOPPED]
+    return job_limit(running, world is not None and len(beats) < world, limits)
 
 
 def rank_rows(
@@ -176,16 +174,22 @@ def rank_rows(
     live_s), progress_age_s, done, dead (the .dead marker's first line), limit_s and not_responding (with
     the run's `limits` = (hang_timeout, hang_timeout_slow), hang_timeout not 0: the job's hang limit, and
     whether the rank's heartbeat is older than it while its process is stopped or its heartbeat older
-    than SILENT_S, and it is neither done nor dead nor a process known to be gone from this host).
+    than SILENT_S, and it is neither done nor dead nor a process known to be gone from this host),
+    hang_limits (the limits derived from this launch's times, the same on every row, or None:
+    {"step_s", "checkpoint_s", "validation_s", "measured", "text"}, rundir/hanglimits.py).
     Heartbeats older than `since` (an earlier launch's) are left out."""
     beats = {r: hb for r, hb in read_heartbeats(run_dir).items() if since is None or hb["mtime"] >= since}
     done = {r for r in beats if heartbeat_path(run_dir, r, ".done").exists()}
-    limit, here = None, socket.gethostname()
+    limit, here, derived = None, socket.gethostname(), None
     if limits and limits[0] > 0:
         for hb in beats.values():  # a process on this host: its state; elsewhere, or fresh: "?" (unknown)
             late = now - hb["mtime"] > SILENT_S or hb.get("host") == here
             hb["state"] = process_state(hb.get("host"), hb.get("pid")) if late else "?"
-        limit = silence_limit([hb for r, hb in beats.items() if r not in done], *limits)[0]
+        judged = read_hang_limits(run_dir, since, *limits)
+        limit = silence_limit([hb for r, hb in beats.items() if r not in done], judged)[0]
+        if any(v is not None for v in judged.measured.values()):
+            derived = {f"{k}_s": judged.limit(k)[0] for k in ("step", "checkpoint", "validation")}
+            derived |= {"measured": dict(judged.measured), "text": limits_summary(judged)}
     rows = []
     for rank, hb in sorted(beats.items()):
         dead = heartbeat_path(run_dir, rank, ".dead")
@@ -209,6 +213,7 @@ def rank_rows(
                 "done": rank in done,
                 "dead": why,
                 "limit_s": limit,
+                "hang_limits": derived,
                 "not_responding": limit is not None
                 and beat_age > limit
                 and (beat_age > SILENT_S or hb.get("state") in STOPPED)

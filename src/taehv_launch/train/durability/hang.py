@@ -6,7 +6,9 @@ than the job's limit, the job is hung:
 
 - the limit is `hang_timeout`, or `hang_timeout_slow` while any rank is in a slow phase (set-up,
   checkpoint, validation, compile, ...), in its first steps (compile warm-up), or has not started
-  its heartbeat yet: a rank waiting for a peer that is saving a checkpoint is not hung;
+  its heartbeat yet: a rank waiting for a peer that is saving a checkpoint is not hung. Once the run
+  has measured its steps, checkpoints and validations, their limits come from those times, with the
+  configured values as upper bounds (rundir/hanglimits.py; the watchdog's rank 0 derives them);
 - the rank that sees it first writes heartbeat/rank<r>.hang (the report, with the one line);
 - every rank that reads a report dumps its Python stacks (and torch's flight recorder) into
   heartbeat/stacks/, waits until every live rank did, records the exit status EXIT_HUNG with the
@@ -42,9 +44,10 @@ from typing import Callable
 from ...compat import flight_recorder_dumps
 from ...errors import EXIT_HUNG
 from ...files import write_atomic
+from ...rundir.hanglimits import HangLimits, limit_text
+from ...rundir.hanglimits import job_limit as shared_job_limit
 from ...rundir.heartbeat import process_state, stack_path, stacks_dir, trace_path
 from ...rundir.status import status_path, write_exit_status
-from .progress import SLOW_PHASES
 from .status import node_rank
 
 WAIT_PHASES = frozenset({"collective"})  # a rank here may be waiting for a peer
@@ -84,15 +87,14 @@ def rank_view(info: dict, now: float, period_s: float) -> dict:
     }
 
 
-def job_limit(views: dict[int, dict], unstarted: int, hang_timeout: float, slow: float) -> tuple[float, str]:
-    """(seconds, key name) the job's ranks may go without progress: hang_timeout_slow while a rank is in
-    a slow phase, in warm-up, or not yet beating (`unstarted`), since the others may be waiting for it.
-    A stopped process (SIGSTOP, a debugger) gets no such allowance: its last phase no longer runs."""
-    if unstarted or any(
-        (v["phase"] in SLOW_PHASES or v["warmup"]) and v["state"] not in STOPPED for v in views.values()
-    ):
-        return max(slow, hang_timeout), "hang_timeout_slow"
-    return hang_timeout, "hang_timeout"
+def job_limit(views: dict[int, dict], unstarted: int, limits: HangLimits) -> tuple[float, str]:
+    """(seconds, name) the job's ranks may go without progress (rundir/hanglimits.py, job_limit): the
+    step's limit, or the longer limit of a phase a rank is in (hang_timeout_slow in warm-up and the slow
+    phases; a checkpoint's or a validation's own once measured), hang_timeout_slow while a rank is not yet
+    beating (`unstarted`): the others may be waiting for it. A stopped process (SIGSTOP, a debugger) gets
+    no such allowance: its last phase no longer runs."""
+    running = [(v["phase"], v["warmup"]) for v in views.values() if v["state"] not in STOPPED]
+    return shared_job_limit(running, bool(unstarted), limits)
 
 
 def unsettled(views: dict[int, dict], limit_s: float, period_s: float) -> bool:
@@ -176,7 +178,7 @@ def hang_line(views: dict[int, dict], culprits: list[int], why: str, limit: tupl
         )
         who += ")"
     age = max(views[r]["progress_age_s"] for r in culprits)
-    parts = [f"job hung: {who}, no progress for {age:.0f} s ({limit[1]} {limit[0]:.0f} s)"]
+    parts = [f"job hung: {who}, no progress for {age:.0f} s ({limit_text(limit)})"]
     if len(views) > 1 or why == "late":
         parts.append(_detail(views, culprits, why))
     others = [r for r in views if r not in culprits]

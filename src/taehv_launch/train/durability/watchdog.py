@@ -18,8 +18,15 @@ With `hang_timeout` set, every tick first looks for a hang: a rank with no progr
 limit, or another rank's hang report; then every live rank dumps its stacks and the job stops with
 EXIT_HUNG. A stale heartbeat whose process still exists on this host (frozen: SIGSTOP, a debugger, a
 native call holding the GIL) is not a dead peer: the hang detector reports it, with its last step and
-phase, once the limit passes. On another host a silent rank cannot be told from a dead one: it is
-reported as stopped responding after `stale_s`, as before.
+phase, once the limit passes. A rank whose process is gone from this host is dead, not hung, even
+when the hang limit (from the run's times: 30 s at least) passes before `stale_s`: it is reported as
+stopped responding. On another host a silent rank cannot be told from a dead one: it is reported as
+stopped responding after `stale_s`, or as hung when the hang limit passes first.
+
+Hang limits from the run's times (rundir/hanglimits.py): each heartbeat carries its rank's measured
+times; rank 0's watchdog combines them once every rank has them, writes <run>/hang_limits.json and
+prints the limits (a line each time one more limit is derived: step, checkpoint, validation); every
+rank's watchdog judges with the limits of that file (written by this launch), else the configured ones.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from typing import Callable
 
 from ...errors import EXIT_FAILED, LaunchError
 from ...files import disk_error_message, write_atomic
+from ...rundir.hanglimits import KINDS, HangLimits, combine, derived_line, hang_limits_path, read_hang_limits
+from ...rundir.hanglimits import write_hang_limits
 from ...rundir.heartbeat import HANG_SUFFIX, read_heartbeat, read_hang_reports, stacks_dir
 from .hang import dump_stacks, dumps_since, hang_line, job_limit, name_culprits, process_state, rank_view
 from .hang import unsettled, wait_for_dumps
@@ -56,12 +65,16 @@ class Watchdog:
         hang_timeout_slow: float = 0.0,
         on_hang: Callable[[dict, bool], None] | None = None,
         progress: Progress = PROGRESS,
+        note: Callable[[str], None] | None = None,
     ):
         self.run_dir, self.dir = run_dir, run_dir / "heartbeat"
         self.rank, self.world, self.node = rank, world, node
         self.period_s, self.stale_s, self.on_dead = period_s, stale_s, on_dead
         self.hang_timeout = hang_timeout if on_hang is not None else 0.0  # 0: no hang detection
         self.hang_timeout_slow, self.on_hang, self.progress = hang_timeout_slow, on_hang, progress
+        self.limits = HangLimits(self.hang_timeout, hang_timeout_slow)  # the configured ones until measured
+        self.note = note or (lambda line: print(line, flush=True))  # rank 0: the derived limits' line
+        self._warned = False  # rank 0 said it cannot write the limits' file
         self.pid = os.getpid()
         self.started = time.time()
         self.hanging = threading.Event()  # set while this rank reports a hang (it then ends the process)
@@ -84,6 +97,8 @@ class Watchdog:
         except OSError as exc:
             raise LaunchError(setup_problem(self.run_dir, exc)) from None
         self.started = self._fs_now()
+        if self.hang_timeout:
+            self.progress.watch_compiles()
         self._thread.start()
         return self
 
@@ -92,6 +107,8 @@ class Watchdog:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.hang_timeout:
             stacks_dir(self.run_dir).mkdir(exist_ok=True)  # also where torch dumps at the NCCL timeout
+            if self.rank == 0:  # an earlier launch's limits: this one measures itself again
+                hang_limits_path(self.run_dir).unlink(missing_ok=True)
         for suffix in ("", ".dead", ".done", HANG_SUFFIX):
             self._path(self.rank, suffix).unlink(missing_ok=True)
         self._beat()
@@ -142,6 +159,7 @@ class Watchdog:
         while not self._stop.wait(self.period_s):
             try:
                 self._beat()
+                self._update_limits()
                 if report := self.find_hang():
                     self._respond(report)
                     return
@@ -152,6 +170,36 @@ class Watchdog:
                 continue
 
     # ------------------------------------------------------------------ hangs (hang.py)
+    def _update_limits(self) -> None:
+        """Rank 0 derives the limits still missing from every rank's measured times; every rank then
+        judges with those of this launch's <run>/hang_limits.json."""
+        if not self.hang_timeout:
+            return
+        if self.rank == 0 and any(self.limits.measured.get(f"{k}_s") is None for k in KINDS):
+            try:
+                self._derive()
+            except OSError as exc:  # the next tick tries again; the configured limits hold meanwhile
+                if not self._warned:
+                    self._warned = True
+                    sys.stderr.write(
+                        f"[rank 0] warning: cannot write {hang_limits_path(self.run_dir)}: {exc.strerror or exc}; "
+                        "the configured hang limits hold\n"
+                    )
+        self.limits = read_hang_limits(self.run_dir, self.started - 1, self.hang_timeout, self.hang_timeout_slow)
+
+    def _derive(self) -> None:
+        beats = [read_heartbeat(self._path(r)) for r in range(self.world)]
+        times = [b.get("times") for b in beats if b is not None and b["mtime"] >= self.started - 1]
+        found = combine(times, self.world)
+        known = {k: v for k, v in self.limits.measured.items() if v is not None}  # derived once, kept
+        measured = {**found, **known}
+        if measured == dict(self.limits.measured) or all(v is None for v in measured.values()):
+            return
+        limits = HangLimits(self.hang_timeout, self.hang_timeout_slow, measured)
+        write_hang_limits(self.run_dir, limits)
+        self.limits = limits
+        self.note(derived_line(limits, self.run_dir))
+
     def _views(self, now: float) -> tuple[dict[int, dict], int]:
         """Each running rank of this launch as the hang detector sees it, and how many have not beaten yet."""
         views, unstarted = {}, 0
@@ -174,11 +222,14 @@ class Watchdog:
             return reports[min(reports)]
         now = self._fs_now()
         views, unstarted = self._views(now)
-        limit = job_limit(views, unstarted, self.hang_timeout, self.hang_timeout_slow)
+        limit = job_limit(views, unstarted, self.limits)
         if not views or all(v["progress_age_s"] <= limit[0] for v in views.values()):
             return None
         if unsettled(views, limit[0], self.period_s):
             return None  # a rank has not beaten since: frozen (the culprit) or live? a later tick knows
+        here = socket.gethostname()
+        if any(v["host"] == here and v["state"] is None for v in views.values()):
+            return None  # a rank's process is gone from this host: a dead peer (_problem, within stale_s)
         culprits, why = name_culprits(views)
         report = {
             "line": hang_line(views, culprits, why, limit, stacks_dir(self.run_dir)),
