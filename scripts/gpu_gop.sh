@@ -14,10 +14,13 @@
 # --workers 12 on 12 cores, threads chosen from the sources; on 1080p also 4 threads, the old default, and 14),
 # and training from the latent cache at the default settings (h100 profile, compile all, 40 steps at
 # accumulation 1, clips/s from speed.json; cache job: 2 views per video, compile none). Env: OUT (evidence
-# folder), W (work folder), STEPS (40), BUDGET (seconds after which the 4K training row is skipped: 330).
+# folder), W (work folder), STEPS (40), BUDGET (seconds after which the 4K training row is skipped: 330),
+# LOADER=0 (skip the loader-alone rows), THREADS_1080="10 14" (also train from the 1080p cache with these
+# video_decode_threads, each its own row: cached_v1080_t<N>), SETS="v480 v1080" (the sets written).
 set -uo pipefail
 SRC=${1:?usage: bash scripts/gpu_gop.sh SRC_DIR (the sample videos make_bench_videos.py reads)}
 OUT=${OUT:-/tmp/gpu_gop}; W=${W:-/tmp/gop}; STEPS=${STEPS:-40}; BUDGET=${BUDGET:-330}
+LOADER=${LOADER:-1}; THREADS_1080=${THREADS_1080:-}; SETS=${SETS:-v480 v1080 v2160}
 mkdir -p "$OUT" "$W"
 trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -40,12 +43,13 @@ python3 -c "import torch, av, cv2, PyNvVideoCodec as n; print('torch', torch.__v
 
 # 1. the sets, written side by side
 M=scripts/make_bench_videos.py
-python3 $M "$W/v480" 720 480 16 300 --src "$SRC" > "$OUT/make_480.log" 2>&1 &
-python3 $M "$W/v1080" 1920 1080 6 150 --crf 18 --src "$SRC" > "$OUT/make_1080.log" 2>&1 &
-python3 $M "$W/v2160" 3840 2160 3 150 --crf 18 --src "$SRC" > "$OUT/make_2160.log" 2>&1 &
+want() { case " $SETS " in *" $1 "*) return 0;; esac; return 1; }
+want v480 && python3 $M "$W/v480" 720 480 16 300 --src "$SRC" > "$OUT/make_480.log" 2>&1 &
+want v1080 && python3 $M "$W/v1080" 1920 1080 6 150 --crf 18 --src "$SRC" > "$OUT/make_1080.log" 2>&1 &
+want v2160 && python3 $M "$W/v2160" 3840 2160 3 150 --crf 18 --src "$SRC" > "$OUT/make_2160.log" 2>&1 &
 wait
 echo "sets written after $(( $(date +%s) - start )) s"; du -sh "$W"/v* | tee "$OUT/sets.txt"
-for set in v480 v1080 v2160; do
+for set in $SETS; do
   python3 -c "import sys; from taehv_launch.dataindex.sources import sample_sources; import glob; \
 s = sample_sources(sorted(glob.glob(sys.argv[1] + '/*'))); print(sys.argv[2], s.line())" "$W/$set" "$set" \
     | tee -a "$OUT/sets.txt"
@@ -59,11 +63,13 @@ loader() {  # SET NAME [--decode-threads N]
     --seconds 6 --clips 16 --json "$@" > "$OUT/loader_$name.json" 2> "$OUT/loader_$name.log"
   echo "loader $name: exit $? after $(( $(date +%s) - start )) s"; grep -E "NVDEC decode threads|loader  nvdec" "$OUT/loader_$name.log"
 }
-loader v480 v480
-loader v1080 v1080
-loader v2160 v2160
-loader v1080 v1080_t4 --decode-threads 4
-loader v1080 v1080_t14 --decode-threads 14
+if [ "$LOADER" = 1 ]; then
+  loader v480 v480
+  loader v1080 v1080
+  loader v2160 v2160
+  loader v1080 v1080_t4 --decode-threads 4
+  loader v1080 v1080_t14 --decode-threads 14
+fi
 
 # 3. training from the latent cache at the default settings
 REF=$W/ref_vae_cogvideox_real_c16
@@ -74,21 +80,27 @@ from taehv_launch.bench.runs import make_assets
 from taehv_launch.plan.schema import DEFAULTS
 make_assets(dict(DEFAULTS), torch.device("cuda"), Path(sys.argv[1]), "/unused", print)
 PY
-cached() {  # SET
-  local set=$1 common=(--set data_root="'$W/$1'" --set ref_vae_path="'$REF'" --set output_dir="'$W/output'")
-  tl cache 1 h100 --views 2 --run-name "cache_$set" --set latent_cache="'$W/lc_$set'" --set compile="'none'" \
-    "${common[@]}" > "$OUT/cache_$set.log" 2>&1
-  echo "cache $set: exit $? after $(( $(date +%s) - start )) s"
-  tl 1 h100 --run-name "cached_$set" "${common[@]}" --set latent_cache="'$W/lc_$set'" --set max_train_steps=$STEPS \
+cached() {  # SET [THREADS]: a cache of SET (once), then training from it (threads: video_decode_threads)
+  local set=$1 name=cached_$1 extra=() common=(--set data_root="'$W/$1'" --set ref_vae_path="'$REF'" --set output_dir="'$W/output'")
+  if [ -n "${2:-}" ]; then name=cached_${1}_t$2; extra=(--set video_decode_threads=$2); fi
+  if [ ! -d "$W/lc_$set" ]; then
+    tl cache 1 h100 --views 2 --run-name "cache_$set" --set latent_cache="'$W/lc_$set'" --set compile="'none'" \
+      "${common[@]}" > "$OUT/cache_$set.log" 2>&1
+    echo "cache $set: exit $? after $(( $(date +%s) - start )) s"
+  fi
+  tl 1 h100 --run-name "$name" "${common[@]}" "${extra[@]}" --set latent_cache="'$W/lc_$set'" --set max_train_steps=$STEPS \
     --set log_every=5 --set gradient_accumulation_steps=1 --set validation_steps=100000 \
-    --set checkpointing_steps=100000 --set lr_warmup_steps=1 > "$OUT/cached_$set.log" 2>&1
-  echo "train cached_$set: exit $? after $(( $(date +%s) - start )) s"
-  grep -E "^data|decod|error|Error" "$OUT/cached_$set.log" | head -6
-  cp "$W/output/cached_$set/speed.json" "$OUT/cached_$set.speed.json" 2>/dev/null
+    --set checkpointing_steps=100000 --set lr_warmup_steps=1 > "$OUT/$name.log" 2>&1
+  echo "train $name: exit $? after $(( $(date +%s) - start )) s"
+  grep -E "^data|decod|error|Error" "$OUT/$name.log" | head -6
+  cp "$W/output/$name/speed.json" "$OUT/$name.speed.json" 2>/dev/null
+  python3 -c "import json,sys; print('$name', round(json.load(open(sys.argv[1]))['clips_per_s'], 2), 'clips/s')" \
+    "$OUT/$name.speed.json" 2>/dev/null
 }
 cached v480
 cached v1080
-if [ $(( $(date +%s) - start )) -lt "$BUDGET" ]; then cached v2160; else echo "4K training skipped: past BUDGET=$BUDGET s"; fi
+for t in $THREADS_1080; do cached v1080 "$t"; done
+if ! want v2160; then :; elif [ $(( $(date +%s) - start )) -lt "$BUDGET" ]; then cached v2160; else echo "4K training skipped: past BUDGET=$BUDGET s"; fi
 
 # 4. the table
 python3 - "$OUT" <<'PY' | tee "$OUT/table.md"
