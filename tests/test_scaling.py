@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import run_cli_here
-from taehv_launch.plan.scaling import TAEHV_GRAD_BYTES, allreduce_s, efficiency, predict
+from taehv_launch.plan.scaling import TAEHV_GRAD_BYTES, allreduce_s, efficiency, predict, unpredicted
 from taehv_launch.plan.schema import DEFAULTS
 
 
@@ -49,6 +49,30 @@ def test_the_dry_run_prints_the_prediction(tmp_path):
     assert d["predicted"]["efficiency"] > 0.97
     assert json.loads(run_cli_here("8", "a800", "--dry-run", "--json", cwd=tmp_path).stdout)["predicted"] is None
     assert "  predicted ~" not in run_cli_here("1", "cpu", "--dry-run", cwd=tmp_path).stdout
+
+
+def test_each_family_and_path_is_predicted_only_from_its_own_measurement(tmp_path):
+    """A family's speed is its own (h3 online runs at 1/20 of cogvideox's): a figure is used for the family,
+    the path (online or from the latent cache) and the profile it was measured on, and nothing else."""
+    cfg = {**DEFAULTS, "micro_batch_size": 4, "gradient_accumulation_steps": 1, "zero_stage": 0}
+    rate = {}
+    for fam in ("cogvideox", "wan22", "hunyuan15", "ltx2", "ltx23", "h3"):
+        for cache in ("", "/lc"):
+            rate[fam, cache] = predict(
+                "h100", {**cfg, "ref_vae_type": fam, "latent_cache": cache}, 1, 1
+            ).clips_per_s_per_gpu
+    assert rate["h3", ""] == pytest.approx(0.40) and rate["h3", "/lc"] == pytest.approx(12.16)
+    assert rate["cogvideox", ""] == pytest.approx(8.65) and rate["cogvideox", "/lc"] > rate["cogvideox", ""]
+    assert rate["ltx23", "/lc"] == rate["ltx2", "/lc"]
+    for fam in ("hunyuan", "wan"):  # never measured on any profile
+        assert predict("h100", {**cfg, "ref_vae_type": fam}, 1, 1) is None
+    assert predict("h200", {**cfg, "ref_vae_type": "h3"}, 1, 1) is None  # measured on h100 only
+    assert "ref_vae_type=wan online" in unpredicted("h100", {**cfg, "ref_vae_type": "wan"})
+    assert "from the latent cache" in unpredicted("h200", {**cfg, "ref_vae_type": "h3", "latent_cache": "/lc"})
+    out = run_cli_here("1", "h100", "--dry-run", "--set", "ref_vae_type=wan", cwd=tmp_path).stdout
+    assert "  predicted none: no speed of ref_vae_type=wan online was measured on h100" in out
+    out = run_cli_here("1", "h100", "--dry-run", "--set", "ref_vae_type=h3", cwd=tmp_path).stdout
+    assert "  predicted ~0.40 clips/s per GPU" in out and "measured at micro 4 on one H100" in out
 
 
 def test_plan_times_read_well_from_seconds_to_days():

@@ -27,11 +27,49 @@ class Measured:
     source: str
 
 
-# Measured on the GPU machine (docs/benchmarks.md). a800 has no measurement: no prediction.
+# Measured on the GPU machine (docs/benchmarks.md), by (profile, ref_vae_type, from the latent cache). A
+# family's speed is mostly its reference VAE's encode online and TAEHV's shape from the cache, so a
+# figure is used only for the family, the path and the profile it was measured on; anything else (a800,
+# hunyuan and wan on any profile, the new families beside h100) gets no prediction rather than another
+# family's number (h3 online runs at 1/20 of cogvideox's).
+_FAMILIES_H100 = 'one H100, plain DDP, uncompiled, 2026-11-26 (docs/benchmarks.md "Families on one H100")'
 MEASURED = {
-    "h100": Measured(8.65, 8, 'one H100, plain DDP, compile all, 2026-11-24 (docs/benchmarks.md "Strategy per row")'),
-    "h200": Measured(7.15, 16, 'one H200, ZeRO-2, compile reference, 2026-11-23 (docs/benchmarks.md "Two GPUs")'),
+    ("h100", "cogvideox", False): Measured(
+        8.65, 8, 'one H100, plain DDP, compile all, 2026-11-24 (docs/benchmarks.md "Strategy per row")'
+    ),
+    ("h100", "cogvideox", True): Measured(
+        17.33, 8, 'one H100, plain DDP, compile all, 2026-11-26 (docs/benchmarks.md "Long-GOP rows", 480p)'
+    ),
+    ("h200", "cogvideox", False): Measured(
+        7.15, 16, 'one H200, ZeRO-2, compile reference, 2026-11-23 (docs/benchmarks.md "Two GPUs")'
+    ),
+    ("h100", "wan22", False): Measured(12.91, 8, _FAMILIES_H100),
+    ("h100", "wan22", True): Measured(47.28, 8, _FAMILIES_H100),
+    ("h100", "hunyuan15", False): Measured(4.23, 8, _FAMILIES_H100),
+    ("h100", "hunyuan15", True): Measured(49.83, 8, _FAMILIES_H100),
+    ("h100", "ltx2", False): Measured(25.49, 8, _FAMILIES_H100),
+    ("h100", "ltx2", True): Measured(72.60, 8, _FAMILIES_H100),
+    ("h100", "ltx23", False): Measured(25.49, 8, _FAMILIES_H100 + ", ltx2's architecture"),
+    ("h100", "ltx23", True): Measured(72.60, 8, _FAMILIES_H100 + ", ltx2's architecture"),
+    ("h100", "h3", False): Measured(0.40, 4, _FAMILIES_H100),
+    ("h100", "h3", True): Measured(12.16, 4, _FAMILIES_H100),
 }
+
+
+def measured(profile: str, config: dict) -> Measured | None:
+    """The one-GPU speed measured for this profile, family and path (online or from the latent cache)."""
+    return MEASURED.get((profile, config.get("ref_vae_type", "cogvideox"), bool(config.get("latent_cache"))))
+
+
+def unpredicted(profile: str, config: dict) -> str:
+    """Why a plan has no predicted speed: what was not measured."""
+    path = "from the latent cache" if config.get("latent_cache") else "online"
+    return (
+        f"none: no speed of ref_vae_type={config.get('ref_vae_type', 'cogvideox')} {path} was measured on "
+        f"{profile} (docs/benchmarks.md), so no time or GPU-hours either"
+    )
+
+
 TAEHV_GRAD_BYTES = 11_320_000 * 4  # ~11.32M fp32 gradients (the default TAEHV)
 NVLINK_GBPS = 300.0  # assumed NCCL bus bandwidth inside an 8-GPU NVLink node
 NETWORK_GBPS = 25.0  # assumed per-GPU bandwidth between nodes (200 Gb/s per GPU)
@@ -108,13 +146,13 @@ def predict(
     if run_clips_per_s_per_gpu:
         per_gpu, eff, basis = run_clips_per_s_per_gpu, 1.0, "this run's own speed.json"
     else:
-        m = MEASURED.get(profile)
+        m = measured(profile, config)
         if m is None:
             return None
         eff = efficiency(world, nodes, clips_per_step, m.clips_per_s, config["zero_stage"])
         per_gpu = m.clips_per_s * eff
         basis = (
-            f'model: docs/benchmarks.md "Scaling to 64 GPUs", measured at micro {m.micro} on {m.source.split(",")[0]}; '
+            f'model: docs/benchmarks.md "Scaling to 64 GPUs", measured at micro {m.micro} on {m.source.split(" (")[0]}; '
             f"all-reduce over an assumed {NVLINK_GBPS:g} GB/s NVLink, {NETWORK_GBPS:g} GB/s per GPU between nodes"
         )
     seconds = steps * clips_per_step * world / (per_gpu * world)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import EXIT_USAGE, LaunchError, UserError, one_line
 from ..plan.resolve import Plan
+from ..plan.scaling import unpredicted
 from ..plan.schedulers import SOURCE_ASSUMED
 from ..plan.trainable import trained_parts
 from .render import Rendered, render
@@ -107,6 +108,27 @@ def model_line(c: dict) -> str:
     )
 
 
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # = train/loop/speed.py's (run/ does not import train/)
+
+
+def compile_line(c: dict, device: str, cache: bool) -> str:
+    """What torch.compile compiles (compile, compile_mode; train/loop/trainer.py `_compile`)."""
+    if device != "cuda" or c["compile"] == "none":
+        return "none: everything eager" + (" (torch.compile runs on GPUs only)" if device != "cuda" else "")
+    ref = f"reference VAE encoder ({'channels-last, ' if c['ref_channels_last'] else ''}mode default)"
+    mode = c["compile_mode"]
+    if cache:
+        return ref
+    if c["compile"] == "all" and c["zero_stage"] != 3:
+        graphs = ": CUDA graphs, a graph step per micro-batch" if mode in CUDAGRAPH_MODES else ""
+        return f"{ref} and TAEHV ({'channels-last, ' if c['channels_last'] else ''}mode {mode}{graphs})"
+    why = "under ZeRO-3 (compiled it measured no faster)" if c["compile"] == "all" else "(compile='reference')"
+    unused = (
+        f"; compile_mode={mode} has no effect: it is TAEHV's (compile='all', no ZeRO-3)" if mode != "default" else ""
+    )
+    return f"{ref}; TAEHV eager {why}{unused}"
+
+
 def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
     topo = plan.topology
     return {
@@ -141,6 +163,7 @@ def plan_json(plan: Plan, rendered: Rendered, run_dir: Path) -> dict[str, Any]:
         "latent_space": plan.latent_space,
         "model": model_json(plan.config) if plan.options.task == "train" else None,
         "decode": decode_json(plan),
+        "compile": compile_line(plan.config, plan.profile.device, plan.options.task == "cache"),
         "trained": trained_parts(plan.config).as_dict() if plan.options.task == "train" else None,
         "predicted": asdict(p) if (p := prediction(plan)) else None,
         "resume": plan.options.resume,
@@ -223,6 +246,7 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
                 f"{plan.world_size} in all; nothing is trained"
             ]
         ),
+        f"  compile   {compile_line(c, plan.profile.device, cache)}",
         f"  clips     {c['n_frames']} frames of {c['height']}x{c['width']}, stride {c['min_frame_delta']}-"
         f"{c['max_frame_delta']}, reference VAE {c['ref_vae_type']} ({c['ref_vae_path'] or default}{' = built-in tiny demo VAE' if demo_vae and c['ref_vae_path'] == demo_vae else ''})",
         f"  latents   {plan.latent_space}",
@@ -261,6 +285,8 @@ def print_plan(plan: Plan, rendered: Rendered, run_dir: Path, size=None) -> None
         )
     if (p := prediction(plan)) is not None:
         out.append(f"  predicted {p.line(plan.world_size, c['max_train_steps'])}")
+    elif plan.options.task == "train" and plan.profile.device == "cuda":
+        out.append(f"  predicted {unpredicted(plan.profile.name, c)}")
     mem = plan.memory
     if mem.gpu_gib is not None and plan.options.task == "train":
         out.append(f"  memory    {'DOES NOT FIT: ' if mem.fits is False else ''}{mem.detail}")
