@@ -32,5 +32,6 @@ def diff_cmd(
     ] = None,
 ) -> None:
     from ..run.diff import diff
+    from ..run.manifest import plan_record
 
-    exit_with(lambda: diff(a, b, as_json, only))
+    exit_with(lambda: diff(a, b, plan_record, as_json, only))

@@ -12,6 +12,8 @@ Each side is one of:
                  "Resolved by taehv-launch for `16 h100`" header (the shipped configs/ and every run's
                  config.py have one), else from the other side.
 A plan cannot know the hosts and GPUs it will run on: those rows are compared between runs only.
+The plan itself is resolved by the launcher's side, handed in by the command as `resolve`
+(run/manifest.py plan_record): this module only reads run directories and config files.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError, one_line
 from ..files import RECORD_LIMIT, read_json_or_none
@@ -46,6 +48,8 @@ ODD_SPACE = re.compile(r"[^\S \t\n]")  # a no-break or other Unicode space: shle
 HEADER = re.compile(r"Resolved by taehv-launch for `(\d+) (\w+)`")
 MACHINE_ROWS = ("environment.hosts", "environment.gpu", "environment.gpu driver", "environment.cuda (driver)")
 WIDE = 40  # a value longer than this goes on its own line
+# (a plan's Request fields, its argv) -> the manifest record its launch would write; nothing is written
+PlanRecord = Callable[[dict[str, Any], list[str]], dict[str, Any]]
 SPEC_HELP = (
     'a run directory, a config file (.py) or a plan "GPUS PROFILE [--set KEY=VALUE ...] [--config FILE] '
     '[--num-nodes N] [--gpus-per-node G]" as one quoted argument'
@@ -64,10 +68,10 @@ class Side:
     unknown: str = ""  # why the skipped groups are not known ("a run from before manifest.jsonl")
 
 
-def load(text: str, output_dir: str = "output", other: Side | None = None) -> Side:
+def load(text: str, resolve: PlanRecord, output_dir: str = "output", other: Side | None = None) -> Side:
     """One side of a diff, or ConfigError naming what is wrong."""
     if PLAN_SPEC.fullmatch(text):
-        return plan_side(text)
+        return plan_side(text, resolve)
     try:
         path = locate(text, output_dir)
         is_dir = path.is_dir()
@@ -91,7 +95,7 @@ def load(text: str, output_dir: str = "output", other: Side | None = None) -> Si
                 f'"GPUS PROFILE --config {text}"'
             )
         spec = f"{words[0]} {words[1]} --config {shlex.quote(str(path))}"
-        side = plan_side(spec, label=text, kind="config file")
+        side = plan_side(spec, resolve, label=text, kind="config file")
         side.title = (
             f"config file {text} as `{words[0]} {words[1]}` resolved here now (environment, versions: this machine)"
         )
@@ -112,10 +116,8 @@ def config_head(path: Path) -> str:
         return ""
 
 
-def parse_spec(text: str):
-    """ "GPUS PROFILE [options]" -> Request."""
-    from .request import Request
-
+def parse_spec(text: str) -> dict[str, Any]:
+    """ "GPUS PROFILE [options]" -> the Request's fields (run/request.py)."""
     try:
         words = shlex.split(ODD_SPACE.sub(" ", text))
     except ValueError as exc:
@@ -151,26 +153,20 @@ def parse_spec(text: str):
                 raise ConfigError(f"{name} must be a whole number, got {value!r} in the plan {text!r}") from None
     if opts.get("num_nodes", 1) > 1:  # which node and where the rendezvous is: nothing a diff compares
         opts.update(node_rank=0, master_addr="127.0.0.1")
-    return Request(gpus=gpus, profile=profile, sets=sets, **opts)
+    return {"gpus": gpus, "profile": profile, "sets": sets, **opts}
 
 
-def plan_side(text: str, label: str | None = None, kind: str = "plan") -> Side:
-    from .manifest import build_record
-    from .render import render
-    from .request import build_plan
-
-    req = parse_spec(text)
-    plan = build_plan(req)
-    rendered = render(plan, plan.run_dir)
-    record = build_record(plan, rendered, plan.run_dir, argv=shlex.split(text))
+def plan_side(text: str, resolve: PlanRecord, label: str | None = None, kind: str = "plan") -> Side:
+    record = resolve(parse_spec(text), shlex.split(text))
+    plan = record["plan"]
     return Side(
         label=label or text,
         kind=kind,
         title=f"plan `{text.strip()}` resolved here now (environment, versions: this machine)",
         rows=flatten(record),
         skip=MACHINE_ROWS,
-        words=(str(plan.gpus), plan.profile.name),
-        extra={"plan_hash": record["plan"]["hash"]},
+        words=(str(plan["gpus"]), plan["profile"]),
+        extra={"plan_hash": plan["hash"]},
     )
 
 
@@ -254,11 +250,11 @@ def old_run_side(label: str, run_dir: Path, why: str) -> Side:
     )
 
 
-def both(a_text: str, b_text: str) -> tuple[Side, Side]:
+def both(a_text: str, b_text: str, resolve: PlanRecord) -> tuple[Side, Side]:
     """Load the sides; a config file without its own GPUS PROFILE takes the other side's."""
-    a = None if Path(a_text).suffix == ".py" and not PLAN_SPEC.fullmatch(a_text) else load(a_text)
-    b = load(b_text, other=a)
-    return (a or load(a_text, other=b)), b
+    a = None if Path(a_text).suffix == ".py" and not PLAN_SPEC.fullmatch(a_text) else load(a_text, resolve)
+    b = load(b_text, resolve, other=a)
+    return (a or load(a_text, resolve, other=b)), b
 
 
 def compare(a: Side, b: Side, only: tuple[str, ...] = ()) -> list[tuple[str, str, Any, Any]]:
@@ -317,9 +313,10 @@ def groups_of(only: str | None) -> tuple[str, ...]:
     return groups
 
 
-def diff(a_text: str, b_text: str, as_json: bool = False, only: str | None = None) -> int:
+def diff(a_text: str, b_text: str, resolve: PlanRecord, as_json: bool = False, only: str | None = None) -> int:
+    """The command; `resolve` turns a plan side into its manifest record (run/manifest.py plan_record)."""
     groups = groups_of(only)
-    a, b = both(a_text, b_text)
+    a, b = both(a_text, b_text, resolve)
     compared = [g for g in groups or GROUPS if g not in a.skip and g not in b.skip]
     if not compared:
         raise ConfigError(

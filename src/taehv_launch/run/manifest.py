@@ -37,7 +37,7 @@ from ..rundir.manifest import (
     read_manifest_file,
     strategy_name,
 )
-from .render import Rendered
+from .render import Rendered, render
 
 PACKAGES = (
     "torch",
@@ -225,6 +225,15 @@ def build_record(plan: Plan, rendered: Rendered, run_dir: Path, *, launch: int =
         },
         "versions": facts["versions"],
     }
+
+
+def plan_record(fields: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """The manifest record a launch of this plan would write here and now (Request fields as
+    `taehv-launch diff` parses a plan side; argv as typed): resolved, rendered in memory, nothing written."""
+    from .request import Request, build_plan
+
+    plan = build_plan(Request(**fields))
+    return build_record(plan, render(plan, plan.run_dir), plan.run_dir, argv=argv)
 
 
 def record_launch(plan: Plan, rendered: Rendered, run_dir: Path) -> list[str]:
