@@ -14,7 +14,8 @@ import pytest
 
 from conftest import CLI, clean_env, free_port
 from taehv_launch.errors import EXIT_ABORTED, EXIT_FAILED, EXIT_HUNG, EXIT_OK, EXIT_RESUMABLE, EXIT_USAGE
-from taehv_launch.run.restart import decide, restart_argv, restarts_summary
+from taehv_launch.rundir.events import restarts_summary
+from taehv_launch.run.restart import decide, restart_argv
 from trainrun import FAST, scalars
 
 CAPS = {"max_restarts": 3, "max_without_progress": 2}

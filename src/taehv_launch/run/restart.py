@@ -136,24 +136,6 @@ def wait_lock_free(path: Path, timeout_s: float = LOCK_WAIT_S, poll_s: float = 0
         time.sleep(poll_s)
 
 
-def restarts_summary(events: list[dict]) -> dict | None:
-    """For `status`: {"count", "last_reason", "last_time", "lost_s" (sum of failure-to-first-new-step
-    times measured, None when none was), "running"} from events.jsonl's restart records; None: none."""
-    starts = [e for e in events if e.get("event") == "restart"]
-    if not starts:
-        return None
-    lost = [e.get("recovery_s") for e in events if e.get("event") == "restarted"]
-    lost = [x for x in lost if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0]
-    last = starts[-1]
-    return {
-        "count": len(starts),
-        "last_reason": last.get("reason") if isinstance(last.get("reason"), str) else "?",
-        "last_time": last.get("time") if isinstance(last.get("time"), (int, float)) else None,
-        "lost_s": round(sum(lost), 1) if lost else None,
-        "ended": next((e.get("reason") for e in reversed(events) if e.get("event") == "restart_stop"), None),
-    }
-
-
 def first_new_step(run_dir: Path, after_step: int, since: float) -> float | None:
     """When the ranks first logged a step past `after_step` at or after `since` (seconds since the
     epoch): progress.json's own time, or a heartbeat's mtime; None: not yet."""

@@ -15,14 +15,9 @@ from pathlib import Path
 
 from ..errors import CheckpointError, ConfigError, LaunchError
 from ..rundir.checkpoint import checkpoint_step, checksum_problem, incomplete_reason, newest_complete
-from ..rundir.layout import BEST_MODEL, EXPORT_SAFETENSORS, FINAL_MODEL
+from ..rundir.layout import BEST_MODEL, EXPORT_SAFETENSORS, FINAL_MODEL, LATEST, RESERVED_NAMES, runs_newest_first
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-LATEST = "latest"
-# Names the tool itself keeps in output_dir beside the run directories: `latest` (the link to the
-# newest run) and `mlruns` (the MLflow file store, train/loop/trackers.py). The dot-names
-# (.index, .compile-cache, .latest.<pid>) cannot be run names: RUN_ID_RE refuses a leading dot.
-RESERVED_NAMES = (LATEST, "mlruns")
 
 
 def run_id_for(run_name: str | None, job_id: str | None, now: float | None = None) -> tuple[str, str]:
@@ -81,20 +76,6 @@ def check_latest_link(output_dir: Path) -> None:
             f"{link} is a {kind}, but taehv-launch keeps a link to the newest run there: rename or move it "
             f"(or choose another --set output_dir)"
         )
-
-
-def runs_newest_first(output_dir: Path) -> list[Path]:
-    if not output_dir.is_dir():
-        return []
-    runs = []
-    for p in output_dir.iterdir():
-        if p.name.startswith(".") or p.name in RESERVED_NAMES or p.is_symlink() or not p.is_dir():
-            continue
-        try:
-            runs.append((p.stat().st_mtime, p))
-        except OSError:
-            continue
-    return [p for _, p in sorted(runs, key=lambda t: t[0], reverse=True)]
 
 
 THIS_RUN = "this-run"

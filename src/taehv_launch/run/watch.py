@@ -28,15 +28,13 @@ from ..errors import ConfigError
 from ..files import BadRecord, read_json_lines, read_json_or_none
 from ..plan.configfile import read_config_literals
 from ..rundir.checkpoint import COMPLETE, checkpoint_step, incomplete_reason
-from ..rundir.events import EVENTS_FILE, read_events
+from ..rundir.events import EVENTS_FILE, read_events, restarts_summary
 from ..rundir.heartbeat import node_rows, rank_rows, read_hang_reports
-from ..rundir.layout import REQUEUE
+from ..rundir.layout import REQUEUE, runs_newest_first
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
 from ..rundir.progress import count, number, progress_of, read_text_part, this_launch, timestamp, validation_of
 from ..rundir.requeue import REQUEUE_FILE
 from ..rundir.status import read_exit_status, status_path
-from .runs import runs_newest_first
-from .restart import restarts_summary
 from .watchtext import link_text, shown
 
 LIVE_S = 60.0  # a heartbeat younger than this is a live rank (ranks rewrite theirs every 5 s; stale at 30 s)

@@ -4,6 +4,9 @@ The trainer's rank 0 appends (train/loop/guard.py):
 - a rollback: {"event": "rollback", "time", "step" (where it diverged), "to_step", "checkpoint",
   "reason", "rollback" (its number), "data_seed", "lr_factor", "lr_until"};
 - a stop: {"event": "stop", "time", "step", "reason"} when it diverged again within rollback_window.
+The launcher's restart in place appends (run/supervise.py, run/restart.py): {"event": "restart"},
+{"event": "restarted"} once the ranks step again, {"event": "restart_stop"}; restarts_summary()
+reads them for `taehv-launch status`.
 A resume reads the rollbacks back (the lowered LR and the window survive it); `taehv-launch status`
 shows how many there were and the newest.
 
@@ -117,3 +120,21 @@ def append_event(run_dir: Path, record: dict[str, Any]) -> None:
         open(Path(run_dir) / EVENTS_FILE, "a") as f,
     ):
         f.write(json.dumps(record) + "\n")
+
+
+def restarts_summary(events: list[dict]) -> dict | None:
+    """For `status`: {"count", "last_reason", "last_time", "lost_s" (sum of failure-to-first-new-step
+    times measured, None when none was), "running"} from events.jsonl's restart records; None: none."""
+    starts = [e for e in events if e.get("event") == "restart"]
+    if not starts:
+        return None
+    lost = [e.get("recovery_s") for e in events if e.get("event") == "restarted"]
+    lost = [x for x in lost if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0]
+    last = starts[-1]
+    return {
+        "count": len(starts),
+        "last_reason": last.get("reason") if isinstance(last.get("reason"), str) else "?",
+        "last_time": last.get("time") if isinstance(last.get("time"), (int, float)) else None,
+        "lost_s": round(sum(lost), 1) if lost else None,
+        "ended": next((e.get("reason") for e in reversed(events) if e.get("event") == "restart_stop"), None),
+    }

@@ -4,7 +4,8 @@ Layout: <output_dir>/<run id>/checkpoint-<step>/ (checkpoint.py), best_model/ an
 (exports of the EMA TAEHV under upstream's name for the family and decoder: `<stem>.safetensors`,
 `<stem>.pth` (e.g. taecvx, taew2_2_super), export.json listing them with their SHA-256; exports before
 #36 hold taehv.safetensors and taehv.pth whatever the family), exit_status[.node<k>].json (status.py),
-REQUEUE; <output_dir>/latest -> the newest run (run/runs.py).
+REQUEUE; <output_dir>/latest -> the newest run (run/runs.py repoints it), and the run directories
+newest first (runs_newest_first: the launcher's --resume auto and `taehv-launch status` list them).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ EXPORT_META = "export.json"  # step, val PSNR, family, decoder, model settings, 
 # Every export before #36 was named so, whatever the family (upstream reads "taehv" as Hunyuan Video 1):
 LEGACY_SAFETENSORS, LEGACY_PTH = "taehv.safetensors", "taehv.pth"
 EXPORT_SAFETENSORS = LEGACY_SAFETENSORS  # old name of the constant: use export_weights(folder)
+LATEST = "latest"
+# Names the tool itself keeps in output_dir beside the run directories: `latest` (the link to the
+# newest run) and `mlruns` (the MLflow file store, train/loop/trackers.py). The dot-names
+# (.index, .compile-cache, .latest.<pid>) cannot be run names: run/runs.py's RUN_ID_RE refuses a leading dot.
+RESERVED_NAMES = (LATEST, "mlruns")
 
 
 def node_suffix(node: int) -> str:
@@ -49,3 +55,17 @@ def export_weights(folder: Path, suffix: str = ".safetensors") -> Path:
     except (OSError, ValueError, AttributeError, TypeError):
         listed = []
     return folder / (listed[0] if listed else ("taehv" + suffix))
+
+
+def runs_newest_first(output_dir: Path) -> list[Path]:
+    if not output_dir.is_dir():
+        return []
+    runs = []
+    for p in output_dir.iterdir():
+        if p.name.startswith(".") or p.name in RESERVED_NAMES or p.is_symlink() or not p.is_dir():
+            continue
+        try:
+            runs.append((p.stat().st_mtime, p))
+        except OSError:
+            continue
+    return [p for _, p in sorted(runs, key=lambda t: t[0], reverse=True)]
