@@ -32,7 +32,7 @@ from taehv_launch.rundir.heartbeat import (
     silence_limit,
     stacks_dir,
 )
-from taehv_launch.rundir.status import status_path
+from taehv_launch.rundir.exitstatus import status_path
 
 HOST = socket.gethostname()
 
@@ -227,8 +227,8 @@ def run_dir_with_a_frozen_rank(tmp_path: Path, pid: int, hang_timeout: int, age:
 
 
 def test_status_says_hung_when_a_heartbeat_is_older_than_the_runs_hang_limit(tmp_path):
-    from taehv_launch.run.watch import collect
-    from taehv_launch.run.watchtext import render, table
+    from taehv_launch.watch.status import collect
+    from taehv_launch.watch.statustext import render, table
 
     child = stopped_child()
     try:
@@ -246,7 +246,7 @@ def test_status_says_hung_when_a_heartbeat_is_older_than_the_runs_hang_limit(tmp
 
 
 def test_status_says_running_under_the_limit_with_hang_detection_off_or_once_the_process_is_gone(tmp_path):
-    from taehv_launch.run.watch import collect
+    from taehv_launch.watch.status import collect
 
     child = stopped_child()
     try:

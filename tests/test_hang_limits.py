@@ -248,8 +248,8 @@ def test_rank_0_derives_from_every_ranks_times_writes_them_once_and_every_rank_j
 def test_the_launchers_freeze_watch_and_status_use_this_launchs_derived_limits(tmp_path):
     from test_freeze import run_dir_with_a_frozen_rank, stopped_child, watch
 
-    from taehv_launch.run.watch import collect
-    from taehv_launch.run.watchtext import render
+    from taehv_launch.watch.status import collect
+    from taehv_launch.watch.statustext import render
 
     child = stopped_child()
     try:

@@ -43,7 +43,7 @@ def test_clean_ends_config_errors_preemption_and_aborts_do_not(code):
 def test_a_user_error_that_a_restart_would_meet_again_is_not_restarted(tmp_path):
     """Diverging again or a full disk (a UserError of exit 1) is recorded with "repeats" by the trainer's
     main.py; a dead peer (PeerFailure) and a crash are not, and restart."""
-    from taehv_launch.rundir.status import read_exit_status, write_exit_status
+    from taehv_launch.rundir.exitstatus import read_exit_status, write_exit_status
 
     v = verdict(EXIT_FAILED, "diverged again 120 steps after the rollback", repeats=True)
     assert not v.restart and "a restart would meet again (exit 1)" in v.line

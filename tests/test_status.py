@@ -18,9 +18,9 @@ from taehv_launch.rundir.checkpoint import checkpoint_dir, write_complete
 from taehv_launch.rundir.events import EVENTS_FILE, append_event
 from taehv_launch.rundir.heartbeat import heartbeat_dir
 from taehv_launch.rundir.progress import write_progress
-from taehv_launch.rundir.status import status_path, write_exit_status
-from taehv_launch.run.watch import LIVE_S, collect
-from taehv_launch.run.watchtext import ago, duration, ranks_text
+from taehv_launch.rundir.exitstatus import status_path, write_exit_status
+from taehv_launch.watch.status import LIVE_S, collect
+from taehv_launch.watch.statustext import ago, duration, ranks_text
 from trainrun import FAST
 
 FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)

@@ -24,7 +24,9 @@ LAYERS = [
     ("base", {"files", "compat", "yamltext"}),
     ("formats", {"rundir", "dataindex"}),  # what the launcher and the trainer share on disk; the index
     ("plan", {"plan"}),  # pure resolution
-    ("edges", {"run", "train"}),  # the launcher edge; the trainer
+    # the launcher edge (writes the run directory, sends signals); the trainer; the read-only watch
+    # (status, diff): three sides of the run directory, none importing another
+    ("edges", {"run", "train", "watch"}),
     ("cluster", {"cluster"}),  # sbatch / k8s rendering (uses run)
     ("tools", {"preflight", "bench", "quality"}),
     ("top", {"cli", "gen"}),  # one module per command; docs/example generators
@@ -345,6 +347,16 @@ def test_an_upward_and_a_sideways_import_are_caught():
     assert len(bad) == 2, bad
     assert bad[0].startswith("src/taehv_launch/plan/resolve.py:2: upward lazy import: plan imports taehv_launch.run")
     assert bad[1].startswith("src/taehv_launch/run/render.py:2: same-layer import: run imports taehv_launch.train")
+
+
+def test_the_watch_and_the_launcher_do_not_import_each_other():
+    """watch/ (status, diff) reads run directories through rundir/; run/ writes them: neither imports the other."""
+    watch = PKG / "watch" / "diff.py"
+    run = PKG / "run" / "launch.py"
+    sources = {watch: "def f():\n    from ..run.request import build_plan\n", run: "from ..watch import status\n"}
+    bad = layer_violations({module_name(watch): watch, module_name(run): run}, sources)
+    assert [b.split(": ", 2)[1] for b in bad] == ["same-layer lazy import", "same-layer import"], bad
+    assert "watch imports taehv_launch.run.request" in bad[0] and "run imports taehv_launch.watch" in bad[1], bad
 
 
 # --- rules that are not about the graph -----------------------------------------------------------------

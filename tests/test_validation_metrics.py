@@ -15,9 +15,9 @@ import pytest
 
 from conftest import run_cli_here
 from taehv_launch.rundir.progress import VALIDATION_FILE, write_validation
-from taehv_launch.rundir.status import status_path, write_exit_status
-from taehv_launch.run.watch import collect
-from taehv_launch.run.watchtext import run_block
+from taehv_launch.rundir.exitstatus import status_path, write_exit_status
+from taehv_launch.watch.status import collect
+from taehv_launch.watch.statustext import run_block
 
 OLD_LINE = "validation at step 40: psnr 11.20 dB, ssim 0.2678 (EMA model)"  # docs/evidence/cpu_demo_loaded.txt
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CLI, assert_one_line_error, clean_env, run_cli_here
-from taehv_launch.run.watch import collect
+from taehv_launch.watch.status import collect
 from test_status import files_of
 
 HEADER = '"""Resolved by taehv-launch for `1 cpu`: a hand-written run."""\n\n'

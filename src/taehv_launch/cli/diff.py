@@ -1,5 +1,5 @@
 """`taehv-launch diff A B`: config, plan, environment and versions of two runs, a run and a plan, or two
-plans, only what differs; exit 0 identical, 1 different, 2 bad input (run/diff.py)."""
+plans, only what differs; exit 0 identical, 1 different, 2 bad input (watch/diff.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def diff_cmd(
         typer.Option("--only", help="compare only these groups: config, plan, environment, versions (comma-separated)"),
     ] = None,
 ) -> None:
-    from ..run.diff import diff
+    from ..watch.diff import diff
     from ..run.manifest import plan_record
 
     exit_with(lambda: diff(a, b, plan_record, as_json, only))

@@ -1,5 +1,5 @@
 """`taehv-launch status [RUN ...]`: where runs stand (step, speed, ETA, checkpoint, heartbeats, exit,
-requeues), read from their run directories; writes nothing (run/watch.py)."""
+requeues), read from their run directories; writes nothing (watch/status.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,6 @@ def status_cmd(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    from ..run.watch import status
+    from ..watch.status import status
 
     exit_with(lambda: status(list(runs or []), as_json))

@@ -48,7 +48,7 @@ from ..rundir.heartbeat import (
 )
 from ..rundir.layout import trainer_lock_path
 from ..rundir.progress import LONGEST_S, number
-from ..rundir.status import write_exit_status
+from ..rundir.exitstatus import write_exit_status
 
 POLL_S = 1.0
 HANG_GRACE_S = 10.0  # after the trainer recorded a hang: the ranks have dumped their stacks and are exiting

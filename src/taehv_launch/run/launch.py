@@ -50,7 +50,7 @@ from .runs import point_latest
 from ..rundir.checkpoint import WRITING_PREFIX
 from ..rundir.layout import REQUEUE
 from ..rundir.signals import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts_once
-from ..rundir.status import read_exit_status, status_path, write_exit_status
+from ..rundir.exitstatus import read_exit_status, status_path, write_exit_status
 
 LAUNCHER_ENV = "TAEHV_LAUNCHER"  # train/durability/stop.py's: "<our pid> <our start time> <launch log>"
 

@@ -97,7 +97,7 @@ class Supervisor:
         from . import launch as edge
         from ..rundir.checkpoint import checkpoint_step
         from ..rundir.progress import read_progress
-        from ..rundir.status import status_path
+        from ..rundir.exitstatus import status_path
 
         outcome: dict = {}
         t0 = time.time()
@@ -198,7 +198,7 @@ class Supervisor:
         """Several nodes: report, wait for our old ranks, agree with the others (node 0 decides), then all
         restart together (None) or every node ends (the exit code)."""
         from ..rundir.checkpoint import newest_complete
-        from ..rundir.status import status_path, write_exit_status
+        from ..rundir.exitstatus import status_path, write_exit_status
 
         sync, gen = self.sync, self.count
         assert sync is not None

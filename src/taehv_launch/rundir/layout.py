@@ -3,7 +3,7 @@
 Layout: <output_dir>/<run id>/checkpoint-<step>/ (checkpoint.py), best_model/ and final_model/
 (exports of the EMA TAEHV under upstream's name for the family and decoder: `<stem>.safetensors`,
 `<stem>.pth` (e.g. taecvx, taew2_2_super), export.json listing them with their SHA-256; exports before
-#36 hold taehv.safetensors and taehv.pth whatever the family), exit_status[.node<k>].json (status.py),
+#36 hold taehv.safetensors and taehv.pth whatever the family), exit_status[.node<k>].json (exitstatus.py),
 REQUEUE; <output_dir>/latest -> the newest run (run/runs.py repoints it), and the run directories
 newest first (runs_newest_first: the launcher's --resume auto and `taehv-launch status` list them).
 """

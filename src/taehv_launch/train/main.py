@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from taehv_launch.train.durability import stop
-    from taehv_launch.train.durability.status import node_rank, write_status
+    from taehv_launch.train.durability.exitwrite import node_rank, write_status
 
     stop.install()  # first: a stop signal during start-up is kept, not fatal
     args = parse_args(argv)

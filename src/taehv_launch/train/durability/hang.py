@@ -47,8 +47,8 @@ from ...files import write_atomic
 from ...rundir.hanglimits import HangLimits, limit_text
 from ...rundir.hanglimits import job_limit as shared_job_limit
 from ...rundir.heartbeat import process_state, stack_path, stacks_dir, trace_path
-from ...rundir.status import status_path, write_exit_status
-from .status import node_rank
+from ...rundir.exitstatus import status_path, write_exit_status
+from .exitwrite import node_rank
 
 WAIT_PHASES = frozenset({"collective"})  # a rank here may be waiting for a peer
 LOCAL_PHASES = frozenset({"data"})  # a rank here waits on no peer: stuck there, it is stuck by itself

@@ -8,7 +8,7 @@ from ...errors import PeerFailure, UserError
 from ...plan.schema import Config
 from ..durability.hang import end_hung_job
 from ..durability.progress import PROGRESS
-from ..durability.status import node_rank, write_status
+from ..durability.exitwrite import node_rank, write_status
 from ..durability.watchdog import Watchdog, abort_job, stop_message
 from .trainer import Trainer
 

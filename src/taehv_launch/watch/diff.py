@@ -40,8 +40,8 @@ from ..rundir.manifest import (
     record_time,
     short,
 )
-from .watch import RUN_FILES_TEXT, locate, missing, probe, shown
-from .watchtext import link_text
+from .status import RUN_FILES_TEXT, locate, missing, probe, shown
+from .statustext import link_text
 
 PLAN_SPEC = re.compile(r"\s*\d+\s+\S.*", re.S)
 ODD_SPACE = re.compile(r"[^\S \t\n]")  # a no-break or other Unicode space: shlex splits on ASCII ones only

@@ -1,6 +1,6 @@
 """`taehv-launch status`: where runs stand, from their run directories alone (pure reads: nothing is
 written, not even `latest`), on a live run (its ranks' heartbeats on the shared filesystem) and after
-it ended (exit_status*.json, launch*.log). watchtext.py prints what collect() gathers.
+it ended (exit_status*.json, launch*.log). statustext.py prints what collect() gathers.
 
 Where each fact comes from: progress.json (step, total, clips/s now and average, ETA; the trainer's rank
 0 rewrites it at each log line), else the last `step N/T` line of launch.log; heartbeat/rank<r> (each
@@ -34,8 +34,8 @@ from ..rundir.layout import REQUEUE, runs_newest_first
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
 from ..rundir.progress import count, number, progress_of, read_text_part, this_launch, timestamp, validation_of
 from ..rundir.requeue import REQUEUE_FILE
-from ..rundir.status import read_exit_status, status_path
-from .watchtext import link_text, shown
+from ..rundir.exitstatus import read_exit_status, status_path
+from .statustext import link_text, shown
 
 LIVE_S = 60.0  # a heartbeat younger than this is a live rank (ranks rewrite theirs every 5 s; stale at 30 s)
 RUN_FILES = ("config.py", "env.json", "launch.log", "manifest.jsonl", "exit_status.json")
@@ -373,7 +373,7 @@ def unreadable(run_dir: Path, why: str, now: float) -> dict[str, Any]:
 
 def status(args: list[str], as_json: bool) -> int:
     """The command: 0, or ConfigError for input that names no run or one run that cannot be read."""
-    from .watchtext import render
+    from .statustext import render
 
     runs = targets(args)
     now = time.time()

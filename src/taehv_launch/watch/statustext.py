@@ -1,5 +1,5 @@
 """`taehv-launch status` for people: one run as a block of labelled lines, several as a table (one row
-a run). The facts are watch.collect()'s; times are said as ages ("3 min ago") and clock times."""
+a run). The facts are status.collect()'s; times are said as ages ("3 min ago") and clock times."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from ...rundir.status import status_path, write_exit_status
+from ...rundir.exitstatus import status_path, write_exit_status
 
 
 def node_rank() -> int:
