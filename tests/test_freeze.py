@@ -32,7 +32,7 @@ from taehv_launch.rundir.heartbeat import (
     silence_limit,
     stacks_dir,
 )
-from taehv_launch.rundir.exitstatus import status_path
+from taehv_launch.rundir.exitstatus import exit_status_path
 
 HOST = socket.gethostname()
 
@@ -52,7 +52,7 @@ def watch(run: Path, calls: list, world: int = 1, **kw) -> NodeWatch:
         run,
         0,
         world,
-        status_path(run, 0),
+        exit_status_path(run, 0),
         kill=lambda: calls.append("kill"),
         note=calls.append,
         hang_timeout=kw.pop("hang_timeout", 10),
@@ -91,8 +91,8 @@ def test_a_stopped_rank_is_reported_by_the_launcher_once_its_limit_passes(tmp_pa
         child.kill()
         child.wait()
     assert calls[-1] == "kill", calls
-    line = json.loads(status_path(tmp_path, 0).read_text())["message"]
-    assert recorded_code(status_path(tmp_path, 0)) == EXIT_HUNG
+    line = json.loads(exit_status_path(tmp_path, 0).read_text())["message"]
+    assert recorded_code(exit_status_path(tmp_path, 0)) == EXIT_HUNG
     assert line.startswith("job hung: rank 0 stuck in forward at step 5, no progress for 11 s (hang_timeout 10 s); ")
     assert "its process is stopped (SIGSTOP or job control)" in line
     assert "found by taehv-launch on node 0: the rank's own hang detector does not run" in line
@@ -113,7 +113,7 @@ def test_no_second_report_once_the_trainer_reported_or_recorded_an_exit(tmp_path
         heartbeat_path(tmp_path, 1, ".hang").write_text(json.dumps({"line": "job hung: rank 0 ...", "by": 1}))
         assert w.find_frozen() is None  # the trainer's own detector reported: the launcher stays quiet
         heartbeat_path(tmp_path, 1, ".hang").unlink()
-        status_path(tmp_path, 0).write_text(json.dumps({"code": 75, "message": "ok"}))
+        exit_status_path(tmp_path, 0).write_text(json.dumps({"code": 75, "message": "ok"}))
         assert w.find_frozen() is None  # the trainer has ended
     finally:
         child.kill()
@@ -197,7 +197,7 @@ def test_a_running_rank_whose_heartbeat_stopped_is_asked_for_its_stacks(tmp_path
         child.wait()
     assert calls[-1] == "kill", calls
     assert "in stuck_in_native_code" in err.read_text()  # every thread's Python stack, from faulthandler
-    line = json.loads(status_path(tmp_path, 0).read_text())["message"]
+    line = json.loads(exit_status_path(tmp_path, 0).read_text())["message"]
     assert "its process sleeps but its threads are blocked" in line
     assert "rank 0: Python stacks in the launch log" in line
 

@@ -18,7 +18,7 @@ from taehv_launch.rundir.checkpoint import checkpoint_dir, write_complete
 from taehv_launch.rundir.events import EVENTS_FILE, append_event
 from taehv_launch.rundir.heartbeat import heartbeat_dir
 from taehv_launch.rundir.progress import write_progress
-from taehv_launch.rundir.exitstatus import status_path, write_exit_status
+from taehv_launch.rundir.exitstatus import exit_status_path, write_exit_status
 from taehv_launch.watch.status import LIVE_S, collect
 from taehv_launch.watch.statustext import ago, duration, ranks_text
 from trainrun import FAST
@@ -174,7 +174,7 @@ def test_json_and_several_runs(tmp_path):
     ended = tmp_path / "output" / "ended"
     ended.mkdir()
     (ended / "launch.log").write_text("[rank 0] error: something broke\n")
-    write_exit_status(status_path(ended, 0), 1, "something broke")
+    write_exit_status(exit_status_path(ended, 0), 1, "something broke")
     before = files_of(tmp_path)
     doc = json.loads(run_cli_here("status", "--json", "output", cwd=tmp_path).stdout)
     assert {r["run"]: r["state"] for r in doc["runs"]} == {"live": "running", "ended": "failed"}

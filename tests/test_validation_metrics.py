@@ -15,7 +15,7 @@ import pytest
 
 from conftest import run_cli_here
 from taehv_launch.rundir.progress import VALIDATION_FILE, write_validation
-from taehv_launch.rundir.exitstatus import status_path, write_exit_status
+from taehv_launch.rundir.exitstatus import exit_status_path, write_exit_status
 from taehv_launch.watch.status import collect
 from taehv_launch.watch.statustext import run_block
 
@@ -67,7 +67,7 @@ def _run_dir(tmp_path: Path, log: str) -> Path:
     run = tmp_path / "output" / "r"
     run.mkdir(parents=True)
     (run / "launch.log").write_text(log)
-    write_exit_status(status_path(run, 0), 0, "ok")
+    write_exit_status(exit_status_path(run, 0), 0, "ok")
     return run
 
 

@@ -120,14 +120,14 @@ class NodeWatch:
         run_dir: Path,
         node: int,
         world: int,
-        status_file: Path,
+        exit_file: Path,
         kill: Callable[[], None],
         note: Callable[[str], None],
         hang_timeout: float = 0.0,
         hang_timeout_slow: float = 0.0,
         poll_s: float = POLL_S,
     ) -> None:
-        self.run_dir, self.node, self.world, self.status_file = Path(run_dir), node, world, status_file
+        self.run_dir, self.node, self.world, self.exit_file = Path(run_dir), node, world, exit_file
         self.kill, self.note, self.poll_s = kill, note, poll_s
         self.hang_timeout, self.slow = float(hang_timeout or 0), float(hang_timeout_slow or 0)
         self.clock = trainer_lock_path(self.run_dir, node)  # touched for the filesystem's time
@@ -153,7 +153,7 @@ class NodeWatch:
 
     def _run(self) -> None:
         while not self._ended.wait(self.poll_s):
-            code = recorded_code(self.status_file)
+            code = recorded_code(self.exit_file)
             if code == EXIT_HUNG:
                 self._end_hung()
                 return
@@ -206,7 +206,7 @@ class NodeWatch:
                     "host": here,
                     "node": self.node,
                 }
-        if not frozen or read_hang_reports(self.run_dir, since=self.started - 1) or recorded_code(self.status_file):
+        if not frozen or read_hang_reports(self.run_dir, since=self.started - 1) or recorded_code(self.exit_file):
             return None
         return frozen, limit
 
@@ -238,7 +238,7 @@ class NodeWatch:
         except OSError as exc:
             self.note(f"taehv-launch: warning: cannot write the hang report: {exc.strerror or exc}")
         try:
-            write_exit_status(self.status_file, EXIT_HUNG, line)
+            write_exit_status(self.exit_file, EXIT_HUNG, line)
         except OSError as exc:
             self.note(f"taehv-launch: warning: cannot record the exit status: {exc.strerror or exc}")
         self.note(

@@ -50,7 +50,7 @@ from .runs import point_latest
 from ..rundir.checkpoint import WRITING_PREFIX
 from ..rundir.layout import REQUEUE
 from ..rundir.signals import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts_once
-from ..rundir.exitstatus import read_exit_status, status_path, write_exit_status
+from ..rundir.exitstatus import read_exit_status, exit_status_path, write_exit_status
 
 LAUNCHER_ENV = "TAEHV_LAUNCHER"  # train/durability/stop.py's: "<our pid> <our start time> <launch log>"
 
@@ -135,8 +135,8 @@ def env_record(plan: Plan, rendered: Rendered) -> str:
     )
 
 
-def read_status(run_dir: Path, node: int) -> dict | None:
-    return read_exit_status(status_path(run_dir, node))
+def node_exit_status(run_dir: Path, node: int) -> dict | None:
+    return read_exit_status(exit_status_path(run_dir, node))
 
 
 def trainer_pids(root_pid: int) -> list[int]:
@@ -187,8 +187,8 @@ class SignalRelay:
     signal again within REPEAT_WINDOW_S counts once, and any later or different one kills the launch (once
     the trainer has recorded its exit code, that only ends what is left of the launch: the code stands)."""
 
-    def __init__(self, child_pid: int, console: Console, task: str, status_file: Path) -> None:
-        self.child_pid, self.console, self.task, self.status_file = child_pid, console, task, status_file
+    def __init__(self, child_pid: int, console: Console, task: str, exit_file: Path) -> None:
+        self.child_pid, self.console, self.task, self.exit_file = child_pid, console, task, exit_file
         self.events: list[tuple[int, float]] = []
         self.aborted: str | None = None  # why we killed the launch: the second signal's name
         self.not_started: str | None = None  # the signal that came before the trainer started
@@ -245,7 +245,7 @@ class SignalRelay:
                 self._say(f"taehv-launch: {name} again within moments: the same stop, counted once\n")
         elif self.aborted or self.not_started:
             return
-        elif (code := recorded_code(self.status_file)) is not None:  # the trainer has ended: nothing to lose
+        elif (code := recorded_code(self.exit_file)) is not None:  # the trainer has ended: nothing to lose
             self._say(f"taehv-launch: {name}: the {self.what()} already exited ({code}); ending what is left\n")
             kill_launch(self.child_pid)
         else:
@@ -271,8 +271,8 @@ def run(
     writer (run/together.py's PeerWatch stops this node's ranks when another node's failed)."""
     argv = list(rendered.argv if argv is None else argv)
     log_path = run_dir / f"launch{rendered.node_suffix}.log"
-    status_file = status_path(run_dir, plan.topology.machine_rank)
-    status_file.unlink(missing_ok=True)
+    exit_file = exit_status_path(run_dir, plan.topology.machine_rank)
+    exit_file.unlink(missing_ok=True)
     env = {**os.environ, **rendered.exported(), LAUNCHER_ENV: f"{os.getpid()} {start_time()} {log_path.resolve()}"}
     if sys.stdout.isatty():
         env["TAEHV_TTY"] = "1"  # the trainer shows a progress bar only for a person at a terminal
@@ -298,21 +298,21 @@ def run(
         console = Console(log)
         if on_start is not None:
             on_start(child.pid, console.say)
-        relay = SignalRelay(child.pid, console, plan.options.task, status_file)
+        relay = SignalRelay(child.pid, console, plan.options.task, exit_file)
         previous = {s: signal.signal(s, relay.handler) for s in STOP_SIGNALS}
         c = plan.config
         watch = NodeWatch(
             run_dir,
             plan.topology.machine_rank,
             plan.world_size,
-            status_file,
+            exit_file,
             kill=lambda: kill_launch(child.pid),
             note=console.note,
             hang_timeout=c.get("hang_timeout", 0) if plan.options.task == "train" else 0,
             hang_timeout_slow=c.get("hang_timeout_slow", 0),
         ).start()
         try:
-            _tee(child, console, status_file)
+            _tee(child, console, exit_file)
             code = child.wait()
         finally:
             watch.end()
@@ -321,18 +321,18 @@ def run(
             relay.close()
     if outcome is not None:
         outcome["stop_requested"] = bool(relay.events)
-    status = read_status(run_dir, plan.topology.machine_rank)
-    if status is None and (relay.aborted or relay.not_started):
+    recorded = node_exit_status(run_dir, plan.topology.machine_rank)
+    if recorded is None and (relay.aborted or relay.not_started):
         if relay.aborted:
             why = "stopped at once by a second signal, nothing more was saved"  # which one: the line above it
         else:
             why = f"stopped by {relay.not_started} before the {relay.what()} started, nothing to save"
         try:
-            write_exit_status(status_file, EXIT_ABORTED, why)
+            write_exit_status(exit_file, EXIT_ABORTED, why)
         except OSError:
             pass
         return EXIT_ABORTED
-    code = int(status.get("code", code)) if status is not None else (code if code >= 0 else 128 - code)
+    code = int(recorded.get("code", code)) if recorded is not None else (code if code >= 0 else 128 - code)
     if code == 0 and plan.topology.machine_rank == 0:
         (run_dir / REQUEUE).unlink(missing_ok=True)  # the requeued run has finished
     return code
@@ -357,7 +357,7 @@ def final_state(line: bytes) -> bytes:
 ELASTIC_LOG = re.compile(rb"^[EWI]\d{4} [\d:.]+ +\d+ .*torch/distributed/elastic/")
 
 
-def _tee(child: subprocess.Popen, console: Console, status_path: Path) -> None:
+def _tee(child: subprocess.Popen, console: Console, exit_file: Path) -> None:
     """Copy the child's output to the console and the log. Once the trainer has recorded a
     non-zero exit status, the wrappers' tracebacks and torchrun's error lines that follow go to the
     log only (the launcher prints the one error line, or the requeue line for exit 75)."""
@@ -369,7 +369,7 @@ def _tee(child: subprocess.Popen, console: Console, status_path: Path) -> None:
         console.log.write(final_state(line))
         console.log.flush()
         if not quiet and (line.startswith(b"Traceback (most recent call last)") or ELASTIC_LOG.match(line)):
-            quiet = recorded_code(status_path) not in (None, 0)
+            quiet = recorded_code(exit_file) not in (None, 0)
         if not quiet:
             console.out(line)
 

@@ -55,16 +55,16 @@ def launch(req: Request) -> int:
     log = run_dir / f"launch{rendered.node_suffix}.log"
     what = "cache job" if plan.options.task == "cache" else "trainer"
     print(f"taehv-launch: {what} exited with code {code}; run: {run_dir}; log: {log}", flush=True)
-    status = edge.read_status(run_dir, plan.topology.machine_rank) or {}
+    recorded = edge.node_exit_status(run_dir, plan.topology.machine_rank) or {}
     if code == EXIT_ABORTED:
         kept = (
             "complete shards are kept: run the same command to continue"
             if plan.options.task == "cache"
             else "--resume auto continues from the newest complete checkpoint"
         )
-        why = status.get("message") if status.get("code") == code else None  # the launcher's, or the trainer's
+        why = recorded.get("message") if recorded.get("code") == code else None  # the launcher's, or the trainer's
         print(f"error: {why or 'stopped at once by a second signal, nothing more was saved'}; {kept}", file=sys.stderr)
     elif code not in (0, EXIT_RESUMABLE):
-        message = status.get("message") if status.get("code") == code else None
+        message = recorded.get("message") if recorded.get("code") == code else None
         print(f"error: {message or f'the {what} failed: see {log}'}", file=sys.stderr)
     return code

@@ -35,7 +35,7 @@ class Ended:
     """How an attempt ended on this node."""
 
     code: int
-    status: dict
+    recorded: dict  # the exit status this node's trainer (or launcher) recorded, {} when none
     failed_at: float
     stepped: bool
     stop_requested: bool
@@ -97,7 +97,7 @@ class Supervisor:
         from . import launch as edge
         from ..rundir.checkpoint import checkpoint_step
         from ..rundir.progress import read_progress
-        from ..rundir.exitstatus import status_path
+        from ..rundir.exitstatus import exit_status_path
 
         outcome: dict = {}
         t0 = time.time()
@@ -115,20 +115,20 @@ class Supervisor:
             self.watch.end()
             self.watch = None
         try:
-            failed_at = min(ended_at, status_path(self.run_dir, self.node).stat().st_mtime)
+            failed_at = min(ended_at, exit_status_path(self.run_dir, self.node).stat().st_mtime)
         except OSError:
             failed_at = ended_at
         prog = read_progress(self.run_dir)
         start_step = checkpoint_step(Path(self.started_from)) if self.started_from else 0
         stepped = bool(prog and prog["step"] > (start_step or 0) and (prog["time"] or 0) >= t0)
-        status = edge.read_status(self.run_dir, self.node) or {}
-        fired = peer.fired if peer is not None and not status else None  # our trainer recorded nothing itself
-        return Ended(code, status, failed_at, stepped, bool(outcome.get("stop_requested")), fired)
+        recorded = edge.node_exit_status(self.run_dir, self.node) or {}
+        fired = peer.fired if peer is not None and not recorded else None  # our trainer recorded nothing itself
+        return Ended(code, recorded, failed_at, stepped, bool(outcome.get("stop_requested")), fired)
 
-    def verdict(self, code: int, status: dict, stepped: bool, stop: bool, newest: str | None) -> Verdict:
+    def verdict(self, code: int, recorded: dict, stepped: bool, stop: bool, newest: str | None) -> Verdict:
         return decide(
             code,
-            status.get("message"),
+            recorded.get("message"),
             started_from=self.started_from,
             newest=newest,
             stepped=stepped,
@@ -137,7 +137,7 @@ class Supervisor:
             max_restarts=self.max_restarts,
             max_without_progress=self.max_wp,
             stop_requested=stop,
-            repeats=bool(status.get("repeats")),
+            repeats=bool(recorded.get("repeats")),
         )
 
     def end(self, code: int, line: str, quiet: bool = False) -> int:
@@ -182,10 +182,10 @@ class Supervisor:
         from ..rundir.checkpoint import newest_complete
 
         newest, _ = newest_complete(self.run_dir, verify=True)
-        v = self.verdict(e.code, e.status, e.stepped, e.stop_requested, newest.name if newest else None)
+        v = self.verdict(e.code, e.recorded, e.stepped, e.stop_requested, newest.name if newest else None)
         self.wp = v.without_progress
         if not v.restart:
-            return self.end(e.code, v.line, quiet=bool(e.status.get("repeats")))
+            return self.end(e.code, v.line, quiet=bool(e.recorded.get("repeats")))
         self.count += 1
         frm = newest.name if newest else "the start (no complete checkpoint yet)"
         say(f"restart {self.count} of {self.max_restarts} after {v.line}: from {frm}")
@@ -198,7 +198,7 @@ class Supervisor:
         """Several nodes: report, wait for our old ranks, agree with the others (node 0 decides), then all
         restart together (None) or every node ends (the exit code)."""
         from ..rundir.checkpoint import newest_complete
-        from ..rundir.exitstatus import status_path, write_exit_status
+        from ..rundir.exitstatus import exit_status_path, write_exit_status
 
         sync, gen = self.sync, self.count
         assert sync is not None
@@ -207,9 +207,9 @@ class Supervisor:
             v = Verdict(not asked, "the launcher was asked to stop" if asked else "stopped for a peer", self.wp)
         else:  # the quick local verdict; node 0 decides on the verified newest checkpoint
             newest, _ = newest_complete(self.run_dir)
-            v = self.verdict(e.code, e.status, e.stepped, e.stop_requested, newest.name if newest else None)
-        rec = {"node": self.node, "code": e.code, "message": e.status.get("message"), "stepped": e.stepped}
-        rec |= {"repeats": bool(e.status.get("repeats")), "stop_requested": e.stop_requested}
+            v = self.verdict(e.code, e.recorded, e.stepped, e.stop_requested, newest.name if newest else None)
+        rec = {"node": self.node, "code": e.code, "message": e.recorded.get("message"), "stepped": e.stepped}
+        rec |= {"repeats": bool(e.recorded.get("repeats")), "stop_requested": e.stop_requested}
         rec |= {"failed_at": e.failed_at, "peer": e.peer.get("node") if e.peer else None, "time": time.time()}
         rec |= {"restartable": v.restart, "line": v.line, "ready": False}
         if not sync.report(gen, rec):
@@ -225,7 +225,7 @@ class Supervisor:
         if not rec["restartable"]:
             if sync.leader:
                 sync.decide(gen, {"restart": False, "line": rec["line"], "code": e.code, "node": self.node})
-            return self.end(e.code, rec["line"], quiet=bool(e.status.get("repeats")) or bool(e.stops))
+            return self.end(e.code, rec["line"], quiet=bool(e.recorded.get("repeats")) or bool(e.stops))
         with catching_stops(e.stops):
             d = self.lead(gen, e.stops) if sync.leader else sync.wait_decision(gen, lambda: bool(e.stops))
         if e.stops and not sync.leader and not d.get("restart"):
@@ -237,7 +237,7 @@ class Supervisor:
                 why = reason_of(e.peer.get("code", 1), e.peer.get("message"))
                 try:
                     write_exit_status(
-                        status_path(self.run_dir, self.node),
+                        exit_status_path(self.run_dir, self.node),
                         code,
                         f"this node's ranks were stopped when node {e.peer.get('node')}'s failed ({why}); "
                         f"not restarted: {d.get('line')}",

@@ -10,7 +10,7 @@ from ..files import read_json_or_none, write_atomic
 from .layout import node_suffix
 
 
-def status_path(run_dir: Path, node: int) -> Path:
+def exit_status_path(run_dir: Path, node: int) -> Path:
     """Where the trainer's local rank 0 of `node` records its exit code for the launcher."""
     return run_dir / f"exit_status{node_suffix(node)}.json"
 

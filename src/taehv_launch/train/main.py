@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from taehv_launch.train.durability import stop
-    from taehv_launch.train.durability.exitwrite import node_rank, write_status
+    from taehv_launch.train.durability.exitwrite import node_rank, leave_exit_status
 
     stop.install()  # first: a stop signal during start-up is kept, not fatal
     args = parse_args(argv)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if code == EXIT_RESUMABLE and stop.launcher_gone():
         kept = "the cache job kept its complete shards" if args.task == "cache" else "the trainer saved a checkpoint"
         message = f"{stop.launcher_gone()}: {kept} and stopped"
-    write_status(run_dir, code, message, repeats)
+    leave_exit_status(run_dir, code, message, repeats)
     return code
 
 

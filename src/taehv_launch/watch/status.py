@@ -34,7 +34,7 @@ from ..rundir.layout import REQUEUE, runs_newest_first
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
 from ..rundir.progress import count, number, progress_of, read_text_part, this_launch, timestamp, validation_of
 from ..rundir.requeue import REQUEUE_FILE
-from ..rundir.exitstatus import read_exit_status, status_path
+from ..rundir.exitstatus import read_exit_status, exit_status_path
 from .statustext import link_text, shown
 
 LIVE_S = 60.0  # a heartbeat younger than this is a live rank (ranks rewrite theirs every 5 s; stale at 30 s)
@@ -278,7 +278,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     exit_files = guard("exit status", lambda: _node_files(run_dir, "exit_status", "json"), {})
     exits = []
     for node in sorted({0, *logs, *exit_files}):
-        path = status_path(run_dir, node)
+        path = exit_status_path(run_dir, node)
         rec = read_exit_status(path)
         if rec is not None and not (launcher and fs_since and (_mtime(path) or 0) < fs_since):  # an earlier launch's
             exits.append({"node": node, **rec})

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from ...rundir.exitstatus import status_path, write_exit_status
+from ...rundir.exitstatus import exit_status_path, write_exit_status
 
 
 def node_rank() -> int:
@@ -14,10 +14,10 @@ def node_rank() -> int:
     return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
 
 
-def write_status(run_dir: Path, code: int, message: str, repeats: bool = False) -> None:
+def leave_exit_status(run_dir: Path, code: int, message: str, repeats: bool = False) -> None:
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return
-    path = status_path(run_dir, node_rank())
+    path = exit_status_path(run_dir, node_rank())
     try:
         write_exit_status(path, code, message, repeats)
     except OSError as exc:  # the launcher then reports accelerate's code instead: say why

@@ -47,7 +47,7 @@ from ...files import write_atomic
 from ...rundir.hanglimits import HangLimits, limit_text
 from ...rundir.hanglimits import job_limit as shared_job_limit
 from ...rundir.heartbeat import process_state, stack_path, stacks_dir, trace_path
-from ...rundir.exitstatus import status_path, write_exit_status
+from ...rundir.exitstatus import exit_status_path, write_exit_status
 from .exitwrite import node_rank
 
 WAIT_PHASES = frozenset({"collective"})  # a rank here may be waiting for a peer
@@ -260,10 +260,10 @@ def dumps_since(run_dir: Path, since: float) -> list[str]:
         return []
 
 
-def record_hang_status(run_dir: Path, message: str) -> None:
+def record_hang_exit(run_dir: Path, message: str) -> None:
     """Every rank that stops for a hang records it for its node (the same line on every rank; the file
     is replaced atomically): the node's local rank 0 may be the frozen one."""
-    path = status_path(run_dir, node_rank())
+    path = exit_status_path(run_dir, node_rank())
     try:
         write_exit_status(path, EXIT_HUNG, message)
     except OSError as exc:
@@ -281,7 +281,7 @@ def end_hung_job(run_dir: Path, rank: int) -> Callable[[dict, bool], None]:
             note = f" (no stack dump from {ranks_text(missing)})" if missing else ""
             sys.stderr.write(f"[rank {rank}] error: {line}{note}\n")
             sys.stderr.flush()
-        record_hang_status(run_dir, line)
+        record_hang_exit(run_dir, line)
         os._exit(EXIT_HUNG)
 
     return _end

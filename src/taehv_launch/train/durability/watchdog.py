@@ -334,14 +334,14 @@ def stop_message(why: str) -> str:
     return f"stopping the job: {why}; resume with --resume auto once the cause is fixed"
 
 
-def abort_job(write_status: Callable[[int, str], None], rank: int) -> Callable[[str], None]:
+def abort_job(write_exit: Callable[[int, str], None], rank: int) -> Callable[[str], None]:
     """What a rank does when a peer died: say so, record it, exit without waiting on collectives."""
 
     def _abort(why: str) -> None:
         msg = stop_message(why)
         sys.stderr.write(f"[rank {rank}] error: {msg}\n")
         sys.stderr.flush()
-        write_status(EXIT_FAILED, msg)
+        write_exit(EXIT_FAILED, msg)
         os._exit(EXIT_FAILED)
 
     return _abort

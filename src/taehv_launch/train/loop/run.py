@@ -8,7 +8,7 @@ from ...errors import PeerFailure, UserError
 from ...plan.schema import Config
 from ..durability.hang import end_hung_job
 from ..durability.progress import PROGRESS
-from ..durability.exitwrite import node_rank, write_status
+from ..durability.exitwrite import node_rank, leave_exit_status
 from ..durability.watchdog import Watchdog, abort_job, stop_message
 from .trainer import Trainer
 
@@ -20,7 +20,7 @@ def train(cfg: Config, run_dir: Path, resume: str | None, debug: bool, profile: 
         trainer.rank,
         trainer.world,
         node_rank(),
-        on_dead=abort_job(lambda code, msg: write_status(run_dir, code, msg), trainer.rank),
+        on_dead=abort_job(lambda code, msg: leave_exit_status(run_dir, code, msg), trainer.rank),
         hang_timeout=cfg.hang_timeout,
         hang_timeout_slow=cfg.hang_timeout_slow,
         on_hang=end_hung_job(run_dir, trainer.rank),
