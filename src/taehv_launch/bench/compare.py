@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from ..plan.families import get_family
 from ..plan.flops import Rate
 from ..plan.schema import make_config
-from .runs import cache_row, make_assets, trainer_row
+from .runs import cache_row, cached_run, make_assets, trainer_row
 from .measure import Meter, time_steps
 from .report import _versions, format_report
 from .step import _sync
@@ -276,10 +276,27 @@ def run(
     as_json: bool,
     cached: int = 0,
     cached_sets: list[str] | None = None,
+    online: bool = True,
+    cached_rows: list[list[str]] | None = None,
+    row_timeout: float = 0,
+    deadline: float = 0,
 ) -> int:
     """cached > 0: also write a latent cache of that many views per video and train from it (extra
-    --set values for that run only: cached_sets)."""
+    --set values for the runs from the cache only: cached_sets), and once more per cached_rows item with
+    its --set values on top: one row per lever. online False: no online trainer row. row_timeout: seconds
+    a trainer run may take (0: no limit); deadline: seconds from here to the last row's end (0: none): a
+    run is given what is left and not started with less than MIN_ROW_S. A from-cache run that fails or is
+    stopped becomes a row saying why; the command then exits 1 after the table."""
     from ..run.request import build_plan
+
+    started = time.monotonic()
+
+    def left() -> float | None:  # of the --deadline
+        return deadline - (time.monotonic() - started) if deadline else None
+
+    def budget(for_trainer: bool = True) -> float | None:
+        limits = [x for x in (row_timeout if for_trainer else 0, left()) if x]
+        return min(limits) if limits else None
 
     plan = build_plan(req)
     cfg = plan.config
@@ -324,33 +341,39 @@ def run(
     (work / "compare.json").write_text(json.dumps(report, indent=2))  # what is measured so far
     if want_gpu:
         torch.cuda.empty_cache()
-    ours = trainer_row(req.gpus, req.profile, req.sets, work, data, ref_path, trainer_steps, False, log)
-    report["rows"].append(ours)
-    (work / "compare.json").write_text(json.dumps(report, indent=2))
-    if phases:
-        prof = trainer_row(
-            req.gpus, req.profile, req.sets, work, data, ref_path, max(12, trainer_steps // 2), True, log
+    if online:
+        ours = trainer_row(
+            req.gpus, req.profile, req.sets, work, data, ref_path, trainer_steps, False, log, timeout=budget()
         )
-        ours["phases"] = prof.get("phases")
+        report["rows"].append(ours)
+        (work / "compare.json").write_text(json.dumps(report, indent=2))
+        if phases:
+            prof = trainer_row(
+                req.gpus, req.profile, req.sets, work, data, ref_path, max(12, trainer_steps // 2), True, log,
+                timeout=budget(),
+            )  # fmt: skip
+            ours["phases"] = prof.get("phases")
     if cached:
-        row, cache = cache_row(req.gpus, req.profile, req.sets, work, data, ref_path, cached, log)
+        row, cache = cache_row(
+            req.gpus, req.profile, req.sets, work, data, ref_path, cached, log, timeout=budget(for_trainer=False)
+        )
         report["rows"].append(row)
         (work / "compare.json").write_text(json.dumps(report, indent=2))
-        from_cache = trainer_row(
-            req.gpus,
-            req.profile,
-            [*req.sets, f"latent_cache={cache!r}", *(cached_sets or [])],
-            work,
-            data,
-            ref_path,
-            trainer_steps,
-            False,
-            log,
-        )
-        report["rows"].append(
-            from_cache | {"what": "ours, from the latent cache", "detail": " ".join(cached_sets or [])[:30]}
-        )
+        base = [*req.sets, f"latent_cache={cache!r}", *(cached_sets or [])]
+        levers = [("ours, from the latent cache", " ".join(cached_sets or [])[:30], [])]
+        levers += [("from the cache +", " ".join(sets), sets) for sets in cached_rows or []]
+        for i, (what, detail, sets) in enumerate(levers):
+            report["rows"].append(
+                cached_run(
+                    req, work, data, ref_path, trainer_steps, [*base, *sets], budget(), left(), f"-c{i}", detail, log
+                )
+                | {"what": what, "detail": detail, "sets": sets}
+            )
+            (work / "compare.json").write_text(json.dumps(report, indent=2))
     for r in report["rows"]:  # FLOPs per clip of what the row runs (train/loop/flops.py), TFLOP/s and MFU
+        if r.get("clips_per_s") is None:  # a from-cache run that was not measured: its reason says why
+            r |= {"ratio_vs_naive": None, "tflops": None, "mfu": None, "clip_flops": None}
+            continue
         if r.get("not_training"):  # the cache job: the reference encode only
             r["clip_flops"] = naive["flops_per_clip"]["reference"]
         elif "clip_flops" not in r:  # a trainer row: its own count at start-up (speed.json)
@@ -365,4 +388,12 @@ def run(
         print(json.dumps(report, indent=2))
     else:
         print(format_report(report))
+    missed = [r for r in report["rows"] if r.get("clips_per_s") is None]
+    if missed:
+        print(
+            f"error: {len(missed)} of the runs from the cache were not measured: "
+            + "; ".join(f"{r['detail'] or r['what']}: {r['not_measured']}" for r in missed),
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -27,6 +27,9 @@ def format_report(report: dict[str, Any]) -> str:
             if "used_gib" in r
             else (r["total_gib"] - r["min_free_gib"] if r.get("min_free_gib") is not None else None)
         )
+        if r.get("clips_per_s") is None:  # a run from the cache that was not measured (bench/runs.py cached_run)
+            lines.append(f"  {r['what']:<30} {r.get('detail', ''):<30} not measured: {r.get('not_measured')}")
+            continue
         lines.append(
             f"  {r['what']:<30} {r.get('detail', ''):<30} {r['clips_per_s']:8.2f} "
             f"{r['ratio_vs_naive']:7.2f}x {_num(r.get('tflops'), '.1f'):>8} {_num(r.get('mfu'), '.1%'):>6} "
@@ -37,7 +40,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  naive per micro-batch: encode {naive['encode_s'] * 1000:.1f} ms, TAEHV + Seraena step "
         f"{naive['step_s'] * 1000:.1f} ms"
     )
-    ours = next(r for r in report["rows"] if r["what"] == "ours (real trainer)")
+    ours = next((r for r in report["rows"] if r["what"] == "ours (real trainer)"), {})  # none with --no-online
     if ours.get("phases"):
         lines.append("  ours, --profile phases:")
         lines += ["    " + ln for ln in ours["phases"].splitlines()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -57,6 +58,40 @@ def make_assets(
     return data_root, ref_path
 
 
+class RowNotMeasured(LaunchError):
+    """A trainer run that failed, wrote no speed.json or ran past its time: bench compare makes it a row that
+    says so (the from-cache rows) or stops with it (the online row)."""
+
+
+def run_launcher(argv: list[str], log_file: Path, timeout: float | None) -> tuple[int | None, str]:
+    """Run a `taehv-launch` command; (exit code, output), exit code None when it ran past `timeout` seconds and
+    was stopped: the launcher first (no restart in place can follow), then every process it had started (the
+    ranks run in sessions of their own, so a process group signal would miss them)."""
+    import psutil
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        try:
+            launcher = psutil.Process(proc.pid)
+            tree = [launcher, *launcher.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(tree, timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a process started after the list above still holds the output
+            out = "(the output could not be read: a process of the stopped run still holds it)\n"
+        code = None
+    log_file.write_text(out)
+    return code, out
+
+
 def trainer_row(
     gpus: str,
     profile: str,
@@ -67,9 +102,12 @@ def trainer_row(
     steps: int,
     profile_phases: bool,
     log: Callable[[str], None],
+    timeout: float | None = None,
+    tag: str = "",
 ) -> dict[str, Any]:
-    """Run the real trainer through the launcher and read its speed.json."""
-    run_name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}{'-profile' if profile_phases else ''}"
+    """Run the real trainer through the launcher and read its speed.json. A run that fails or outlasts
+    `timeout` raises RowNotMeasured (a LaunchError) saying which and why."""
+    run_name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}{tag}{'-profile' if profile_phases else ''}"
     argv = [
         sys.executable,
         "-m",
@@ -78,8 +116,6 @@ def trainer_row(
         profile,
         "--run-name",
         run_name,
-        "--set",
-        f"output_dir={str(workdir / 'output')!r}",
         "--set",
         f"data_root={data_root!r}",
         "--set",
@@ -94,9 +130,12 @@ def trainer_row(
         f"checkpointing_steps={steps}",
         "--set",
         "lr_warmup_steps=1",
+        "--set",
+        "max_restarts=0",  # a run that fails is measured as failed, not restarted within the bench's time
     ]
     for s in sets:
         argv += ["--set", s]
+    argv += ["--set", f"output_dir={str(workdir / 'output')!r}"]  # after any --set output_dir: read back below
     if profile_phases:
         argv += ["--profile", "--set", "profile_steps=3"]
     log(
@@ -104,18 +143,21 @@ def trainer_row(
         f"{', --profile' if profile_phases else ''})"
     )
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    code, out = run_launcher(argv, workdir / f"{run_name}.log", timeout)
     run_dir = workdir / "output" / run_name
-    (workdir / f"{run_name}.log").write_text(proc.stdout)
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stdout.strip().splitlines()[-3:])
-        raise LaunchError(
-            f"the trainer run for the comparison failed (exit {proc.returncode}): {tail} "
+    if code is None:
+        raise RowNotMeasured(
+            f"the trainer run ran past its {timeout:.0f} s and was stopped (log: {workdir / (run_name + '.log')})"
+        )
+    if code != 0:
+        tail = " | ".join(out.strip().splitlines()[-3:])
+        raise RowNotMeasured(
+            f"the trainer run for the comparison failed (exit {code}): {tail} "
             f"(full log: {workdir / (run_name + '.log')})"
         )
     speed_file = run_dir / "speed.json"
     if not speed_file.is_file():
-        raise LaunchError(f"the trainer wrote no {speed_file}: run more steps (--steps)")
+        raise RowNotMeasured(f"the trainer wrote no {speed_file}: run more steps (--trainer-steps)")
     out = json.loads(speed_file.read_text())
     out |= {"what": "ours (real trainer)", "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
     return out
@@ -130,9 +172,10 @@ def cache_row(
     ref_path: str,
     views: int,
     log: Callable[[str], None],
+    timeout: float | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Run `taehv-launch cache` on the bench data (a fresh cache) and read its cache_speed.json;
-    returns the row and the cache's path."""
+    returns the row and the cache's path. Stopped after `timeout` seconds (a LaunchError)."""
     import shutil
 
     run_name = f"cache-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -152,24 +195,20 @@ def cache_row(
         "--set",
         f"latent_cache={str(cache)!r}",
         "--set",
-        f"output_dir={str(workdir / 'output')!r}",
-        "--set",
         f"data_root={data_root!r}",
         "--set",
         f"ref_vae_path={ref_path!r}",
     ]
     for s in sets:
         argv += ["--set", s]
+    argv += ["--set", f"output_dir={str(workdir / 'output')!r}"]  # after any --set output_dir: read back below
     log(f"bench: writing the latent cache: taehv-launch cache {gpus} {profile} --views {views} ...")
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    (workdir / f"{run_name}.log").write_text(proc.stdout)
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stdout.strip().splitlines()[-3:])
-        raise LaunchError(
-            f"the cache job for the comparison failed (exit {proc.returncode}): {tail} "
-            f"(full log: {workdir / (run_name + '.log')})"
-        )
+    code, out = run_launcher(argv, workdir / f"{run_name}.log", timeout)
+    if code != 0:
+        tail = " | ".join(out.strip().splitlines()[-3:])
+        why = f"ran past its {timeout:.0f} s and was stopped" if code is None else f"failed (exit {code}): {tail}"
+        raise LaunchError(f"the cache job for the comparison {why} (full log: {workdir / (run_name + '.log')})")
     speed = json.loads((workdir / "output" / run_name / "cache_speed.json").read_text())
     manifest = json.loads((cache / "manifest.json").read_text())
     rate = speed["steady_clips_per_s"] or speed["clips_per_s"]
@@ -185,3 +224,23 @@ def cache_row(
         **{k: speed[k] for k in ("steady_clips_per_s", "seconds")},
     }
     return row, str(cache)
+
+
+MIN_ROW_S = 30  # a trainer run given less cannot start, compile and measure: not started
+
+
+def cached_run(
+    req, work: Path, data: str, ref_path: str, steps: int, sets: list[str], timeout, left, tag, label, log
+) -> dict:
+    """One trainer run from the latent cache for bench compare, stopped after `timeout` s; not started when
+    `left` (of the --deadline) is under MIN_ROW_S. A run that fails, is stopped or is not started is a row whose
+    `not_measured` says which (clips_per_s None)."""
+    if left is not None and left < MIN_ROW_S:
+        why = f"not started: {max(left, 0):.0f} s of the --deadline left"
+        log(f"bench: from the cache {label}: {why}")
+        return {"clips_per_s": None, "not_measured": why}
+    try:
+        return trainer_row(req.gpus, req.profile, sets, work, data, ref_path, steps, False, log, timeout, tag)
+    except RowNotMeasured as err:
+        log(f"bench: from the cache {label}: {err}")
+        return {"clips_per_s": None, "not_measured": str(err)}

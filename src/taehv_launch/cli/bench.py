@@ -127,14 +127,46 @@ def compare_cmd(
     ] = 0,
     cached_set: Annotated[
         Optional[list[str]],
-        typer.Option("--cached-set", help="--cached: a --set for the run from the cache only (repeatable)"),
+        typer.Option("--cached-set", help="--cached: a --set for the runs from the cache only (repeatable)"),
     ] = None,
     as_json: JsonOpt = False,
+    cached_row: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--cached-row",
+            help="--cached: one more run from the cache with these --set items on top, space-separated, e.g. "
+            "'compile_mode=reduce-overhead': one row per lever (repeatable)",
+        ),
+    ] = None,
+    online: Annotated[
+        bool,
+        typer.Option("--online/--no-online", help="the trainer row that encodes online (--no-online: leave it out)"),
+    ] = True,
+    row_timeout: Annotated[
+        float,
+        typer.Option(
+            "--row-timeout",
+            help="seconds a trainer run may take; a run from the cache past it is a row saying so (0: no limit)",
+        ),
+    ] = 0,
+    deadline: Annotated[
+        float,
+        typer.Option(
+            "--deadline",
+            help="seconds the whole measurement may take: later runs get what is left, none starts with under 30 s (0: no limit)",
+        ),
+    ] = 0,
 ) -> None:
     def go() -> int:
         from ..bench import checks
 
         checks.compare_args(steps, trainer_steps, chunk or [], crop, data_root, cached, cached_set)
+        rows = lever_rows(cached_row or [], cached, req, cached_set or [])
+        if phases and not online:
+            raise checks.ConfigError("--phases profiles the online trainer run: drop --no-online or --phases")
+        for option, value in (("--row-timeout", row_timeout), ("--deadline", deadline)):
+            if not value >= 0:  # nan too
+                raise checks.ConfigError(f"{option} {value:g}: give seconds, or 0 for no limit, e.g. {option} 300")
         from ..bench import compare
 
         return compare.run(
@@ -150,9 +182,49 @@ def compare_cmd(
             as_json,
             cached,
             cached_set or [],
+            online=online,
+            cached_rows=rows,
+            row_timeout=row_timeout,
+            deadline=deadline,
         )
 
     exit_with(go)
+
+
+def lever_rows(texts: list[str], cached: int, req: Request, cached_sets: list[str]) -> list[list[str]]:
+    """--cached-row values: each one row's --set items (shell-style words), checked as --set is and
+    resolved with the command's --set and --cached-set as the run from the cache will be (a value the plan
+    refuses is refused now, not after minutes of measuring)."""
+    import shlex
+    from dataclasses import replace
+
+    from ..errors import ConfigError
+    from ..run.request import build_plan
+
+    if texts and not cached:
+        raise ConfigError("--cached-row adds runs from the latent cache: give --cached K too, e.g. --cached 1")
+    rows: list[list[str]] = []
+    if not cached:
+        return rows
+    build_plan(req)  # the command's own --set first: its error names no lever
+    for option, text in [("--cached-set", None), *(("--cached-row", t) for t in texts)]:
+        try:
+            items = [] if text is None else shlex.split(text)
+        except ValueError as err:
+            raise ConfigError(f"--cached-row {text!r}: {err}: give KEY=VALUE items separated by spaces") from None
+        if text is not None and not items:
+            raise ConfigError(
+                "--cached-row '': give one or more KEY=VALUE items, e.g. --cached-row 'micro_batch_size=9'"
+            )
+        what = f"{option} {' '.join(cached_sets) if text is None else repr(text)}"
+        try:
+            memory = build_plan(replace(req, sets=[*req.sets, *cached_sets, *items])).memory
+        except ConfigError as err:
+            raise ConfigError(f"{what}: {err}") from None
+        if memory.fits is False:  # as the launch refuses it (run/dryrun.py)
+            raise ConfigError(f"{what}: this plan will not fit in GPU memory: {memory.detail}")
+        rows += [items] if text is not None else []
+    return rows
 
 
 @bench_app.command("loader", help="The data loader's clips/s per decoder and worker count, on --data-root.")

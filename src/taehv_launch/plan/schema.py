@@ -236,6 +236,14 @@ KEYS: dict[str, Key] = {
         "torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)",
         ("none", "reference", "all"),
     ),
+    "compile_mode": Key(
+        "default",
+        str,
+        "torch.compile's mode for TAEHV (with compile='all'): default; max-autotune-no-cudagraphs (Triton "
+        "autotuning, minutes more warm-up); reduce-overhead and max-autotune add CUDA graphs (docs/guide.md). "
+        "The reference encoder keeps the default",
+        ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    ),
     "compile_cache_dir": Key("", str, "Inductor cache kept across restarts (default: <output_dir>/.compile-cache)"),
     "fused_optimizer": Key(True, bool, "AdamW's fused CUDA kernel (ignored on CPU)"),
     "channels_last": Key(

@@ -7,6 +7,8 @@ Each lever has its own config key and its own row in `taehv-launch bench --compa
   encode_video / decode_video. Warm-up costs a minute or two per process; Inductor's
   caches live under `compile_cache_dir` (default `<output_dir>/.compile-cache`), so a
   restarted or resumed run on the same machine or shared filesystem reuses the kernels.
+  `compile_mode`: torch.compile's mode for TAEHV; reduce-overhead and max-autotune run it as CUDA graphs
+  (compile_taehv says what the loop then does: cudagraph_step, gradients out of the graph pool).
 - Prefetch: the next batch's host-to-device copy runs on a side CUDA stream while the
   current step computes.
 - Lazy scalars: losses stay on the device and are read at log intervals, one sync per
@@ -67,16 +69,48 @@ def compile_reference(ref, channels_last: bool = False, replicate_pad: bool = Tr
     model.encoder = torch.compile(encoder, dynamic=False)
 
 
-def compile_taehv(taehv: torch.nn.Module, channels_last: bool = True) -> None:
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that add CUDA graphs
+
+
+def compile_taehv(taehv: torch.nn.Module, channels_last: bool = True, mode: str = "default") -> bool:
     """Compile TAEHV's two entry points in place; DDP/DeepSpeed still see the same parameters.
+    Returns whether the compiled code runs as CUDA graphs (the loop then marks each micro-batch).
 
     channels_last: the frames enter every block NHWC, so cuDNN runs its NHWC kernels without the
     NCHW<->NHWC transposes that were 35% of an eager step (H100, docs/benchmarks.md); the weights
     keep their layout (checkpoints and DeepSpeed's flat buffers are unchanged). Eager, the same
-    layout measured slower (the reshapes between blocks copy), so only the compiled model uses it."""
+    layout measured slower (the reshapes between blocks copy), so only the compiled model uses it.
+
+    mode: torch.compile's (the compile_mode key). Both entry points trace as one graph each (no graph
+    breaks: tests/test_compile_mode.py), so every mode sees the whole encoder and decoder. With CUDA
+    graphs (reduce-overhead, max-autotune) the outputs of a replay live in the graphs' memory pool until
+    the next step: the loop calls cudagraph_step() before each micro-batch, and each trainable
+    parameter's gradient is cloned out of the pool before autograd stores it in .grad, so gradient
+    accumulation over micro-batches keeps every micro-batch's share (PyTorch issue 169545)."""
     taehv.channels_last = channels_last
-    taehv.encode_video = torch.compile(taehv.encode_video, dynamic=False)
-    taehv.decode_video = torch.compile(taehv.decode_video, dynamic=False)
+    extra = {} if mode == "default" else {"mode": mode}
+    taehv.encode_video = torch.compile(taehv.encode_video, dynamic=False, **extra)
+    taehv.decode_video = torch.compile(taehv.decode_video, dynamic=False, **extra)
+    graphs = mode in CUDAGRAPH_MODES
+    if graphs:
+        for p in taehv.parameters():
+            if p.requires_grad:
+                p.register_hook(_out_of_the_graph_pool)
+    return graphs
+
+
+def _out_of_the_graph_pool(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient the backward CUDA graph returned, copied to ordinary memory: autograd would otherwise
+    keep the graph's own output as .grad, which the next micro-batch's replay overwrites."""
+    return grad.clone()
+
+
+def cudagraph_step() -> None:
+    """Before each micro-batch when TAEHV runs as CUDA graphs: a new graph step. Without it, a micro-batch
+    the guard skips before its backward leaves a backward pending, and the graphs cannot start their next
+    step; with a frozen encoder (no backward through encode), the decode's call would start one and
+    overwrite the encode's output before the loss reads it."""
+    torch.compiler.cudagraph_mark_step_begin()
 
 
 class Prefetcher:

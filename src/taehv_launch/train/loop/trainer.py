@@ -38,7 +38,7 @@ from ..model.losses import DistillNet, decoder_targets, psnr_t, reconstruction_l
 from ..model.seraena import seraena_crop
 from ..reference.latentscale import for_run
 from .guard import Guard, roll_back
-from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, enable_compile_cache
+from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, cudagraph_step, enable_compile_cache
 from ..durability.stop import StopFlag
 from .schedule import lr_at
 from .stragglers import StepClock, Stragglers, gather_window
@@ -127,6 +127,7 @@ class Trainer:
 
     def _compile(self, taehv) -> None:
         """torch.compile where it measured faster (docs/benchmarks.md): GPU only, after the EMA copy."""
+        self.cudagraphs = False  # TAEHV as CUDA graphs (compile_mode): each micro-batch marks a graph step
         if self.cfg.compile == "none" or self.device.type != "cuda":
             return
         cache = enable_compile_cache(self.cfg)
@@ -137,8 +138,11 @@ class Trainer:
         if self.cfg.compile == "all" and self.zero == 3:  # compiled under ZeRO-3's hooks: measured no faster
             self.log("compile: TAEHV stays eager under ZeRO-3 (compiled it measured no faster: docs/benchmarks.md)")
         elif self.cfg.compile == "all":
-            compile_taehv(taehv, self.cfg.channels_last)
-            what.append(f"TAEHV encode/decode{' (channels-last)' if self.cfg.channels_last else ''}")
+            self.cudagraphs = compile_taehv(taehv, self.cfg.channels_last, self.cfg.compile_mode)
+            what.append(
+                f"TAEHV encode/decode{' (channels-last)' if self.cfg.channels_last else ''}, mode {self.cfg.compile_mode}"
+                + (" (CUDA graphs)" if self.cudagraphs else "")
+            )
         if what:
             self.log(f"compile: {' and '.join(what)} (first steps are slow while kernels are built; cache {cache})")
 
@@ -160,6 +164,8 @@ class Trainer:
 
         The losses come back as device tensors (read at log intervals, not per step)."""
         cfg, t = self.cfg, self.timer
+        if self.cudagraphs:
+            cudagraph_step()  # speed.py: the previous micro-batch's graph outputs are done with
         with PROGRESS.phase("forward"):
             self.clock.forward()
             with t("data (to device)"):
