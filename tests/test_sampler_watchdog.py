@@ -244,6 +244,7 @@ def test_start_writes_a_heartbeat_and_clears_this_ranks_old_markers(tmp_path):
         assert (hb / "rank0.done").exists()
         info = json.loads((hb / "rank1").read_text())
         assert abs(info.pop("time") - time.time()) < 30 and 0 <= info.pop("progress_age_s") < 30
+        assert info.pop("times") == progress.times()  # what this rank measured, for the hang limits
         assert info == {
             "rank": 1,
             "node": 3,

@@ -193,3 +193,18 @@ def flight_recorder_dumps(timeout_s: float = 20.0) -> dict[str, bytes]:
     worker.start()
     worker.join(timeout_s)
     return dict(out)  # what was collected, also when one dump did not return in time
+
+
+def on_compile(started: Callable[[], None], ended: Callable[[], None]) -> bool:
+    """Call `started` / `ended` around each torch.compile (dynamo's callback handler, a private module;
+    checked on torch 2.13). False where this torch has no such callbacks (compiles then count as step time)."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:
+        return False
+    try:
+        callback_handler.register_start_callback(started)
+        callback_handler.register_end_callback(ended)
+    except AttributeError:
+        return False
+    return True

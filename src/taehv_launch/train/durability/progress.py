@@ -111,12 +111,9 @@ class Progress:
         dynamo = sys.modules.get("torch._dynamo")
         if self._watching or dynamo is None:
             return self._watching
-        try:
-            from torch._dynamo.callback import callback_handler
+        from ...compat import on_compile
 
-            callback_handler.register_start_callback(self.compile_started)
-            callback_handler.register_end_callback(self.compile_ended)
-        except (ImportError, AttributeError):  # an older torch without the callbacks: compiles are step time
+        if not on_compile(self.compile_started, self.compile_ended):  # an older torch: compiles are step time
             return False
         self._watching = True
         return True
