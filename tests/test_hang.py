@@ -179,6 +179,19 @@ def test_the_verdict_waits_until_every_rank_beat_after_the_limit_or_is_late():
     assert not unsettled({0: live, 1: {**frozen, "progress_age_s": 25.1}}, 10, 5.0)  # bounded: 3 periods
 
 
+def test_no_verdict_on_a_heartbeat_older_than_the_newest_progress_of_the_job():
+    """Review of #39 item 4: rank 0 leaves a slow phase (its rank-0-only work after validation) while
+    rank 1's last heartbeat still shows its wait, 54 s old by then; the job's limit has dropped to the
+    step's 30 s. Judging on that heartbeat reported a healthy job hung: the verdict waits for a beat
+    newer than rank 0's progress. A frozen rank turns late and is not waited for."""
+    moved_on = view(phase="forward", age=0.5, beat=0.2)
+    waited = view(phase="collective", age=54.0, beat=4.0)
+    assert unsettled({0: moved_on, 1: waited}, 30, 5.0)
+    assert not unsettled({0: moved_on, 1: {**waited, "late": True}}, 30, 5.0)
+    stuck = view(phase="collective", age=54.0, beat=1.0)  # both beating, no progress anywhere: a real hang
+    assert not unsettled({0: {**stuck, "phase": "forward"}, 1: stuck}, 30, 5.0)
+
+
 def test_a_stopped_process_is_late_at_once_whatever_its_heartbeats_age(tmp_path):
     host = socket.gethostname()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

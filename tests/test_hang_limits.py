@@ -13,6 +13,7 @@ import pytest
 
 from taehv_launch.rundir.hanglimits import (
     FLOOR_S,
+    ONCE_FLOOR_S,
     MEASURE_STEPS,
     HangLimits,
     combine,
@@ -49,8 +50,9 @@ def test_p99_is_the_nearest_rank_so_of_twenty_steps_the_slowest():
         ("step", 12.0, 300, (60.0, True)),  # 5 x 12 s
         ("step", 100.0, 300, (300, False)),  # 500 s: the configured value bounds it, and is named
         ("step", 0.4, 20, (20, False)),  # a configured value under the floor wins over it
-        ("checkpoint", 19.0, 300, (190.0, True)),  # 10 x the one checkpoint measured
-        ("checkpoint", 0.5, 300, (FLOOR_S, True)),
+        ("checkpoint", 45.0, 300, (450.0, True)),  # 10 x the one checkpoint measured
+        ("checkpoint", 19.0, 300, (ONCE_FLOOR_S, True)),  # the first checkpoint is the smallest: 300 s at least
+        ("checkpoint", 0.5, 300, (ONCE_FLOOR_S, True)),
         ("validation", 400.0, 300, (1800, False)),  # at most hang_timeout_slow
         ("validation", None, 300, (1800, False)),  # not measured: the configured value
         ("step", 0.4, 0, (0, False)),  # hang detection off: nothing derived
@@ -62,19 +64,20 @@ def test_each_limit_is_a_multiple_of_its_time_between_the_floor_and_the_configur
 
 
 def test_a_phase_is_judged_by_its_own_limit_and_the_job_by_the_longest_of_its_ranks():
-    lim = limits(step=0.4, checkpoint=19.0)  # step 30 s, checkpoint 190 s, validation not measured
+    lim = limits(step=0.4, checkpoint=45.0)  # step 30 s, checkpoint 450 s, validation not measured
     assert lim.for_phase("forward", False) == (FLOOR_S, "step")
     assert lim.for_phase("forward", True) == (1800, "hang_timeout_slow")  # warm-up
-    assert lim.for_phase("checkpoint", False) == (190.0, "checkpoint")
+    assert lim.for_phase("checkpoint", False) == (450.0, "checkpoint")
+    assert lim.for_phase("log", False) == (1800, "hang_timeout_slow")  # the log step's trackers: a slow phase
     assert lim.for_phase("validation", False) == (1800, "hang_timeout_slow")
     assert lim.for_phase("compile", False) == (1800, "hang_timeout_slow")  # no limit of its own
     assert job_limit([("data", False), ("collective", False)], False, lim) == (FLOOR_S, "step")
-    assert job_limit([("data", False), ("checkpoint", False)], False, lim) == (190.0, "checkpoint")
+    assert job_limit([("data", False), ("checkpoint", False)], False, lim) == (450.0, "checkpoint")
     assert job_limit([("data", False)], True, lim) == (1800, "hang_timeout_slow")  # a rank not beating yet
     assert job_limit([(["bad"], "yes")], False, lim) == (FLOOR_S, "step")  # fields of another type: a step's
-    # a checkpoint shorter than the step limit: those waiting for the saving rank keep the step's
-    short = limits(step=12.0, checkpoint=0.5)
-    assert job_limit([("collective", False), ("checkpoint", False)], False, short) == (60.0, "step")
+    # a fast first checkpoint: those waiting for the saving rank get ONCE_FLOOR_S, not the step limit
+    short = limits(step=12.0, checkpoint=0.5)  # a checkpoint's limit is never under ONCE_FLOOR_S
+    assert job_limit([("collective", False), ("checkpoint", False)], False, short) == (ONCE_FLOOR_S, "checkpoint")
     # configured only: as before (#25)
     assert job_limit([("data", False)], False, HangLimits(300, 1800)) == (300, "hang_timeout")
 
@@ -104,10 +107,10 @@ def test_the_file_holds_the_measured_times_and_readers_recompute_the_limits_with
     lim = limits(step=0.41, validation=4.5)
     write_hang_limits(tmp_path, lim)
     record = json.loads(hang_limits_path(tmp_path).read_text())
-    assert record["limits"] == {"step_s": FLOOR_S, "checkpoint_s": 1800, "validation_s": 45.0}
+    assert record["limits"] == {"step_s": FLOOR_S, "checkpoint_s": 1800, "validation_s": ONCE_FLOOR_S}
     assert record["configured"] == {"hang_timeout": 300, "hang_timeout_slow": 1800}
     back = read_hang_limits(tmp_path, None, 300, 1800)
-    assert back.limit("step") == (FLOOR_S, True) and back.limit("validation") == (45.0, True)
+    assert back.limit("step") == (FLOOR_S, True) and back.limit("validation") == (ONCE_FLOOR_S, True)
     assert read_hang_limits(tmp_path, time.time() + 60, 300, 1800) == HangLimits(300, 1800)  # an earlier launch's
     assert read_hang_limits(tmp_path, None, 0, 1800) == HangLimits(0, 1800)  # detection off
     assert read_hang_limits(tmp_path / "none", None, 300, 1800) == HangLimits(300, 1800)
@@ -123,8 +126,8 @@ def test_the_printed_line_says_each_limit_what_it_comes_from_and_the_bounds(tmp_
     line = derived_line(limits(step=0.41, validation=4.5), tmp_path)
     assert line == (
         "hang limits from this run's times: step 30 s (measured p99 0.41 s of 20 steps), checkpoint 1800 s "
-        "(not measured yet), validation 45 s (measured 4.5 s); configured bounds hang_timeout 300 s, "
-        f"hang_timeout_slow 1800 s, floor 30 s (kept in {tmp_path / 'hang_limits.json'})"
+        "(not measured yet), validation 300 s (measured 4.5 s); configured bounds hang_timeout 300 s, "
+        f"hang_timeout_slow 1800 s, floors 30 s / 300 s (kept in {tmp_path / 'hang_limits.json'})"
     )
 
 

@@ -56,6 +56,12 @@ def test_node_0_decides_once_every_node_is_ready(pair):
     assert root_failure(reports)[0] == 1  # the node whose own ranks failed, though node 0 reported earlier
     n0.decide(0, {"restart": True, "line": "exit 1", "checkpoint": "checkpoint-2", "count": 1})
     assert n1.wait_decision(0, lambda: False, timeout_s=5)["checkpoint"] == "checkpoint-2"
+    # a stop asked for is never swallowed by a restart: not by "all ready", not by a decision already written
+    assert n0.gather(0, lambda: True, timeout_s=5)[1] == "node 0's launcher was asked to stop"
+    assert n1.wait_decision(0, lambda: True, timeout_s=5) == {
+        "restart": False,
+        "line": "node 1's launcher was asked to stop",
+    }
 
 
 def test_a_node_whose_own_verdict_is_no_ends_the_job(pair):

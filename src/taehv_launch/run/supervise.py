@@ -276,6 +276,12 @@ class Supervisor:
             d = {"restart": v.restart, "line": v.line, "code": root["code"], "node": k, "failed_at": at}
             d |= {"checkpoint": newest.name if newest and v.restart else None, "without_progress": v.without_progress}
             d |= {"count": self.count + (1 if v.restart else 0)}
+            if stops and v.restart:  # asked to stop while verifying the checkpoint: no restart, never swallowed
+                d |= {
+                    "restart": False,
+                    "line": "node 0's launcher was asked to stop: the job ends",
+                    "count": self.count,
+                }
         self.sync.decide(gen, d)
         return d
 

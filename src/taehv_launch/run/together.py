@@ -181,14 +181,14 @@ class Nodes:
             for k, rec in sorted(reports.items()):
                 if rec.get("restartable") is False:
                     return reports, f"node {k}: {rec.get('line')}"
+            if stopped():  # before "all ready": a stop asked for ends the job, it is never swallowed
+                return reports, "node 0's launcher was asked to stop"
             waiting = [k for k in range(self.count) if not reports.get(k, {}).get("ready")]
             if not waiting:
                 return reports, None
             for k in waiting:
                 if (age := self.silent_for(k)) is not None:
                     return reports, f"node {k} is gone: its launcher has not answered for {age:.0f} s"
-            if stopped():
-                return reports, "node 0's launcher was asked to stop"
             if time.monotonic() > deadline:
                 return reports, f"node {', '.join(map(str, waiting))} did not report ready within {timeout_s:g} s"
             time.sleep(POLL_S)
@@ -197,11 +197,11 @@ class Nodes:
         """The others: node 0's decision on attempt `gen`, or a "no" of our own when it cannot come."""
         deadline = time.monotonic() + timeout_s
         while True:
+            if stopped():  # first: a stop asked for ends this node even when a restart was decided
+                return {"restart": False, "line": f"node {self.node}'s launcher was asked to stop"}
             rec = self._fresh(self.decision_path(gen))
             if rec is not None and isinstance(rec.get("restart"), bool):
                 return rec
-            if stopped():
-                return {"restart": False, "line": f"node {self.node}'s launcher was asked to stop"}
             if (age := self.silent_for(0)) is not None:
                 return {"restart": False, "line": f"node 0 is gone: its launcher has not answered for {age:.0f} s"}
             if time.monotonic() > deadline:

@@ -11,8 +11,9 @@ run has measured itself, three limits come from its times (`derive`):
   checkpoint  ONCE_FACTOR x the first checkpoint's time
   validation  ONCE_FACTOR x the first validation's time
 
-each at least FLOOR_S and at most its configured value (hang_timeout for a step, hang_timeout_slow for
-the others). Why these numbers: MEASURE_STEPS = 20, whose 99th percentile is the slowest step, covers
+each at least FLOOR_S (a step) or ONCE_FLOOR_S (300 s: the first checkpoint and validation are the
+smallest of the run) and at most its configured value (hang_timeout for a step, hang_timeout_slow for
+the others). The log step's work (its all-reduce, the trackers, progress.json) is the slow phase "log". Why these numbers: MEASURE_STEPS = 20, whose 99th percentile is the slowest step, covers
 each DataLoader worker's batch at least once with the profiles' 1-12 workers and takes a minute at 3 s a
 step; STEP_FACTOR = 5 leaves room for what 20 steps may not show (a slow file, an epoch's start, a busier
 node); ONCE_FACTOR = 10, as a checkpoint and a validation are measured once, a checkpoint's time follows
@@ -50,14 +51,18 @@ from .progress import LONGEST_S, count, number
 HANG_LIMITS_FILE = "hang_limits.json"
 # Phases whose normal duration can exceed hang_timeout: judged against hang_timeout_slow, or for the
 # MEASURED ones, once measured, against their own limit (rundir/heartbeat.py re-exports it).
-SLOW_PHASES = frozenset({"setup", "checkpoint", "validation", "compile", "rollback", "export"})
+SLOW_PHASES = frozenset({"setup", "checkpoint", "validation", "compile", "rollback", "export", "log"})
 MEASURED = ("checkpoint", "validation")  # slow phases with a limit of their own from this run's times
 KINDS = ("step", *MEASURED)
 
 MEASURE_STEPS = 20  # step times after warm-up whose 99th percentile makes the step limit
 STEP_FACTOR = 5.0
 ONCE_FACTOR = 10.0  # checkpoint, validation: one measurement each
-FLOOR_S = 30.0  # no limit from the run's times goes below this (the configured value may)
+FLOOR_S = 30.0  # no step limit from the run's times goes below this (the configured value may)
+# A checkpoint or a validation is measured once, and the first is the smallest: the Seraena buffer the
+# checkpoint saves grows to seraena_buffer_mb per rank and rotation starts deleting old checkpoints later,
+# so their limits from the run's times stay at least hang_timeout's default.
+ONCE_FLOOR_S = 300.0
 
 
 def hang_limits_path(run_dir: Path) -> Path:
@@ -70,9 +75,9 @@ def p99(values: Iterable[float]) -> float | None:
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)] if ordered else None
 
 
-def bounded(measured: float, factor: float, configured: float) -> float:
-    """factor x measured, at least FLOOR_S, at most the configured value (which wins over the floor)."""
-    return min(configured, max(FLOOR_S, factor * measured))
+def bounded(measured: float, factor: float, configured: float, floor: float = FLOOR_S) -> float:
+    """factor x measured, at least `floor`, at most the configured value (which wins over the floor)."""
+    return min(configured, max(floor, factor * measured))
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,8 @@ class HangLimits:
         got, bound = self.measured.get(f"{kind}_s"), self.bound(kind)
         if got is None or not self.hang_timeout:
             return bound, False
-        value = bounded(got, STEP_FACTOR if kind == "step" else ONCE_FACTOR, bound)
+        step = kind == "step"
+        value = bounded(got, STEP_FACTOR if step else ONCE_FACTOR, bound, FLOOR_S if step else ONCE_FLOOR_S)
         return value, value < bound
 
     def for_phase(self, phase: str, warmup: bool) -> tuple[float, str]:
@@ -196,11 +202,11 @@ def _kind_text(limits: HangLimits, kind: str) -> str:
 
 def limits_summary(limits: HangLimits) -> str:
     """ "step 32 s (measured p99 6.4 s of 20 steps), checkpoint 1800 s (not measured yet), validation 1800 s
-    (not measured yet); configured bounds hang_timeout 300 s, hang_timeout_slow 1800 s, floor 30 s"."""
+    (not measured yet); configured bounds hang_timeout 300 s, hang_timeout_slow 1800 s, floors 30 s / 300 s"."""
     kinds = ", ".join(_kind_text(limits, k) for k in KINDS)
     return (
         f"{kinds}; configured bounds hang_timeout {limits.hang_timeout:.0f} s, hang_timeout_slow "
-        f"{limits.slow:.0f} s, floor {FLOOR_S:.0f} s"
+        f"{limits.slow:.0f} s, floors {FLOOR_S:.0f} s / {ONCE_FLOOR_S:.0f} s"
     )
 
 

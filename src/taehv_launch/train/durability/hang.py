@@ -102,6 +102,13 @@ def unsettled(views: dict[int, dict], limit_s: float, period_s: float) -> bool:
     limit, so it may be frozen (the culprit) or live. A frozen rank stopped before the job's progress
     did, so it never beats after that moment and is late at most LATE_PERIODS periods later; a live one
     beats within a period. Never longer than that past the limit."""
+    # A live rank that has not beaten since the newest progress of any rank may have moved on since: its
+    # heartbeat still shows the wait it has left (e.g. the others' wait for rank 0's rank-0-only work
+    # inside a slow phase, judged against the step's limit once rank 0 left that phase). A frozen rank
+    # turns late within LATE_PERIODS periods and is not waited for.
+    newest = min(v["progress_age_s"] for v in views.values())
+    if any(not v["late"] and v["beat_age_s"] > newest for v in views.values()):
+        return True
     excess = max(v["progress_age_s"] for v in views.values()) - limit_s  # how long ago the limit passed
     if excess > LATE_PERIODS * period_s:
         return False

@@ -294,7 +294,8 @@ class Trainer:
                 self.speed.step(st.step)
                 self.timer.at_step(st.step, self.speed.begin_step, total)
                 if st.step % cfg.log_every == 0 or st.step == total:
-                    means = self._log_window(st.step, total)
+                    with PROGRESS.phase("log"):  # trackers may be remote: a slow phase, not the step's
+                        means = self._log_window(st.step, total)
                     if bar is not None:
                         bar.set_postfix(loss=f"{means.get('loss', float('nan')):.4f}", refresh=False)
                 if st.step % cfg.validation_steps == 0 or st.step == total:
