@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import TooManyBadSteps
+from ...plan.schema import Config
 from ...rundir.events import EVENTS_FILE, append_event, rollbacks
 from .. import faults
 from ..durability.checkpoint import load_checkpoint, rollback_checkpoint
@@ -59,6 +60,20 @@ from ..durability.progress import PROGRESS
 from .speed import Prefetcher
 
 SEED_STRIDE = 7919  # the data seed after rollback n: seed + n x SEED_STRIDE
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then the schedule. A pure function
+    of the step, so it resumes exactly; a rollback lowers it for a while (Guard.lr_scale)."""
+    peak, warm, total = cfg.learning_rate, cfg.lr_warmup_steps, cfg.max_train_steps
+    if step < warm:
+        return peak * (step + 1) / warm
+    if cfg.lr_scheduler == "constant":
+        return peak
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    floor = peak * cfg.min_lr_ratio
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_scheduler == "cosine" else 1 - progress
+    return floor + (peak - floor) * shape
 
 
 class DivergedAgain(TooManyBadSteps):

@@ -2,7 +2,7 @@
 
 One optimizer step = gradient_accumulation_steps micro-batches on every rank. The learning
 rate is a pure function of the optimizer step (warmup + cosine, lowered for a while after a
-rollback: guard.py), set on the optimizer before each step, so it advances once per optimizer
+rollback: guard.py, lr_at), set on the optimizer before each step, so it advances once per optimizer
 step whatever the world size, and resumes exactly. Bad micro-batches (non-finite, loss spikes)
 and optimizer steps whose gradients are not finite on some rank are skipped on every rank and,
 past max_consecutive_bad_steps, rolled back in-process (guard.py); the ranks'
@@ -37,10 +37,9 @@ from .evaluate import validate
 from ..model.losses import DistillNet, decoder_targets, psnr_t, reconstruction_loss
 from ..model.seraena import seraena_crop
 from ..reference.latentscale import for_run
-from .guard import Guard, roll_back
+from .guard import Guard, lr_at, roll_back
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, cudagraph_step, enable_compile_cache
 from ..durability.stop import StopFlag
-from .schedule import lr_at
 from .stragglers import StepClock, Stragglers, gather_window
 from .timing import PhaseTimer, ProgressFile, SpeedLog, profiler, progress_bar, window_line
 from .trackers import Trackers
