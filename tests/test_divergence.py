@@ -290,7 +290,7 @@ def test_one_rank_spike_skipped_nan_rolls_back_lr_lowered_through_a_resume(tmp_p
     ok(proc)
     from taehv_launch.plan.configfile import read_rendered_config
     from taehv_launch.plan.schema import make_config
-    from taehv_launch.train.loop.schedule import lr_at
+    from taehv_launch.train.loop.guard import lr_at
 
     c = make_config(read_rendered_config(str(run / "config.py")))
     lrs = dict(tb_last_file(run, "train/learning_rate"))

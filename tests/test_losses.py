@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from taehv_launch.plan.schema import make_config
-from taehv_launch.train.loop.schedule import lr_at
+from taehv_launch.train.loop.guard import lr_at
 from taehv_launch.plan.families import FAMILIES
 from taehv_launch.train.model.losses import DistillNet, decoder_targets, psnr, ssim
 from taehv_launch.train.model.taehv import TAEHV

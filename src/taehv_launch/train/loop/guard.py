@@ -23,7 +23,7 @@ What is checked, in the one host sync per micro-batch there was already (before 
   weights show as non-finite losses from the next micro-batch on, which take the tolerance and the
   rollback below. With gradient accumulation under DeepSpeed, the good micro-batches of a step
   interrupted by a rollback stay in DeepSpeed's gradient buffers (under DDP they are cleared).
-- max_consecutive_bad_steps bad micro-batches in a row: `roll_back` loads the newest complete checkpoint
+- max_consecutive_bad_steps bad micro-batches in a row: `Rollback.roll` loads the newest complete checkpoint
   at or before this step in-process (every rank the same one: rank 0 verifies its checksums and
   broadcasts it), reseeds the data order, multiplies the learning rate by rollback_lr_factor for
   rollback_lr_steps optimizer steps, appends the event to <run>/events.jsonl (EVENTS_FILE), adds the
@@ -52,13 +52,27 @@ import torch
 import torch.distributed as dist
 
 from ...errors import TooManyBadSteps
+from ...plan.schema import Config
 from ...rundir.events import EVENTS_FILE, append_event, rollbacks
 from .. import faults
-from ..durability.checkpoint import load_checkpoint, rollback_checkpoint
+from ..durability.checkpoint import TrainState, load_checkpoint, rollback_checkpoint
 from ..durability.progress import PROGRESS
-from .speed import Prefetcher
 
 SEED_STRIDE = 7919  # the data seed after rollback n: seed + n x SEED_STRIDE
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then the schedule. A pure function
+    of the step, so it resumes exactly; a rollback lowers it for a while (Guard.lr_scale)."""
+    peak, warm, total = cfg.learning_rate, cfg.lr_warmup_steps, cfg.max_train_steps
+    if step < warm:
+        return peak * (step + 1) / warm
+    if cfg.lr_scheduler == "constant":
+        return peak
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    floor = peak * cfg.min_lr_ratio
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_scheduler == "cosine" else 1 - progress
+    return floor + (peak - floor) * shape
 
 
 class DivergedAgain(TooManyBadSteps):
@@ -219,77 +233,72 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
-def roll_back(tr) -> None:
-    """Every rank, the same decision (from all-reduced values): load the newest complete checkpoint, reseed
-    the data, lower the learning rate for a while, record it; or stop with one line."""
-    cfg, guard, st = tr.cfg, tr.guard, tr.state
-    step, why, main = st.step, guard.why, tr.acc.is_main_process
-    prev = guard.active
-    if guard.again_too_soon(step):
-        msg = (
-            f"diverged again at step {step} ({why}), {step - prev['to_step']} steps after the rollback to "
-            f"{prev['checkpoint']} (rollback_window {cfg.rollback_window}): stopping. Lower learning_rate (or "
-            f"raise loss_spike_factor if the spikes are harmless) or check the data, then --resume auto; the "
-            f"checkpoints are intact"
-        )
+class Rollback:
+    """The in-process rollback of one rank (module docstring), built once by the Trainer with what a rollback
+    reads and loads. `roll` takes the same decision on every rank (from the all-reduced values in `guard`):
+    it loads the newest complete checkpoint and records the event, or stops the run with one line. The
+    Trainer then starts its data and loop again from the state and event it returns (Trainer.rollback)."""
+
+    def __init__(self, cfg, guard: Guard, run_dir: Path, acc, parts: tuple, log, close_data):
+        """parts: (model, optimizer, ema, seraena, world, zero) as load_checkpoint takes them; close_data() ends the
+        DataLoader workers and decode threads before the checkpoint loads and the new loader forks its own."""
+        self.cfg, self.guard, self.run_dir, self.acc, self.log = cfg, guard, run_dir, acc, log
+        self.parts, self.close_data = parts, close_data
+
+    def roll(self, old: TrainState) -> tuple[TrainState, dict[str, Any]]:
+        """The checkpoint's state (with the run's own counters carried over) and the event recorded."""
+        cfg, guard = self.cfg, self.guard
+        step, why, main = old.step, guard.why, self.acc.is_main_process
+        prev = guard.active
+        if guard.again_too_soon(step):
+            msg = (
+                f"diverged again at step {step} ({why}), {step - prev['to_step']} steps after the rollback to "
+                f"{prev['checkpoint']} (rollback_window {cfg.rollback_window}): stopping. Lower learning_rate (or "
+                f"raise loss_spike_factor if the spikes are harmless) or check the data, then --resume auto; the "
+                f"checkpoints are intact"
+            )
+            if main:
+                append_event(self.run_dir, {"event": "stop", "time": time.time(), "step": step, "reason": why})
+            raise DivergedAgain(msg)
+        path, notes = rollback_checkpoint(self.run_dir, self.acc, at_most=step)
+        if path is None:
+            raise TooManyBadSteps(
+                f"{why} at step {step}, and the run has no complete checkpoint to roll back to: lower "
+                f"learning_rate or check the data"
+            )
+        for note in notes:
+            self.log(note)
+        n = len(guard.history) + guard.left_out + 1  # left-out records count: each rollback its own data seed
+        self.close_data()
+        st = load_checkpoint(path, self.acc, *self.parts)
+        st.config, st.best_psnr, st.best_step = old.config, old.best_psnr, old.best_step
+        st.bad_steps_total, st.skipped_files = old.bad_steps_total, old.skipped_files
+        self.parts[1].zero_grad(set_to_none=True)  # the optimizer; DDP: a partly accumulated step's gradients
+        self.acc.step = 0  # accelerate's micro-batch count: the next micro-batch starts an optimizer step
+        event = {
+            "event": "rollback",
+            "time": time.time(),
+            "step": step,
+            "to_step": st.step,
+            "checkpoint": path.name,
+            "reason": why,
+            "rollback": n,
+            "data_seed": cfg.seed + SEED_STRIDE * n,
+            "lr_factor": cfg.rollback_lr_factor,
+            "lr_until": st.step + (cfg.rollback_lr_steps if cfg.rollback_lr_factor != 1.0 else 0),
+        }
+        guard.reset(event)
         if main:
-            append_event(tr.run_dir, {"event": "stop", "time": time.time(), "step": step, "reason": why})
-        raise DivergedAgain(msg)
-    path, notes = rollback_checkpoint(tr.run_dir, tr.acc, at_most=step)
-    if path is None:
-        raise TooManyBadSteps(
-            f"{why} at step {step}, and the run has no complete checkpoint to roll back to: lower learning_rate "
-            f"or check the data"
+            append_event(self.run_dir, event)
+        return st, event
+
+    @staticmethod
+    def line(e: dict[str, Any]) -> str:
+        """The rollback's log line, from its event."""
+        lowered = (
+            f", learning rate x{e['lr_factor']:g} until step {e['lr_until']}" if e["lr_until"] > e["to_step"] else ""
         )
-    for note in notes:
-        tr.log(note)
-    n = len(guard.history) + guard.left_out + 1  # left-out records count: each rollback its own data seed
-    seed = cfg.seed + SEED_STRIDE * n
-    tr.close_data()  # the DataLoader workers and decode threads, before the new loader forks its own
-    old = st
-    tr.state = st = load_checkpoint(path, tr.acc, tr.model, tr.optimizer, tr.ema, tr.seraena, tr.world, tr.zero)
-    st.config, st.best_psnr, st.best_step = old.config, old.best_psnr, old.best_step
-    st.bad_steps_total, st.skipped_files = old.bad_steps_total, old.skipped_files
-    tr.optimizer.zero_grad(set_to_none=True)  # DDP: a partly accumulated step's gradients
-    tr.acc.step = 0  # accelerate's micro-batch count: the next micro-batch starts an optimizer step
-    lr_until = st.step + (cfg.rollback_lr_steps if cfg.rollback_lr_factor != 1.0 else 0)
-    event = {
-        "event": "rollback",
-        "time": time.time(),
-        "step": step,
-        "to_step": st.step,
-        "checkpoint": path.name,
-        "reason": why,
-        "rollback": n,
-        "data_seed": seed,
-        "lr_factor": cfg.rollback_lr_factor,
-        "lr_until": lr_until,
-    }
-    guard.reset(event)
-    if main:
-        append_event(tr.run_dir, event)
-    tr.open_data(seed, st.samples_seen)
-    tr.data_iter = Prefetcher(tr.batches, tr.device)
-    _restart_loop(tr, step, n)
-    lowered = f", learning rate x{cfg.rollback_lr_factor:g} until step {lr_until}" if lr_until > st.step else ""
-    tr.log(
-        f"rollback {n} at step {step}: {why}; now at step {st.step} ({path.name}), data order reseeded "
-        f"(seed {seed}){lowered}; recorded in {EVENTS_FILE}",
-        all_ranks=True,
-    )
-
-
-def _restart_loop(tr, step: int, n: int) -> None:
-    """The loop's own state after the rollback moved the run from `step` to tr.state.step."""
-    s = tr.state.step
-    tr._open_writer(s + 1)  # TensorBoard drops the steps after s, as on a resume; events.jsonl keeps them
-    tr.scalar("train/rollbacks", n, step)
-    tr.window.clear()
-    tr.samples_window, tr.t_window = 0, time.perf_counter()
-    tr.clock.reset()
-    tr.stragglers.restart(s)  # the next log window starts new DataLoader workers
-    tr.speed.restart(s)
-    PROGRESS.set_step(s)
-    if tr.bar is not None:
-        tr.bar.n = s
-        tr.bar.refresh()
+        return (
+            f"rollback {e['rollback']} at step {e['step']}: {e['reason']}; now at step {e['to_step']} "
+            f"({e['checkpoint']}), data order reseeded (seed {e['data_seed']}){lowered}; recorded in {EVENTS_FILE}"
+        )

@@ -2,7 +2,7 @@
 
 One optimizer step = gradient_accumulation_steps micro-batches on every rank. The learning
 rate is a pure function of the optimizer step (warmup + cosine, lowered for a while after a
-rollback: guard.py), set on the optimizer before each step, so it advances once per optimizer
+rollback: guard.py, lr_at), set on the optimizer before each step, so it advances once per optimizer
 step whatever the world size, and resumes exactly. Bad micro-batches (non-finite, loss spikes)
 and optimizer steps whose gradients are not finite on some rank are skipped on every rank and,
 past max_consecutive_bad_steps, rolled back in-process (guard.py); the ranks'
@@ -37,10 +37,9 @@ from .evaluate import validate
 from ..model.losses import DistillNet, decoder_targets, psnr_t, reconstruction_loss
 from ..model.seraena import seraena_crop
 from ..reference.latentscale import for_run
-from .guard import Guard, roll_back
+from .guard import Guard, Rollback, lr_at
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, cudagraph_step, enable_compile_cache
 from ..durability.stop import StopFlag
-from .schedule import lr_at
 from .stragglers import StepClock, Stragglers, gather_window
 from .timing import PhaseTimer, ProgressFile, SpeedLog, profiler, progress_bar, window_line
 from .trackers import Trackers
@@ -100,6 +99,8 @@ class Trainer:
         self.guard = Guard(
             cfg, self.rank, self.world, self.device, self.log, run_dir, self.state.step, self.clock, self.scalar
         )
+        parts = (self.model, self.optimizer, self.ema, self.seraena, self.world, self.zero)  # as load_checkpoint's
+        self.rollbacks = Rollback(cfg, self.guard, run_dir, self.acc, parts, self.log, self.close_data)
         self.train_ds, self.val_ds = build.build_datasets(cfg, self.acc, self.log)
         self.decoder = build.use_decoder(cfg, self.device, self.train_ds, self.log)
         self.open_data(self.guard.data_seed(cfg.seed), self.state.samples_seen)
@@ -120,10 +121,6 @@ class Trainer:
         getattr(self.batches, "close", lambda: None)()  # the GPU decode threads
         shutdown_loader_workers(self.loader)  # the persistent DataLoader workers
         self.data_iter = None
-
-    def _open_writer(self, purge_step: int | None) -> None:
-        """After a rollback (guard.py): TensorBoard drops the steps from purge_step on, as on a resume."""
-        self.trackers.rewind(purge_step)
 
     def _compile(self, taehv) -> None:
         """torch.compile where it measured faster (docs/benchmarks.md): GPU only, after the EMA copy."""
@@ -322,8 +319,24 @@ class Trainer:
         return EXIT_OK
 
     def rollback(self) -> None:
+        """guard.py's Rollback loads the checkpoint (or stops the run); the data and the loop start again there."""
         with PROGRESS.phase("rollback"):
-            roll_back(self)
+            self.state, event = self.rollbacks.roll(self.state)
+            s = self.state.step
+            self.open_data(event["data_seed"], self.state.samples_seen)
+            self.data_iter = Prefetcher(self.batches, self.device)
+            self.trackers.rewind(s + 1)  # TensorBoard drops the steps after s, as on a resume; events.jsonl keeps them
+            self.scalar("train/rollbacks", event["rollback"], event["step"])
+            self.window.clear()
+            self.samples_window, self.t_window = 0, time.perf_counter()
+            self.clock.reset()
+            self.stragglers.restart(s)  # the next log window starts new DataLoader workers
+            self.speed.restart(s)
+            PROGRESS.set_step(s)
+            if self.bar is not None:
+                self.bar.n = s
+                self.bar.refresh()
+            self.log(Rollback.line(event), all_ranks=True)
 
     def _preempted(self, bar) -> int:
         if bar is not None:
