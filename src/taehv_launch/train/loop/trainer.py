@@ -355,8 +355,7 @@ class Trainer:
         steps = self.samples_window // global_batch(self.cfg, self.world)
         means = self.window.means()  # the one host sync of the window; then one all-reduce (ranks' means, timings)
         means, ranks = gather_window(means, self.clock.take(steps), self.rank, self.world, self.device)
-        lr = self.optimizer.param_groups[0]["lr"]
-        mem = self.speed.memory.interval_gib() or 0.0  # GPU: peak since the last log line; CPU: 0
+        lr, mem = self.optimizer.param_groups[0]["lr"], self.speed.memory.interval_gib() or 0.0  # mem: GPU peak, CPU 0
         self.trackers.scalars(
             {
                 **{f"train/{k}": v for k, v in means.items()},
