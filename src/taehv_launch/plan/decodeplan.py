@@ -10,11 +10,15 @@ resizing them on the GPU, so one clip takes
 
     t_clip = CLIP_OVERHEAD_S + decoded pixels / SESSION_PIXELS_PER_S
 
-and K threads give K / t_clip clips/s. Both constants are fitted to two rates of the trainer's own
-loader measured on one H100 (`bench loader --decoder nvdec --workers 12`, 4 threads): 54.8 clips/s from
-1920x1080 H.264 with a keyframe every 60 frames (2026-11-24) and 33.0 from 1920x1080 with x264's default
-interval, 250, in 150-frame files (2026-11-26). The fit gives within 9-18% of the rates measured the same
-way at 720p (85.9), 2160p (15.0) and 854x480 (116.9), each above the measurement.
+and K threads give K / t_clip clips/s. Both constants are fitted to the trainer's own loader on long-GOP
+sources at the thread counts the choice lands on (`bench loader --decoder nvdec --workers 12`, one H100,
+2026-11-26, docs/benchmarks.md "Long-GOP rows"): 63.4 clips/s from 720x480 H.264 with a keyframe every 250
+frames at 4 threads (~97 frames decoded a clip) and 37.1 from 1920x1080 with x264's default interval at 6
+(~72 frames a clip). The rate per thread falls as threads are added (1080p: 6.6 clips/s a thread at 4, 6.2
+at 6, 3.4 at 14), so no straight line fits every count: the first fit (2026-11-24, 4 threads on short-GOP
+1080p) read 1.5-1.7x high on these sets, and training from the cache on long-GOP 1080p at the 6 threads it
+chose ran at 0.91 of 480p; at 8 it ran at 0.975 (2026-11-27). This fit reads low for short GOPs at 4
+threads (35 clips/s against 54.8 measured on 1080p, a keyframe every 60): it errs towards more threads.
 
 The choice is the fewest threads, never under BASE_THREADS (the default before; enough for 480p), that
 reach twice the fastest consumer measured (training from the latent cache on one H100: 20.63 clips/s
@@ -34,11 +38,11 @@ from .memory import HEADROOM, NVDEC_GIB_PER_THREAD, REF_PIXELS, plan_memory
 
 BASE_THREADS = 4  # memory.decode_gib counts these for video_decode_threads=0
 MAX_THREADS = 32  # the key's upper bound (resolve.check_config)
-CLIP_OVERHEAD_S = 0.0181  # per clip and thread: open/reconfigure, seek, conversion, crop and resize (fitted)
-SESSION_PIXELS_PER_S = 1681e6  # decoded pixels per second of one NVDEC session (fitted)
+CLIP_OVERHEAD_S = 0.0345  # per clip and thread: open/reconfigure, seek, conversion, crop and resize (fitted)
+SESSION_PIXELS_PER_S = 1174e6  # decoded pixels per second of one NVDEC session (fitted)
 CONSUMER_CLIPS_PER_S = 20.63  # the fastest consumer measured: from the latent cache, one H100, 12 x 480x720
 LOADER_MARGIN = 2.0  # the loader should give twice what the consumer takes
-MODEL_MARGIN = 1.2  # the model was up to 18% above the measured rates: threads for 1.2x the target
+MODEL_MARGIN = 1.2  # the rate a thread gives varies with the count (see above): threads for 1.2x the target
 CORES_PER_THREAD = 0.25  # measured 0.15-0.25 cores per NVDEC thread at 1-4 threads (docs/benchmarks.md)
 SESSIONS_PER_ENGINE = 2  # at most: a second session keeps an engine busy while the first parses or resizes
 UNKNOWN_GOP = 250  # a stream that flags no keyframe: taken as x264's default interval
