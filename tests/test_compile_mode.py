@@ -132,9 +132,9 @@ def test_train_step_marks_a_cuda_graph_step_before_anything_else():
         return cudagraph_trees.MarkStepBox.mark_step_counter
 
     for graphs in (False, True):
-        stand_in = SimpleNamespace(cfg=None, timer=None, cudagraphs=graphs)  # no clock: stops after the mark
+        stand_in = SimpleNamespace(cfg=None, cudagraphs=graphs)  # no marks (instrument.py): stops after the mark
         before = counter()
-        with pytest.raises(AttributeError, match="clock"):
+        with pytest.raises(AttributeError, match="marks"):
             loop.Trainer.train_step(stand_in, {})
         assert (counter() != before) is graphs
 

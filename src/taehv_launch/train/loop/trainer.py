@@ -12,7 +12,6 @@ carries this rank's step and phase for the hang detector: attribute writes, no I
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
@@ -38,10 +37,11 @@ from ..model.losses import DistillNet, decoder_targets, psnr_t, reconstruction_l
 from ..model.seraena import seraena_crop
 from ..reference.latentscale import for_run
 from .guard import Guard, Rollback, lr_at
+from .instrument import Marks, timed
 from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, cudagraph_step, enable_compile_cache
 from ..durability.stop import StopFlag
 from .stragglers import StepClock, Stragglers, gather_window
-from .timing import PhaseTimer, ProgressFile, SpeedLog, profiler, progress_bar, window_line
+from .timing import PhaseTimer, ProgressFile, SpeedLog, progress_bar, window_line
 from .trackers import Trackers
 
 
@@ -105,8 +105,8 @@ class Trainer:
         self.decoder = build.use_decoder(cfg, self.device, self.train_ds, self.log)
         self.open_data(self.guard.data_seed(cfg.seed), self.state.samples_seen)
         self.trackers = Trackers.create(self.acc, cfg, run_dir, self.state.step + 1 if resume else None, self.log)
-        self.timer = PhaseTimer(profile, self.device)
         self.speed = SpeedLog(run_dir, self.device, self.world, cfg, self.acc.is_main_process)
+        self.marks = Marks(PhaseTimer(profile, self.device), self.clock, self.speed)  # what watches a step
         self.speed.count_flops(self.ref, self.log)  # one clip's FLOPs: TFLOP/s and MFU in the log (flops.py)
         self.stragglers = Stragglers(cfg.straggler_threshold, self.rank, self.world, self.log, self.scalar, self.device)
         self.skipped_seen: set[str] = set(self.state.skipped_files)
@@ -157,28 +157,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ one micro-batch
     def train_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor | float] | None:
-        """Forward, losses and backward of one micro-batch. None when the step was skipped (guard.py).
-
-        The losses come back as device tensors (read at log intervals, not per step)."""
-        cfg, t = self.cfg, self.timer
+        """One micro-batch, in the order of upstream's training notebook (seraena's TAEHV_Training_Example): the
+        reference latents, TAEHV's encode and decode, their losses, Seraena's corrected targets, backward, the
+        optimizer step. None when the step was skipped (guard.py); the losses come back as device tensors (read at
+        log intervals). What watches the step (the watchdog's phases, --profile's rows, stragglers): instrument.py."""
+        cfg = self.cfg
         if self.cudagraphs:
             cudagraph_step()  # speed.py: the previous micro-batch's graph outputs are done with
-        with PROGRESS.phase("forward"):
-            self.clock.forward()
-            with t("data (to device)"):
-                frames = batch["frames"].to(self.device, non_blocking=True).float().div_(255.0)
-                latents = batch.get("latents")  # a latent cache's stored latents (zeros where online)
-                latents = latents.to(self.device, non_blocking=True).float() if latents is not None else None
-            with t("reference VAE encode"):
-                latents = self.reference_latents(frames, latents, batch.get("online"))
+        with self.marks.forward():
+            frames, latents = self.to_device(batch)
+            latents = self.reference_latents(frames, latents, batch.get("online"))
             self.latent_scale.add(latents)
         distilling = latents is not None
         with self.acc.accumulate(self.model):
-            with PROGRESS.phase("forward"):
-                with t("TAEHV forward"), self.acc.autocast():
-                    enc, dec = self.model(frames, latents)
-                if latents is None:
-                    latents = enc.detach().float()
+            with self.marks.phase("forward"):
+                enc, dec = self.taehv_forward(frames, latents)
+                latents = enc.detach().float() if latents is None else latents
                 dec = dec.float()
                 target = decoder_targets(frames, dec)
                 rec_loss = reconstruction_loss(dec, target, cfg.reconstruction_loss)
@@ -188,16 +182,14 @@ class Trainer:
                     return None
                 ser_loss, disc_loss = dec.new_zeros(()), 0.0
                 if self.seraena is not None:
-                    with t("Seraena (disc + correction)"):
-                        real, fake, ctx = seraena_crop(target, dec, latents, cfg.seraena_crop, self.seraena.gen)
-                        corrected, stats = self.seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
-                    ser_loss, disc_loss = F.mse_loss(fake, corrected), stats["disc_loss"]
+                    fake, corrected, disc_loss = self.seraena_targets(target, dec, latents)
+                    ser_loss = F.mse_loss(fake, corrected)
                 loss = (
                     cfg.reconstruction_loss_weight * rec_loss
                     + cfg.encoder_loss_weight * enc_loss
                     + cfg.seraena_loss_weight * ser_loss
                 )
-            with PROGRESS.phase("backward"), t("backward + optimizer"):
+            with self.marks.phase("backward", row="backward + optimizer"):
                 self.acc.backward(loss)
                 if self.acc.sync_gradients and self.acc.state.deepspeed_plugin is None:
                     norm = self.acc.clip_grad_norm_(self.guard.clipped(self.model.parameters()), cfg.max_grad_norm)
@@ -215,6 +207,13 @@ class Trainer:
             "psnr": psnr_t(dec, target),
         }
 
+    @timed("data (to device)")
+    def to_device(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        frames = batch["frames"].to(self.device, non_blocking=True).float().div_(255.0)  # in [0, 1]
+        latents = batch.get("latents")  # a latent cache's stored latents (zeros where online); None without one
+        return frames, (latents.to(self.device, non_blocking=True).float() if latents is not None else None)
+
+    @timed("reference VAE encode")
     def reference_latents(
         self, frames: torch.Tensor, stored: torch.Tensor | None, online: list[bool] | None
     ) -> torch.Tensor | None:
@@ -226,6 +225,17 @@ class Trainer:
             rows = [k for k, o in enumerate(online) if o]
             stored[rows] = self.ref.encode(frames[rows])
         return stored
+
+    @timed("TAEHV forward")
+    def taehv_forward(self, frames: torch.Tensor, latents: torch.Tensor | None):
+        with self.acc.autocast():
+            return self.model(frames, latents)  # (encoded, decoded): DistillNet
+
+    @timed("Seraena (disc + correction)")
+    def seraena_targets(self, target: torch.Tensor, dec: torch.Tensor, latents: torch.Tensor):
+        real, fake, ctx = seraena_crop(target, dec, latents, self.cfg.seraena_crop, self.seraena.gen)
+        corrected, stats = self.seraena.step_and_make_targets(real, fake.detach().clamp(0, 1), ctx)
+        return fake, corrected, stats["disc_loss"]  # a crop of the decoded frames, its targets, the disc's loss
 
     def note_skipped(self, paths: list[str], why: dict[str, str] | None = None) -> None:
         """One line per unusable video and rank (the loader's workers print none), with why if known."""
@@ -246,17 +256,15 @@ class Trainer:
             f"{self.world} processes x accumulation {accum}"
         )
         self.window, self.samples_window, self.t_window = Window(), 0, time.perf_counter()
-        prof = profiler(self.run_dir, self.cfg, self.device) if self.profile else contextlib.nullcontext()
         self.data_iter = Prefetcher(self.batches, self.device)
         vote = AsyncVote(self.device) if self.world > 1 else None
         self.speed.start(st.step)
         self.progress = ProgressFile(self.run_dir, self.acc.is_main_process, global_batch(cfg, self.world))
         self.stragglers.start(st.step)  # the ranks' hostnames, once
         self.bar = bar = progress_bar(self.acc.is_main_process and not self.debug, st.step, total)
-        start_step = st.step
         if cfg.validation_at_start and st.step == 0:
             self.validate()
-        with prof as p:
+        with self.marks.loop(self.run_dir, cfg, st.step):
             while self.state.step < total:
                 st = self.state  # a rollback replaces it
                 lr = lr_at(st.step, cfg) * self.guard.lr_scale(st.step)
@@ -264,8 +272,7 @@ class Trainer:
                     g["lr"] = lr
                 done_micro = 0
                 while done_micro < accum:
-                    with PROGRESS.phase("data"), self.timer("data (loader wait)"):
-                        batch = self.clock.fetch(self.data_iter)
+                    batch = self.marks.fetch(self.data_iter)
                     st.samples_seen += micro
                     self.note_skipped(batch["skipped"], batch.get("why"))
                     out = self.train_step(batch)
@@ -284,12 +291,9 @@ class Trainer:
                 st.step += 1
                 PROGRESS.set_step(st.step)
                 self.ema.update(self.acc.unwrap_model(self.model).taehv, st.step)  # gathers under ZeRO-3
-                if p is not None:
-                    p.step()
                 if bar is not None:
                     bar.update(1)
-                self.speed.step(st.step)
-                self.timer.at_step(st.step, self.speed.begin_step, total)
+                self.marks.stepped(st.step, total)
                 if st.step % cfg.log_every == 0 or st.step == total:
                     with PROGRESS.phase("log"):  # trackers may be remote: a slow phase, not the step's
                         means = self._log_window(st.step, total)
@@ -310,9 +314,7 @@ class Trainer:
         if bar is not None:
             bar.close()
             self.bar = None
-        if self.profile:
-            self.log(self.timer.table(st.step - start_step))
-        self.speed.write(self.timer.table(st.step - start_step) if self.profile else None)
+        self.speed.write(self.marks.table(st.step, self.log))  # --profile's table, said in the log too
         with PROGRESS.phase("export"):
             self.export("final_model")
         self.log(f"done: {st.step} steps; final EMA model in {self.run_dir / 'final_model'}")
@@ -329,10 +331,8 @@ class Trainer:
             self.scalar("train/rollbacks", event["rollback"], event["step"])
             self.window.clear()
             self.samples_window, self.t_window = 0, time.perf_counter()
-            self.clock.reset()
             self.stragglers.restart(s)  # the next log window starts new DataLoader workers
-            self.speed.restart(s)
-            PROGRESS.set_step(s)
+            self.marks.restart(s)  # the watchdog's step, the stragglers' clock, speed.json's window
             if self.bar is not None:
                 self.bar.n = s
                 self.bar.refresh()
