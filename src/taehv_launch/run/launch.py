@@ -264,11 +264,16 @@ def run(
     argv: list[str] | None = None,
     outcome: dict | None = None,
     on_start: Callable[[int, Callable[[str], None]], None] | None = None,
+    held: list[int] | None = None,
 ) -> int:
     """Start the launch (`argv`: rendered.argv, or a restart's, run/supervise.py), tee its output into
-    launch.log, return the trainer's exit code; outcome["stop_requested"]: we were signalled to stop.
+    launch.log, return the trainer's exit code; outcome["stop_requested"]: we were signalled to stop,
+    outcome["not_started"]: by this signal (its name) before the trainer started.
     on_start(pid, say): called once the launch runs, with its pid (for kill_launch) and the console's line
-    writer (run/together.py's PeerWatch stops this node's ranks when another node's failed)."""
+    writer (run/together.py's PeerWatch stops this node's ranks when another node's failed).
+    held: where the caller's stop handler (run/supervise.py's catching_stops) notes signals: one noted before
+    the start starts nothing (EXIT_ABORTED, "not_started"; the caller says why); one noted after that last
+    look, before the relay's handler is in, is handed to the relay at once: no stop meets a default handler."""
     argv = list(rendered.argv if argv is None else argv)
     log_path = run_dir / f"launch{rendered.node_suffix}.log"
     exit_file = exit_status_path(run_dir, plan.topology.machine_rank)
@@ -283,6 +288,10 @@ def run(
             if not shutil.which(argv[0]):
                 raise FileNotFoundError(errno.ENOENT, "not found")
             child_argv = [sys.executable, "-m", "taehv_launch.run.agent", *argv]
+            if seen := len(held or []):  # the last look at the caller's stops: nothing started, nothing to kill
+                if outcome is not None:
+                    outcome |= {"stop_requested": True, "not_started": signal.Signals(held[0]).name}
+                return EXIT_ABORTED
             child = subprocess.Popen(
                 child_argv,
                 env=env,
@@ -299,7 +308,9 @@ def run(
         if on_start is not None:
             on_start(child.pid, console.say)
         relay = SignalRelay(child.pid, console, plan.options.task, exit_file)
-        previous = {s: signal.signal(s, relay.handler) for s in STOP_SIGNALS}
+        previous = {s: signal.signal(s, relay.handler) for s in STOP_SIGNALS}  # the caller's, restored at the end
+        for signum in (held or [])[seen:]:  # noted by the caller's handler after the look above: the relay's now
+            relay.handler(signum, None)
         c = plan.config
         watch = NodeWatch(
             run_dir,
@@ -320,7 +331,7 @@ def run(
                 signal.signal(s, handler)
             relay.close()
     if outcome is not None:
-        outcome["stop_requested"] = bool(relay.events)
+        outcome |= {"stop_requested": bool(relay.events), "not_started": relay.not_started}
     recorded = node_exit_status(run_dir, plan.topology.machine_rank)
     if recorded is None and (relay.aborted or relay.not_started):
         if relay.aborted:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import EXIT_ABORTED, EXIT_HUNG, EXIT_OK, EXIT_RESUMABLE, EXIT_USAGE
 
@@ -110,15 +111,20 @@ def restart_argv(argv: list[str], checkpoint: Path | None) -> list[str]:
     return out + ["--resume", str(checkpoint)]
 
 
-def wait_lock_free(path: Path, timeout_s: float = LOCK_WAIT_S, poll_s: float = 0.2) -> bool:
+def wait_lock_free(
+    path: Path, timeout_s: float = LOCK_WAIT_S, poll_s: float = 0.2, stopped: Callable[[], bool] | None = None
+) -> bool:
     """Wait until no process holds the trainer lock (`path`, flocked shared by every rank and its
-    DataLoader workers): the old ranks have exited. False after timeout_s."""
+    DataLoader workers): the old ranks have exited. False after timeout_s, or at once when stopped() says a
+    stop signal came (a scheduler's grace period is not spent waiting)."""
     import errno
     import fcntl
     import os
 
     deadline = time.monotonic() + timeout_s
     while True:
+        if stopped is not None and stopped():
+            return False
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError:
@@ -136,16 +142,46 @@ def wait_lock_free(path: Path, timeout_s: float = LOCK_WAIT_S, poll_s: float = 0
         time.sleep(poll_s)
 
 
+def fs_now(run_dir: Path, node: int) -> float:
+    """The clock of the run directory's filesystem, now: the mtime of node `node`'s trainer lock file, touched
+    (as run/freeze.py reads it). A restart's times (failed_at, since, first_step_at, recovery_s) are all on
+    this one clock: on several nodes the failure is seen on one node and the first new step on node 0, and
+    the shared filesystem is the one clock both see (NFS stamps a write with the server's time); the
+    heartbeats, progress.json and the exit status are files whose mtimes are that clock already. On a local
+    disk it is this machine's clock. time.time() where the file cannot be touched."""
+    import os
+
+    from ..rundir.layout import trainer_lock_path
+
+    path = trainer_lock_path(run_dir, node)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        os.utime(path)
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def progress_at(run_dir: Path) -> tuple[int, float] | None:
+    """(the step progress.json holds, its mtime: the filesystem's clock), or None."""
+    from ..rundir.progress import PROGRESS_FILE, read_progress
+
+    prog = read_progress(run_dir)
+    try:
+        return (prog["step"], (Path(run_dir) / PROGRESS_FILE).stat().st_mtime) if prog else None
+    except OSError:
+        return None
+
+
 def first_new_step(run_dir: Path, after_step: int, since: float) -> float | None:
-    """When the ranks first logged a step past `after_step` at or after `since` (seconds since the
-    epoch): progress.json's own time, or a heartbeat's mtime; None: not yet."""
+    """When the ranks first logged a step past `after_step` at or after `since` (the filesystem's clock,
+    fs_now): progress.json's or a heartbeat's mtime; None: not yet."""
     from ..rundir.heartbeat import read_heartbeats
-    from ..rundir.progress import read_progress
 
     times = []
-    prog = read_progress(run_dir)
-    if prog and prog["step"] > after_step and prog["time"] and prog["time"] >= since:
-        times.append(prog["time"])
+    prog = progress_at(run_dir)
+    if prog and prog[0] > after_step and prog[1] >= since:
+        times.append(prog[1])
     for hb in read_heartbeats(run_dir).values():
         step = hb.get("step")
         if isinstance(step, int) and not isinstance(step, bool) and step > after_step and hb["mtime"] >= since:

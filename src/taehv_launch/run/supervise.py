@@ -4,6 +4,19 @@ together.py makes every node's launcher stop and start its ranks together, node 
 
 Only node 0 (the only node of a one-node job) writes the restart records in events.jsonl, so `status`
 counts each restart of the job once.
+
+A stop signal (SIGTERM, SIGINT, SIGUSR1, SIGHUP) is never fatal to the launcher once the first attempt starts:
+- inside launch.run, from its SignalRelay's install to the restore: the relay (to the ranks: they save and exit
+  75; a second signal aborts);
+- everywhere else in Supervisor.run's loop: after an attempt's relay is restored (reading how it ended, the
+  verified newest checkpoint, the verdict, the wait for the old ranks, the nodes' agreement, begin) and in the
+  next launch.run up to its relay's install: catching_stops, held across the whole loop, notes it in
+  Supervisor.stops;
+- the hand-off: launch.run(held=stops) starts nothing when a stop is noted; one noted after its last look and
+  before its relay is installed is handed to that relay.
+A stop noted between two attempts (or one before a restarted attempt's trainer started) ends the job as a
+stopped job ends: no new attempt, exit 75, the REQUEUE marker, the exit status saying why (stopped()); the
+newest complete checkpoint is what --resume auto continues from.
 """
 
 from __future__ import annotations
@@ -12,16 +25,17 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EXIT_OK, LaunchError
+from ..errors import EXIT_OK, EXIT_RESUMABLE, LaunchError
 from .restart import (
     LOCK_WAIT_S,
     NOT_RESTARTED,
     FirstStepWatch,
     Verdict,
     decide,
+    fs_now,
     reason_of,
     record,
     restart_argv,
@@ -36,16 +50,17 @@ class Ended:
 
     code: int
     recorded: dict  # the exit status this node's trainer (or launcher) recorded, {} when none
-    failed_at: float
+    failed_at: float  # the filesystem's clock (restart.fs_now)
     stepped: bool
     stop_requested: bool
     peer: dict | None = None  # the other node's report that made us kill our ranks (our ranks did not fail)
-    stops: list[int] = field(default_factory=list)  # stop signals that came while we waited after it
+    not_started: str | None = None  # the stop signal that came before the attempt's trainer started
 
 
 @contextmanager
 def catching_stops(into: list[int]):
-    """While the launcher waits between attempts, a stop signal is noted (no restart follows), not fatal."""
+    """Between attempts a stop signal is noted in `into` (no restart follows), not fatal. The handler only
+    appends: launch.run reads the list before it starts an attempt and hands later ones to its relay."""
     from ..rundir.signals import STOP_SIGNALS
 
     previous = {s: signal.signal(s, lambda n, _f: into.append(n)) for s in STOP_SIGNALS}
@@ -71,6 +86,7 @@ class Supervisor:
         self.started_from = Path(plan.options.resume).name if plan.options.resume else None
         self.watch: FirstStepWatch | None = None
         self.sync = Nodes(self.run_dir, self.node, self.nodes) if self.nodes > 1 and self.max_restarts > 0 else None
+        self.stops: list[int] = []  # stop signals noted between attempts (catching_stops in run): the job ends
 
     def run(self) -> int:
         if self.sync is not None:
@@ -82,11 +98,12 @@ class Supervisor:
                     f"agree on restarts there; fix the permissions or free space, or --set max_restarts=0"
                 ) from None
         try:
-            while True:
-                ended = self.attempt()
-                code = self.after_one_node(ended) if self.sync is None else self.after_nodes(ended)
-                if code is not None:
-                    return code
+            with catching_stops(self.stops):  # the whole loop; launch.run's relay takes over inside each attempt
+                while True:
+                    ended = self.attempt()
+                    code = self.after_one_node(ended) if self.sync is None else self.after_nodes(ended)
+                    if code is not None:
+                        return code
         finally:
             if self.watch is not None:
                 self.watch.end()
@@ -96,34 +113,43 @@ class Supervisor:
     def attempt(self) -> Ended:
         from . import launch as edge
         from ..rundir.checkpoint import checkpoint_step
-        from ..rundir.progress import read_progress
-        from ..rundir.exitstatus import exit_status_path
+        from ..rundir.exitstatus import exit_status_path, write_exit_status
+        from .restart import progress_at
 
         outcome: dict = {}
-        t0 = time.time()
+        t0 = fs_now(self.run_dir, self.node)  # every time of a restart is on the filesystem's clock: fs_now says why
         peer = PeerWatch(self.sync, self.count) if self.sync is not None else None
         try:
             code = edge.run(
                 self.plan, self.rendered, self.run_dir, argv=self.argv, outcome=outcome,
-                on_start=peer.attach if peer is not None else None,
+                on_start=peer.attach if peer is not None else None, held=self.stops,
             )  # fmt: skip
         finally:
             if peer is not None:
                 peer.end()
-        ended_at = time.time()
+        ended_at = fs_now(self.run_dir, self.node)
         if self.watch is not None:
             self.watch.end()
             self.watch = None
-        try:
+        try:  # the trainer's exit status, written when it failed (a SIGKILLed rank writes none): its mtime
             failed_at = min(ended_at, exit_status_path(self.run_dir, self.node).stat().st_mtime)
         except OSError:
             failed_at = ended_at
-        prog = read_progress(self.run_dir)
+        prog = progress_at(self.run_dir)
         start_step = checkpoint_step(Path(self.started_from)) if self.started_from else 0
-        stepped = bool(prog and prog["step"] > (start_step or 0) and (prog["time"] or 0) >= t0)
+        stepped = bool(prog and prog[0] > (start_step or 0) and prog[1] >= t0)
         recorded = edge.node_exit_status(self.run_dir, self.node) or {}
+        if outcome.get("not_started") and not recorded:  # launch.run started nothing: recorded as its relay would
+            what = "trainer" if self.plan.options.task == "train" else "cache job"
+            recorded = {"code": code, "message": f"stopped by {outcome['not_started']} before the {what} started, "}
+            recorded["message"] += "nothing to save"
+            try:
+                write_exit_status(exit_status_path(self.run_dir, self.node), code, recorded["message"])
+            except OSError:
+                pass
         fired = peer.fired if peer is not None and not recorded else None  # our trainer recorded nothing itself
-        return Ended(code, recorded, failed_at, stepped, bool(outcome.get("stop_requested")), fired)
+        stop = bool(outcome.get("stop_requested"))
+        return Ended(code, recorded, failed_at, stepped, stop, fired, outcome.get("not_started"))
 
     def verdict(self, code: int, recorded: dict, stepped: bool, stop: bool, newest: str | None) -> Verdict:
         return decide(
@@ -148,17 +174,39 @@ class Supervisor:
             say(f"not restarting: {line}")
         return code
 
-    def wait_old_ranks(self, stops: list[int]) -> bool:
+    def wait_old_ranks(self) -> bool:
         """Wait for every process of the failed attempt to exit (the trainer lock is free); False: they did
-        not within LOCK_WAIT_S, or a stop signal came meanwhile."""
+        not within LOCK_WAIT_S, or a stop signal came meanwhile (the wait ends at once)."""
         from ..rundir.layout import trainer_lock_path
 
         lock = trainer_lock_path(self.run_dir, self.node)
-        with catching_stops(stops):
-            free = wait_lock_free(lock)
-        if not free and not stops:
+        free = wait_lock_free(lock, stopped=lambda: bool(self.stops))
+        if not free and not self.stops:
             say(f"not restarting: processes of the failed attempt still hold {lock} after {LOCK_WAIT_S:g} s")
-        return free and not stops
+        return free and not self.stops
+
+    def stopped(self, name: str | None = None) -> int:
+        """A stop signal came between two attempts (self.stops), or before a restarted attempt's trainer started
+        (`name`): no attempt follows, and the job ends as a stopped job ends: exit 75 (the scheduler requeues
+        it), the REQUEUE marker at the newest complete checkpoint's step, this node's exit status saying why."""
+        import json
+
+        from ..files import write_atomic
+        from ..rundir.checkpoint import checkpoint_step, newest_complete
+        from ..rundir.exitstatus import exit_status_path, write_exit_status
+        from ..rundir.layout import REQUEUE
+
+        name = signal.Signals(self.stops[0]).name if self.stops else name
+        newest, _ = newest_complete(self.run_dir)  # sizes only: a stop leaves little time; a resume verifies
+        ckpt = f"{newest.name} is the newest complete checkpoint" if newest else "there is no complete checkpoint yet"
+        line = f"stopped by {name} between restart attempts, none started after it; {ckpt}: --resume auto continues"
+        say(f"{line} (exit {EXIT_RESUMABLE}: requeue it)")
+        try:
+            write_atomic(self.run_dir / REQUEUE, json.dumps({"step": (checkpoint_step(newest) or 0) if newest else 0}))
+            write_exit_status(exit_status_path(self.run_dir, self.node), EXIT_RESUMABLE, line)
+        except OSError as exc:
+            say(f"warning: cannot record the stop in {self.run_dir}: {exc.strerror or exc}")
+        return self.end(EXIT_RESUMABLE, line)
 
     def begin(self, line: str, newest: Path | None, e: dict, node: int | None = None) -> None:
         """Restart number self.count (already counted) from `newest`: node 0 records it and watches for the
@@ -174,29 +222,34 @@ class Supervisor:
         self.started_from = newest.name if newest else self.started_from
         after = (checkpoint_step(newest) or 0) if newest else 0
         if self.node == 0:  # several nodes: every old rank has exited (all reported ready): no slack for them
-            since = time.time() - (1 if node is None else 0)
+            since = fs_now(self.run_dir, self.node) - (1 if node is None else 0)
             self.watch = FirstStepWatch(self.run_dir, self.count, after, e["failed_at"], since=since)
 
     def after_one_node(self, e: Ended) -> int | None:
         """One node: decide, wait for the old ranks, restart (None) or end (the exit code)."""
         from ..rundir.checkpoint import newest_complete
 
+        if e.not_started and self.count:  # a stop before the restarted trainer started: the checkpoint stands
+            return self.stopped(e.not_started)
         newest, _ = newest_complete(self.run_dir, verify=True)
         v = self.verdict(e.code, e.recorded, e.stepped, e.stop_requested, newest.name if newest else None)
         self.wp = v.without_progress
         if not v.restart:
             return self.end(e.code, v.line, quiet=bool(e.recorded.get("repeats")))
+        if self.stops:  # came while this attempt's end was read or the checkpoint verified
+            return self.stopped()
         self.count += 1
         frm = newest.name if newest else "the start (no complete checkpoint yet)"
         say(f"restart {self.count} of {self.max_restarts} after {v.line}: from {frm}")
-        if not self.wait_old_ranks(e.stops):
-            return e.code
+        if not self.wait_old_ranks():
+            return self.stopped() if self.stops else e.code
         self.begin(v.line, newest, {"code": e.code, "failed_at": e.failed_at})
-        return None
+        return None  # a stop from here on: the next launch.run starts nothing (held), and we come back here
 
     def after_nodes(self, e: Ended) -> int | None:
         """Several nodes: report, wait for our old ranks, agree with the others (node 0 decides), then all
-        restart together (None) or every node ends (the exit code)."""
+        restart together (None) or every node ends (the exit code; 75 on every node when the job ends for a
+        stop that came between attempts on any node: "stopped" in the reports and the decision)."""
         from ..rundir.checkpoint import newest_complete
         from ..rundir.exitstatus import exit_status_path, write_exit_status
 
@@ -211,26 +264,34 @@ class Supervisor:
         rec = {"node": self.node, "code": e.code, "message": e.recorded.get("message"), "stepped": e.stepped}
         rec |= {"repeats": bool(e.recorded.get("repeats")), "stop_requested": e.stop_requested}
         rec |= {"failed_at": e.failed_at, "peer": e.peer.get("node") if e.peer else None, "time": time.time()}
-        rec |= {"restartable": v.restart, "line": v.line, "ready": False}
+        rec |= {"restartable": v.restart, "line": v.line, "ready": False, "stopped": False}
+        if bool(e.not_started and self.count) or (v.restart and self.stops):  # a stop between attempts
+            rec |= {"restartable": False, "line": "the launcher was asked to stop", "stopped": True}
         if not sync.report(gen, rec):
             say(f"warning: cannot write this node's report in {sync.dir}: the other nodes will not restart")
-        if v.restart:
-            rec["ready"] = self.wait_old_ranks(e.stops)
+        if rec["restartable"]:
+            rec["ready"] = self.wait_old_ranks()
             if not rec["ready"]:
-                rec["restartable"] = False
+                rec |= {"restartable": False, "stopped": bool(self.stops)}
                 rec["line"] = (
-                    "the launcher was asked to stop" if e.stops else "the failed attempt's processes did not exit"
+                    "the launcher was asked to stop" if self.stops else "the failed attempt's processes did not exit"
                 )
             sync.report(gen, rec)
         if not rec["restartable"]:
             if sync.leader:
-                sync.decide(gen, {"restart": False, "line": rec["line"], "code": e.code, "node": self.node})
-            return self.end(e.code, rec["line"], quiet=bool(e.recorded.get("repeats")) or bool(e.stops))
-        with catching_stops(e.stops):
-            d = self.lead(gen, e.stops) if sync.leader else sync.wait_decision(gen, lambda: bool(e.stops))
-        if e.stops and not sync.leader and not d.get("restart"):
-            sync.report(gen, {**rec, "restartable": False, "line": "the launcher was asked to stop"})
+                d = {"restart": False, "line": rec["line"], "code": e.code, "node": self.node}
+                sync.decide(gen, d | {"stopped": rec["stopped"]})
+            if rec["stopped"]:
+                return self.stopped(e.not_started)
+            return self.end(e.code, rec["line"], quiet=bool(e.recorded.get("repeats")))
+        d = self.lead(gen) if sync.leader else sync.wait_decision(gen, lambda: bool(self.stops))
+        if self.stops and not sync.leader and not d.get("restart"):
+            sync.report(gen, {**rec, "restartable": False, "line": "the launcher was asked to stop", "stopped": True})
         if not d.get("restart"):
+            # a stop between attempts, on another node (node 0's "stopped") or here (wait_decision's own "no",
+            # which names no failed node): the job ends as a stopped job ends
+            if d.get("stopped") or (self.stops and "node" not in d):
+                return self.stopped(e.not_started)
             code = e.code
             if e.peer is not None:  # our own code is the kill's: end with the failure's
                 code = d["code"] if isinstance(d.get("code"), int) and d.get("code") not in (EXIT_OK,) else 1
@@ -255,15 +316,18 @@ class Supervisor:
         self.begin(str(d["line"]), newest, d, node=d.get("node"))
         return None
 
-    def lead(self, gen: int, stops: list[int]) -> dict:
-        """Node 0: gather every node's report on attempt `gen`, decide once for the job, write the decision."""
+    def lead(self, gen: int) -> dict:
+        """Node 0: gather every node's report on attempt `gen`, decide once for the job, write the decision.
+        "stopped": the job ends for a stop that came between attempts (here, or every node that said no)."""
         from ..rundir.checkpoint import newest_complete
 
         assert self.sync is not None
-        reports, why = self.sync.gather(gen, lambda: bool(stops))
+        reports, why = self.sync.gather(gen, lambda: bool(self.stops))
         if why is not None:
             k, root = root_failure(reports) if reports else (0, {"code": 1})
             d = {"restart": False, "line": f"{why}: the job ends", "code": root.get("code"), "node": k}
+            said_no = [r for r in reports.values() if r.get("restartable") is False]
+            d["stopped"] = all(r.get("stopped") for r in said_no) if said_no else bool(self.stops)
         else:
             k, root = root_failure(reports)
             newest, _ = newest_complete(self.run_dir, verify=True)
@@ -272,15 +336,16 @@ class Supervisor:
                 int(root["code"]), root, stepped, bool(root.get("stop_requested")), newest.name if newest else None
             )
             self.wp = v.without_progress
-            at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else time.time()
+            at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else fs_now(self.run_dir, self.node)
             d = {"restart": v.restart, "line": v.line, "code": root["code"], "node": k, "failed_at": at}
             d |= {"checkpoint": newest.name if newest and v.restart else None, "without_progress": v.without_progress}
             d |= {"count": self.count + (1 if v.restart else 0)}
-            if stops and v.restart:  # asked to stop while verifying the checkpoint: no restart, never swallowed
+            if self.stops and v.restart:  # asked to stop while verifying the checkpoint: no restart, never swallowed
                 d |= {
                     "restart": False,
                     "line": "node 0's launcher was asked to stop: the job ends",
                     "count": self.count,
+                    "stopped": True,
                 }
         self.sync.decide(gen, d)
         return d

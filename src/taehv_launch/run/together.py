@@ -8,13 +8,17 @@ filesystem every node already shares for checkpoints and heartbeats; no port, no
                       for BEACON_STALE_S (the reader's own clock: the nodes' clocks never meet) is a launcher
                       that is gone (its node lost, or the launcher killed)
   g<g>.failed         the first failure report of attempt g (g: restarts so far in the job) whose ranks are gone
-                      for a failure: the one file every launcher polls while its ranks run
+                      for a failure: the one file every launcher polls while its ranks run. Created exclusively
+                      (O_CREAT|O_EXCL): the first report stands; a later node's failure is said on its console
+                      (its own report keeps it), never written over the first
   g<g>.node<k>.json   node k's report on attempt g: "code", "message", "repeats", "stop_requested", "stepped",
                       "failed_at", "peer" (the node whose failure made this launcher stop its ranks, or null),
-                      its own verdict ("restartable", "line"), and "ready" once its ranks have all exited
+                      its own verdict ("restartable", "line"), "ready" once its ranks have all exited, and
+                      "stopped": its launcher got a stop signal between attempts (the job ends with 75)
   g<g>.decision.json  node 0's decision after attempt g: "restart", "line", "code", "node" (whose failure),
                       "checkpoint" (a name, or null: from the start), "count" (restarts in the job after it),
-                      "without_progress"
+                      "without_progress", "stopped" (no restart for a stop between attempts: every node ends
+                      as a stopped job ends, exit 75)
 Records older than a launcher's start (the filesystem's clock) are an earlier job's of the run: ignored; each
 launcher removes its own at start.
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -58,10 +63,17 @@ class Nodes:
     at the end."""
 
     def __init__(
-        self, run_dir: Path, node: int, count: int, period_s: float = BEACON_PERIOD_S, stale_s: float = BEACON_STALE_S
+        self,
+        run_dir: Path,
+        node: int,
+        count: int,
+        period_s: float = BEACON_PERIOD_S,
+        stale_s: float = BEACON_STALE_S,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.dir, self.node, self.count = Path(run_dir) / SYNC_DIR, node, count
         self.period_s, self.stale_s = period_s, stale_s
+        self.say = say or (lambda line: print(f"taehv-launch: {line}", file=sys.stderr, flush=True))
         self.started = 0.0
         self._beats = 0
         self._seen: dict[int, tuple[str | None, float]] = {}  # node -> (its beacon's text, when it last changed)
@@ -153,11 +165,50 @@ class Nodes:
         """Write our report on attempt `gen` (and g<gen>.failed when our ranks failed); False: not written."""
         try:
             write_atomic(self.report_path(gen, self.node), json.dumps(rec))
-            if rec.get("peer") is None and rec.get("code") not in SELF_ENDING and not rec.get("ready"):
-                write_atomic(self.failed_path(gen), json.dumps(rec))
-            return True
         except OSError:
             return False
+        if rec.get("peer") is None and rec.get("code") not in SELF_ENDING and not rec.get("ready"):
+            self._first_failure(gen, rec)
+        return True
+
+    def _first_failure(self, gen: int, rec: dict) -> None:
+        """Create g<gen>.failed with our report, exclusively (O_CREAT|O_EXCL): a second writer never replaces the
+        first, and says so. Its readers poll and take an empty or half-written file for none yet. A file older
+        than our start is an earlier job's (node 0 removes those at its start, which may come after ours)."""
+        path = self.failed_path(gen)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                try:
+                    if path.stat().st_mtime < self.started - 1:
+                        path.unlink()  # an earlier job's: once
+                        continue
+                except OSError:
+                    pass
+                first = read_json_or_none(path) or {}
+                if first.get("node") != self.node:
+                    why = reason_of(rec.get("code", 1), rec.get("message"))
+                    self.say(
+                        f"node {self.node}'s ranks failed too ({why}), after node {first.get('node', '?')} reported "
+                        f"its failure in {path}: that first report stands; this node's is in "
+                        f"{self.report_path(gen, self.node)}"
+                    )
+                return
+            except OSError as exc:
+                self.say(
+                    f"warning: cannot write {path}: {exc.strerror or exc}: the other nodes do not see this failure"
+                )
+                return
+            try:
+                os.write(fd, json.dumps(rec).encode())
+            except OSError as exc:
+                self.say(
+                    f"warning: cannot write {path}: {exc.strerror or exc}: the other nodes do not see this failure"
+                )
+            finally:
+                os.close(fd)
+            return
 
     def peer_failure(self, gen: int) -> dict | None:
         """Another node's report of attempt `gen` whose ranks failed, or None."""
