@@ -26,7 +26,7 @@ from taehv_launch.rundir.hanglimits import (
     write_hang_limits,
 )
 from taehv_launch.train.durability.progress import WARMUP_STEPS, Progress
-from taehv_launch.train.durability.watchdog import Watchdog
+from taehv_launch.train.durability.watchdog import Watchdog, pid_namespace
 
 
 def limits(step=None, checkpoint=None, validation=None, hang_timeout=300, slow=1800) -> HangLimits:
@@ -332,6 +332,7 @@ def test_a_peer_whose_process_is_gone_is_reported_dead_not_hung_when_the_hang_li
         progress=p,
     )
     peer = {"rank": 1, "node": 0, "host": socket.gethostname(), "pid": child.pid, "step": 5, "phase": "backward"}
+    peer["pidns"] = pid_namespace()  # a rank of this PID namespace: its pid is looked up here
     (tmp_path / "heartbeat").mkdir()
     (tmp_path / "heartbeat" / "rank1").write_text(json.dumps(peer | {"progress_age_s": 0.1, "warmup": False}))
     w0.start()

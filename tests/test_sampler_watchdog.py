@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from taehv_launch.errors import EXIT_FAILED
 from taehv_launch.train.loop.build import ShardedInfiniteSampler
 from taehv_launch.train.durability.progress import Progress
-from taehv_launch.train.durability.watchdog import Watchdog, stop_message
+from taehv_launch.train.durability.watchdog import Watchdog, pid_namespace, stop_message
 
 SEED = 1234
 
@@ -245,6 +245,7 @@ def test_start_writes_a_heartbeat_and_clears_this_ranks_old_markers(tmp_path):
         info = json.loads((hb / "rank1").read_text())
         assert abs(info.pop("time") - time.time()) < 30 and 0 <= info.pop("progress_age_s") < 30
         assert info.pop("times") == progress.times()  # what this rank measured, for the hang limits
+        assert info.pop("pidns") == pid_namespace()  # where its pid can be looked up (#39 review)
         assert info == {
             "rank": 1,
             "node": 3,

@@ -2,8 +2,10 @@
 train/durability/watchdog.py, read by the peers' watchdogs and by `taehv-launch status`).
 
 rank<r>       JSON, rewritten every few seconds by a background thread:
-              {"rank", "node", "host", "pid", "step", "phase", "progress_age_s", "collectives",
+              {"rank", "node", "host", "pid", "pidns", "step", "phase", "progress_age_s", "collectives",
                "warmup", "times", "time"}
+              `pidns` where `pid` can be looked up ("<kernel boot id>/<PID namespace>", or null: the
+              trainer's watchdog reads a peer's process state only when it is its own)
               `step` is the last finished optimizer step, `phase` what the rank does now (data,
               forward, backward, collective, checkpoint, validation, compile, setup, ...),
               `progress_age_s` how long ago the step or phase last changed, `collectives` how many

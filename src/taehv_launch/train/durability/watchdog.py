@@ -23,6 +23,14 @@ when the hang limit (from the run's times: 30 s at least) passes before `stale_s
 stopped responding. On another host a silent rank cannot be told from a dead one: it is reported as
 stopped responding after `stale_s`, or as hung when the hang limit passes first.
 
+Whose pid can be looked up: a peer's pid means something here only in our own PID namespace on our own
+kernel. The hostname does not tell: containers on one machine (or pods given the same name) each have a PID
+namespace of their own, where a peer's pid is another process here or none. So each heartbeat carries
+"pidns" (`pid_namespace`: the kernel's boot id and the PID namespace), and a peer's process state is read only
+when its "pidns" is ours; any other peer is judged as one on another host, by its heartbeat alone. And a
+process found gone holds the hang verdict back (a dead peer: _problem reports it) only once its heartbeat is
+late too: a rank that still beats is alive, whatever a pid lookup says.
+
 Hang limits from the run's times (rundir/hanglimits.py): each heartbeat carries its rank's measured
 times; rank 0's watchdog combines them once every rank has them, writes <run>/hang_limits.json and
 prints the limits (a line each time one more limit is derived: step, checkpoint, validation); every
@@ -75,7 +83,7 @@ class Watchdog:
         self.limits = HangLimits(self.hang_timeout, hang_timeout_slow)  # the configured ones until measured
         self.note = note or (lambda line: print(line, flush=True))  # rank 0: the derived limits' line
         self._warned = False  # rank 0 said it cannot write the limits' file
-        self.pid = os.getpid()
+        self.pid, self.pidns = os.getpid(), pid_namespace()
         self.started = time.time()
         self.hanging = threading.Event()  # set while this rank reports a hang (it then ends the process)
         self._stop = threading.Event()
@@ -115,6 +123,7 @@ class Watchdog:
 
     def _beat(self) -> None:
         info = {"rank": self.rank, "node": self.node, "host": socket.gethostname(), "pid": self.pid}
+        info["pidns"] = self.pidns
         info |= {**self.progress.snapshot(), "time": round(time.time(), 3)}
         write_atomic(self._path(self.rank), json.dumps(info))
 
@@ -141,8 +150,8 @@ class Watchdog:
             return None  # left over from an earlier launch of this run
         age = now - mtime
         if age > self.stale_s:
-            if self.hang_timeout and process_state(info.get("host"), info.get("pid")) is not None:
-                return None  # frozen, not dead: the hang detector judges it
+            if self.hang_timeout and self._state(info) is not None:
+                return None  # frozen, not dead (its process exists, in our PID namespace): the hang detector judges it
             return (
                 f"rank {peer} (node {info.get('node')}, host {info.get('host')}, pid {info.get('pid')}) "
                 f"stopped responding {age:.0f} s ago (killed, out of memory, or hung)"
@@ -210,8 +219,26 @@ class Watchdog:
             if info is None or info["mtime"] < self.started - 1:
                 unstarted += 1
             else:
-                views[r] = rank_view(info, now, self.period_s)
+                views[r] = self._view(info, now)
         return views, unstarted
+
+    def _pid_here(self, info: dict) -> bool:
+        """Whether the peer's pid is one of our PID namespace (see the module's docstring)."""
+        return self.pidns is not None and info.get("pidns") == self.pidns
+
+    def _seen(self, info: dict) -> dict:
+        """The heartbeat as process_state should see it: the pid of our namespace looked up here, whatever the
+        hostname; any other pid not at all (host None: as a rank on another host)."""
+        return {**info, "host": socket.gethostname() if self._pid_here(info) else None}
+
+    def _state(self, info: dict) -> str | None:
+        return process_state(self._seen(info).get("host"), info.get("pid"))
+
+    def _view(self, info: dict, now: float) -> dict:
+        """rank_view with the process state of a pid of our namespace only ("pid_here"); any other rank is judged
+        as one on another host: state None, late by its heartbeat's age alone."""
+        view = rank_view(self._seen(info), now, self.period_s)
+        return view | {"host": info.get("host"), "pid_here": self._pid_here(info)}
 
     def find_hang(self) -> dict | None:
         """A hang report to act on: the first rank's report of this launch, or a new one of ours when a
@@ -227,9 +254,8 @@ class Watchdog:
             return None
         if unsettled(views, limit[0], self.period_s):
             return None  # a rank has not beaten since: frozen (the culprit) or live? a later tick knows
-        here = socket.gethostname()
-        if any(v["host"] == here and v["state"] is None for v in views.values()):
-            return None  # a rank's process is gone from this host: a dead peer (_problem, within stale_s)
+        if any(v["pid_here"] and v["state"] is None and v["late"] for v in views.values()):
+            return None  # a rank's process is gone and its heartbeat stopped: a dead peer (_problem, within stale_s)
         culprits, why = name_culprits(views)
         report = {
             "line": hang_line(views, culprits, why, limit, stacks_dir(self.run_dir)),
@@ -315,6 +341,17 @@ class Watchdog:
                 self._path(self.rank, ".done").write_text("ok")
             except OSError:
                 pass
+
+
+def pid_namespace() -> str | None:
+    """Where this process's pid can be looked up: "<kernel boot id>/<PID namespace>" (the namespace's number
+    repeats across machines, the boot id does not), or None where /proc does not say (no peer's pid is then
+    looked up)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}" if boot else None
+    except OSError:
+        return None
 
 
 def setup_problem(run_dir: Path, exc: OSError) -> str:
