@@ -11,6 +11,11 @@ with NVLink bandwidth inside one node and the inter-node network's per-GPU bandw
 (both inputs: they are assumptions, not measurements). ZeRO stages scale the compute by their
 measured one-GPU speed (profiles.STRATEGY_SPEED) and ZeRO-3 moves 1.5x DDP's bytes (parameter
 gathers in forward and backward plus the gradient reduce-scatter).
+
+A resume predicts from the run's own speed.json instead (same world size, run/request.py reads it), but only
+when that figure was measured on the resumed config's reference family and path (`measured_on`, recorded in
+speed.json beside the figure); otherwise, or from a speed.json written before those were recorded, from the
+table as for a new run, and the line says why the run's own figure was not used.
 """
 
 from __future__ import annotations
@@ -59,6 +64,33 @@ MEASURED = {
 def measured(profile: str, config: dict) -> Measured | None:
     """The one-GPU speed measured for this profile, family and path (online or from the latent cache)."""
     return MEASURED.get((profile, config.get("ref_vae_type", "cogvideox"), bool(config.get("latent_cache"))))
+
+
+def measured_on(config: dict) -> dict:
+    """What a clips/s figure depends on beyond the profile: the reference family (its encode, online) and whether
+    the batches come from the latent cache. speed.json records it beside its figure (train/loop/speed.py)."""
+    return {"ref_vae_type": config.get("ref_vae_type", "cogvideox"), "latent_cache": bool(config.get("latent_cache"))}
+
+
+def _path_words(on: dict) -> str:
+    return f"ref_vae_type={on['ref_vae_type']} {'from the latent cache' if on['latent_cache'] else 'online'}"
+
+
+def run_figure(record: dict, config: dict) -> tuple[float | None, str]:
+    """A resumed run's own clips/s per GPU from its speed.json `record` when it was measured on what `config`
+    runs (measured_on); else (None, why it is not used: for the prediction's line)."""
+    was, now = {k: record.get(k) for k in ("ref_vae_type", "latent_cache")}, measured_on(config)
+    if not isinstance(was["ref_vae_type"], str) or not isinstance(was["latent_cache"], bool):
+        return None, (
+            "this run's speed.json does not say which ref_vae_type and path (online or latent cache) it was "
+            "measured on (written before they were recorded): not used"
+        )
+    if was != now:
+        return None, f"this run's speed.json was measured on {_path_words(was)}, not {_path_words(now)}: not used"
+    figure = record.get("clips_per_s_per_gpu")
+    if isinstance(figure, bool) or not isinstance(figure, (int, float)) or not 0 < figure < float("inf"):
+        return None, "this run's speed.json has no usable clips_per_s_per_gpu: not used"
+    return float(figure), ""
 
 
 def unpredicted(profile: str, config: dict) -> str:
@@ -138,11 +170,22 @@ def gpu_hours_text(hours: float) -> str:
 
 
 def predict(
-    profile: str, config: dict, world: int, nodes: int, from_step: int = 0, run_clips_per_s_per_gpu: float | None = None
+    profile: str,
+    config: dict,
+    world: int,
+    nodes: int,
+    from_step: int = 0,
+    run_clips_per_s_per_gpu: float | None = None,
+    run_speed: dict | None = None,
 ) -> Prediction | None:
-    """None where nothing was measured for this profile (and no speed.json of the run's own)."""
+    """None where nothing was measured for this profile (and no speed.json of the run's own). run_speed: a resumed
+    run's speed.json record (its world size already checked), used when run_figure allows;
+    run_clips_per_s_per_gpu: a figure the caller has matched itself."""
     steps = max(0, config["max_train_steps"] - from_step)
     clips_per_step = config["micro_batch_size"] * config["gradient_accumulation_steps"]
+    not_own = ""
+    if run_speed is not None and not run_clips_per_s_per_gpu:
+        run_clips_per_s_per_gpu, not_own = run_figure(run_speed, config)
     if run_clips_per_s_per_gpu:
         per_gpu, eff, basis = run_clips_per_s_per_gpu, 1.0, "this run's own speed.json"
     else:
@@ -155,5 +198,6 @@ def predict(
             f'model: docs/benchmarks.md "Scaling to 64 GPUs", measured at micro {m.micro} on {m.source.split(" (")[0]}; '
             f"all-reduce over an assumed {NVLINK_GBPS:g} GB/s NVLink, {NETWORK_GBPS:g} GB/s per GPU between nodes"
         )
+        basis = f"{not_own}; {basis}" if not_own else basis
     seconds = steps * clips_per_step * world / (per_gpu * world)
     return Prediction(per_gpu, eff, seconds / 3600, seconds / 3600 * world, basis, from_step)

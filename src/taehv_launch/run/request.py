@@ -211,7 +211,8 @@ def prediction(plan: Plan) -> Prediction | None:
         try:
             speed = json.loads((ckpt.parent / "speed.json").read_text())
             if int(speed.get("world_size", 0)) == plan.world_size:
-                own = float(speed["clips_per_s_per_gpu"])
-        except (OSError, ValueError, KeyError, TypeError):
+                own = speed  # used where measured on this config's family and path (plan/scaling.py run_figure)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
-    return predict(plan.profile.name, plan.config, plan.world_size, plan.topology.num_machines, from_step, own)
+    topo = plan.topology
+    return predict(plan.profile.name, plan.config, plan.world_size, topo.num_machines, from_step, run_speed=own)

@@ -13,7 +13,8 @@ Each lever has its own config key and its own row in `taehv-launch bench --compa
   current step computes.
 - Lazy scalars: losses stay on the device and are read at log intervals, one sync per
   window instead of several per step.
-timing.py measures them (--profile's phase table, speed.json).
+timing.py measures them (--profile's phase table, speed.json); speed_record says what speed.json's figure was
+measured on (the reference family, online or from the latent cache), so a resume predicts from it only for the same.
 
 The batch fetch and the stop vote's all-reduce carry the tests' hang hook (train/faults.py, `hang_at`).
 """
@@ -27,9 +28,17 @@ from typing import Any, Iterator
 import torch
 
 from ...compat import uncompiled
+from ...plan.scaling import measured_on
 from ...plan.schema import Config
 from .. import faults
 from ..durability.progress import PROGRESS
+
+
+def speed_record(cfg: Config) -> dict[str, Any]:
+    """speed.json's "ref_vae_type" and "latent_cache" (a bool): what its clips/s were measured on. A resume uses
+    the run's own figure only where both are its config's (plan/scaling.py run_figure); timing.py's SpeedLog.write
+    puts them beside the figure."""
+    return measured_on({"ref_vae_type": cfg.ref_vae_type, "latent_cache": cfg.latent_cache})
 
 
 def compile_cache_dir(cfg: Config) -> Path:
