@@ -280,6 +280,7 @@ def test_tflops_and_mfu_in_the_log_trackers_progress_and_speed_json(tmp_path):
     assert flops["total"] == flops["taehv"] + flops["seraena"] + flops["reference"] and flops["reference"] > 0
     assert speed["tflops_per_gpu"] == pytest.approx(speed["clips_per_s"] * flops["total"] / 1e12)
     assert speed["mfu"] is None and speed["mfu_note"] == "CPU"
+    assert speed["ref_vae_type"] == "cogvideox" and speed["latent_cache"] is False  # a resume's prediction reads them
     progress = json.loads((run / "progress.json").read_text())
     assert progress["tflops_per_gpu"] == pytest.approx(progress["samples_per_s"] * flops["total"] / 1e12)
     events = EventAccumulator(str(run / "logs"))

@@ -17,6 +17,7 @@ from ...plan.schema import Config, global_batch
 from ...plan.flops import ClipFlops, Rate
 from ...rundir.progress import write_progress
 from .flops import current_rate
+from .speed import speed_record
 
 
 class PeakMemory:
@@ -216,6 +217,7 @@ class SpeedLog:
             "world_size": self.world,
             "device": str(self.device),
             "phases": phases,
+            **speed_record(self.cfg),  # what the figure was measured on: a resume uses it only there (plan/scaling.py)
         }
         if self.flops is not None:  # TFLOP/s per GPU and MFU over the window (plan/flops.py)
             clip, rate = self.flops
