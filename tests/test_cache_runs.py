@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env
+from conftest import CLI, assert_one_line_error, clean_env, overrides
 from test_cache import cache_job
 from trainrun import launch, ok, scalars
 from conftest import testdata_videos as shared_videos
@@ -23,20 +23,12 @@ def train(tmp: Path, name: str, cache: Path, *args: str):
     proc, run_dir = launch(
         tmp,
         1,
-        "--set",
-        f"latent_cache={str(cache)!r}",
-        "--set",
-        f"data_root={str(shared_videos())!r}",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "micro_batch_size=2",
-        "--set",
-        "validation_fraction=0.2",
-        "--set",
-        "ref_vae_dtype='float32'",
-        "--set",
-        "dataloader_num_workers=2",
+        *overrides(
+            f"latent_cache={str(cache)!r}",
+            f"data_root={str(shared_videos())!r}",
+            "max_train_steps=4 micro_batch_size=2 validation_fraction=0.2 ref_vae_dtype='float32'",
+            "dataloader_num_workers=2",
+        ),
         *args,
         run_name=name,
     )
@@ -48,7 +40,7 @@ def test_training_from_the_cache_equals_online_training_on_the_same_views(tmp_pa
     f32, bf16 = tmp_path / "f32", tmp_path / "bf16"
     for out, dtype in ((f32, "float32"), (bf16, "bfloat16")):
         proc = cache_job(
-            tmp_path, out, "--views", "1", "--set", f"latent_cache_dtype={dtype!r}", "--set", "ref_vae_dtype='float32'"
+            tmp_path, out, "--views", "1", *overrides(f"latent_cache_dtype={dtype!r}", "ref_vae_dtype='float32'")
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cached = train(tmp_path, "cached", f32)
@@ -69,20 +61,12 @@ def _start(tmp: Path, out: Path, *args: str) -> subprocess.Popen:
         "cpu",
         "--run-name",
         f"job-{out.name}",
-        "--set",
-        f"latent_cache={str(out)!r}",
-        "--set",
-        f"output_dir={str(tmp / 'output')!r}",
-        "--set",
-        f"data_root={str(shared_videos())!r}",
-        "--set",
-        "dataloader_num_workers=2",
-        "--set",
-        "cache_shard_size=2",
-        "--set",
-        "micro_batch_size=2",
-        "--set",
-        "validation_fraction=0.2",
+        *overrides(
+            f"latent_cache={str(out)!r}",
+            f"output_dir={str(tmp / 'output')!r}",
+            f"data_root={str(shared_videos())!r}",
+            "dataloader_num_workers=2 cache_shard_size=2 micro_batch_size=2 validation_fraction=0.2",
+        ),
         "--views",
         "3",
         *args,

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import clean_env, free_port, run_cli_here
+from conftest import clean_env, free_port, overrides, run_cli_here
 from test_cluster import _exe, _pod_env
 from trainrun import scalars
 
@@ -50,20 +50,11 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 # Few steps, a checkpoint and a validation every 2: the stop signal lands after checkpoint-2 and the
 # ranks' stop vote is read one step later, so the saved step is 3 or 4 and the resume runs the rest.
-SETTINGS = [
-    "--set",
-    "log_every=1",
-    "--set",
-    "checkpointing_steps=2",
-    "--set",
-    "validation_steps=2",
-    "--set",
-    "max_validation_batches=1",
-    "--set",
+SETTINGS = overrides(
+    "log_every=1 checkpointing_steps=2 validation_steps=2 max_validation_batches=1",
     "dataloader_num_workers=0",
-    "--set",
     f"max_train_steps={STEPS}",
-]
+)
 STAND_IN_SRUN = r"""#!/bin/bash
 # Stand-in srun: one task per node, all at once, with the variables SLURM sets for a task; the
 # profile word h100 becomes cpu (no GPUs here); exits with the worst task exit code, as srun does.
@@ -103,7 +94,7 @@ def _demo_sets(tmp: Path) -> list[str]:
     """The cpu profile's own demo data and reference VAE paths (a cluster job must name both)."""
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"))
     plan = json.loads(run_cli_here("1", "cpu", "--dry-run", "--json", env=env).stdout)["config"]
-    return ["--set", f"data_root={plan['data_root']}", "--set", f"ref_vae_path={plan['ref_vae_path']}"]
+    return overrides(f"data_root={plan['data_root']}", f"ref_vae_path={plan['ref_vae_path']}")
 
 
 def _render(tmp: Path, kind: str, *args: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port
+from conftest import CLI, assert_one_line_error, clean_env, free_port, overrides
 from taehv_launch.files import DiskWriteError, publish_dir
 from trainrun import FAST, ok
 
@@ -195,8 +195,7 @@ def run_trainer(tmp_path: Path, output: Path, *args: str, preexec=None, wait: bo
         "full",
         "--master-port",
         str(free_port()),
-        "--set",
-        f"output_dir='{output}'",
+        *overrides(f"output_dir='{output}'"),
         *FAST,
         *SETTINGS,
         *args,
@@ -265,10 +264,7 @@ def test_best_model_export_over_the_file_size_limit_mid_run(tmp_path):
     proc = run_trainer(
         tmp_path,
         tmp_path / "output",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "validation_steps=3",
+        *overrides("max_train_steps=4 validation_steps=3"),
         "--resume",
         "auto",
         preexec=small_files,

@@ -33,6 +33,7 @@ from taehv_launch.rundir.heartbeat import (
     stacks_dir,
 )
 from taehv_launch.rundir.exitstatus import exit_status_path
+from conftest import overrides
 
 HOST = socket.gethostname()
 
@@ -275,7 +276,7 @@ def test_the_only_rank_sigstopped_is_reported_hung_exit_76_and_status_says_so(tm
     for key in (f"output_dir='{tmp_path / 'output'}'", "log_every=1", "max_train_steps=10000", "hang_timeout=10"):
         argv += ["--set", key]
     argv += ["--set", "max_restarts=0"]  # the freeze's exit 76 is checked here; restarts: test_restart.py
-    argv += ["--set", "validation_steps=100000", "--set", "checkpointing_steps=100000"]
+    argv += overrides("validation_steps=100000 checkpointing_steps=100000")
     env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
     with open(out, "w") as o, open(err, "w") as e:
         launcher = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, cwd=tmp_path)

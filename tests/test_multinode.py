@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import CLI, clean_env, free_port, overrides
 from trainrun import FAST, scalars, trainer_state
 
 pytestmark = pytest.mark.slow
@@ -39,11 +39,9 @@ def start_nodes(tmp: Path, steps: int, port: int) -> list[subprocess.Popen]:
             str(port),
             "--run-name",
             "mn",
-            "--set",
-            f"output_dir='{tmp / 'output'}'",
+            *overrides(f"output_dir='{tmp / 'output'}'"),
             *FAST,
-            "--set",
-            f"max_train_steps={steps}",
+            *overrides(f"max_train_steps={steps}"),
         ]
         procs.append(
             subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
@@ -109,20 +107,11 @@ class TwoNodes:
                 str(port),
                 "--run-name",
                 name,
-                "--set",
-                f"output_dir='{tmp / 'output'}'",
-                "--set",
-                "log_every=1",
-                "--set",
-                "checkpointing_steps=2",
-                "--set",
-                "validation_steps=1000",
-                "--set",
-                "max_validation_batches=1",
-                "--set",
-                "lr_scheduler='constant'",
-                "--set",
-                "dataloader_num_workers=2",
+                *overrides(
+                    f"output_dir='{tmp / 'output'}'",
+                    "log_every=1 checkpointing_steps=2 validation_steps=1000 max_validation_batches=1",
+                    "lr_scheduler='constant' dataloader_num_workers=2",
+                ),
                 *args,
             ]
             out, err = tmp / f"{name}.{attempt}.node{rank}.out", tmp / f"{name}.{attempt}.node{rank}.err"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli
+from conftest import CLI, assert_one_line_error, clean_env, free_port, overrides, run_cli
 
 RANK = textwrap.dedent("""
     import os, sys, time
@@ -189,7 +189,7 @@ class Launch:
         argv = [*CLI, str(ranks), "cpu", "--run-name", "o", "--master-port", str(free_port())]
         for key in (f"output_dir='{tmp / 'output'}'", "log_every=1", "dataloader_num_workers=2"):
             argv += ["--set", key]
-        argv += ["--set", "validation_steps=100000", "--set", "checkpointing_steps=100000", *args]
+        argv += [*overrides("validation_steps=100000 checkpointing_steps=100000"), *args]
         env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
         if tty:  # the launcher leads a session whose controlling terminal is a pty we hold the master of
             self.master, slave = os.openpty()

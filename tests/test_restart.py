@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import CLI, clean_env, free_port, overrides
 from taehv_launch.errors import EXIT_ABORTED, EXIT_FAILED, EXIT_HUNG, EXIT_OK, EXIT_RESUMABLE, EXIT_USAGE
 from taehv_launch.rundir.events import restarts_summary
 from taehv_launch.run.restart import decide, restart_argv
@@ -131,7 +131,7 @@ def rank_pid(run: Path, rank: int, min_step: int, timeout: float = 300, checkpoi
 
 @pytest.mark.slow
 def test_a_sigkilled_rank_is_restarted_in_place_and_the_curve_joins(tmp_path):
-    common = ["--set", "max_train_steps=8", "--set", "validation_steps=100"]
+    common = overrides("max_train_steps=8 validation_steps=100")
     full = _launch(tmp_path, "full", *common)
     out, err = full.communicate(timeout=600)
     assert full.returncode == 0, err[-3000:]

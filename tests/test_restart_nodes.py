@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import CLI, clean_env, free_port, overrides
 from taehv_launch.errors import EXIT_FAILED, EXIT_RESUMABLE
 from taehv_launch.run.together import BEACON_STALE_S, Nodes, PeerWatch, root_failure
 from test_restart import rank_pid
@@ -138,7 +138,7 @@ def _nodes(tmp: Path, *extra: str) -> list[subprocess.Popen]:
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")  # the demo data: once
     argv = [*CLI, "2", "cpu", "--run-name", "mn", "--num-nodes", "2", "--gpus-per-node", "1"]
     argv += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--set", f"output_dir='{tmp / 'output'}'"]
-    argv += [*FAST, "--set", "max_restarts=3", "--set", "validation_steps=100", *extra]
+    argv += [*FAST, *overrides("max_restarts=3 validation_steps=100"), *extra]
     return [
         subprocess.Popen(
             [*argv, "--node-rank", str(k)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp
@@ -156,7 +156,7 @@ def _events(run: Path) -> list[dict]:
 def test_a_sigkilled_rank_on_node_1_restarts_both_nodes_together(tmp_path):
     # a DataLoader worker per rank, as the cpu profile runs: the orphaned worker of the killed rank holds the
     # trainer lock until it notices; node 1's launcher waits for it before it reports ready
-    procs = _nodes(tmp_path, "--set", "max_train_steps=4", "--set", "dataloader_num_workers=1")
+    procs = _nodes(tmp_path, *overrides("max_train_steps=4 dataloader_num_workers=1"))
     run = tmp_path / "output" / "mn"
     try:
         os.kill(rank_pid(run, 1, 2), signal.SIGKILL)  # node 1's only rank, once checkpoint-2 is complete

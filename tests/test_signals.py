@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import CLI, clean_env, free_port, overrides
 from trainrun import scalars
 
 pytestmark = pytest.mark.slow
@@ -42,24 +42,12 @@ CONFIGS = [(0, 1), (2, 1), (0, 2), (2, 2)]  # (DataLoader workers, ranks)
 
 
 def settings(workers: int) -> list[str]:
-    return [
-        "--set",
-        "log_every=1",
-        "--set",
-        "checkpointing_steps=2",
-        "--set",
-        "validation_steps=1000",
-        "--set",
-        "max_validation_batches=1",
-        "--set",
+    return overrides(
+        "log_every=1 checkpointing_steps=2 validation_steps=1000 max_validation_batches=1",
         "lr_scheduler='constant'",
-        "--set",
         f"dataloader_num_workers={workers}",
-        "--set",
-        "checkpoints_total_limit=2",
-        "--set",
-        "max_restarts=0",  # one failure's exit code and line are checked here; restarts: test_restart.py
-    ]
+        "checkpoints_total_limit=2 max_restarts=0",  # one failure's exit code and line are checked here; restarts: test_restart.py
+    )
 
 
 class Launch:
@@ -79,8 +67,7 @@ class Launch:
             name,
             "--master-port",
             str(free_port()),
-            "--set",
-            f"output_dir='{tmp / 'output'}'",
+            *overrides(f"output_dir='{tmp / 'output'}'"),
             *settings(workers),
             *args,
         ]
@@ -190,8 +177,7 @@ def test_signal_matrix(tmp_path, workers, ranks):
             workers,
             "--resume",
             "auto",
-            "--set",
-            f"max_train_steps={saved + 1 if last else BIG}",
+            *overrides(f"max_train_steps={saved + 1 if last else BIG}"),
         )
         launch.wait_for(f"at step {saved}")  # "resumed from .../checkpoint-<saved> at step <saved>"
         assert f"checkpoint-{saved} at step {saved}" in launch.text()[0], (cell, launch.text()[0][-2000:])
@@ -267,8 +253,7 @@ def test_one_signal_delivered_twice_is_one_stop(tmp_path, how):
             "twice",
             1,
             2,
-            "--set",
-            f"max_train_steps={BIG}",
+            *overrides(f"max_train_steps={BIG}"),
             *(["--resume", "auto"] * bool(i)),
             wrapper=wrapper,
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli
+from conftest import CLI, assert_one_line_error, clean_env, free_port, overrides, run_cli
 from trainrun import FAST, launch, ok
 
 pytestmark = pytest.mark.slow
@@ -63,8 +63,7 @@ def cli(tmp: Path, *args: str, env=None) -> subprocess.CompletedProcess:
         "cpu",
         "--master-port",
         str(free_port()),
-        "--set",
-        f"output_dir='{tmp / 'output'}'",
+        *overrides(f"output_dir='{tmp / 'output'}'"),
         *FAST,
         *args,
         env=env,
@@ -114,12 +113,12 @@ def test_an_unnamed_auto_resume_says_which_run_and_continues_in_it(base):  # rea
         (["--set", "max_train_steps=2"], r"checkpoint-2 is at step 2, and max_train_steps is 2: nothing left to train"),
         (["--set", "max_train_steps=1"], r"is at step 2, and max_train_steps is 1"),
         (
-            ["--set", "max_train_steps=4", "--set", "latent_channels=8"],
+            overrides("max_train_steps=4 latent_channels=8"),
             r"does not fit this model \(latent_channels=4 -> 8\): resume with its settings",
         ),
-        (["--set", "max_train_steps=4", "--set", "use_seraena=False"], r"use_seraena=True -> False"),
+        (overrides("max_train_steps=4 use_seraena=False"), r"use_seraena=True -> False"),
         (
-            ["--set", "max_train_steps=4", "--set", "ref_vae_type='wan'"],
+            overrides("max_train_steps=4 ref_vae_type='wan'"),
             r"trained against the cogvideox reference VAE, this run asks for wan: .*allow_family_change=True",
         ),
     ],
@@ -141,12 +140,7 @@ def test_a_family_change_is_an_explicit_opt_in(base):
         "base",
         "--resume",
         "auto",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "ref_vae_type='wan'",
-        "--set",
-        "allow_family_change=True",
+        *overrides("max_train_steps=4 ref_vae_type='wan' allow_family_change=True"),
     )
     assert p["resume"].endswith("checkpoint-2")
     assert (
@@ -175,7 +169,7 @@ def test_what_the_trainer_would_refuse_first_is_refused_before_writing(tmp_path)
             r"the reference VAE at .* has 16 latent channels but latent_channels=4: set --set latent_channels=16",
         ),
         (
-            ["--set", f"ref_vae_path='{vae}'", "--set", "ref_vae_type='wan'"],
+            overrides(f"ref_vae_path='{vae}'", "ref_vae_type='wan'"),
             r"is an AutoencoderKLCogVideoX, not the AutoencoderKLWan .*: set ref_vae_type=cogvideox",
         ),
     ]
@@ -224,11 +218,9 @@ def test_two_real_launches_of_one_run(base, tmp_path):
         "cpu",
         "--run-name",
         "live",
-        "--set",
-        f"output_dir='{tmp_path / 'output'}'",
+        *overrides(f"output_dir='{tmp_path / 'output'}'"),
         *FAST,
-        "--set",
-        "max_train_steps=100000",
+        *overrides("max_train_steps=100000"),
     ]
     out = tmp_path / "first.out"
     with open(out, "w") as f:
