@@ -183,20 +183,28 @@ def wait_for_text(
     path: Path, what: str, procs: list[subprocess.Popen], timeout: float = 300, poll: float = 0.2
 ) -> float:
     """Until the file `path` holds `what` while every process of `procs` runs; returns when (time.monotonic()).
-    One exiting first fails the test; so does the timeout, after SIGKILL to every process under each."""
+    One exiting first, or the timeout, fails the test after SIGKILL to every process under each."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and what in path.read_text(errors="replace"):
             return time.monotonic()
-        for k, p in enumerate(procs):
-            if p.poll() is not None:
-                text = p.text()[-6000:] if isinstance(p, Proc) else ""
-                raise AssertionError(f"process {k} exited {p.returncode} before {what!r} was in {path}: {text}")
+        ended = [(k, p) for k, p in enumerate(procs) if p.poll() is not None]
+        if ended:
+            k, p = ended[0]
+            text = p.text()[-6000:] if isinstance(p, Proc) else ""
+            _kill_all(procs)
+            raise AssertionError(f"process {k} exited {p.returncode} before {what!r} was in {path}: {text}")
         time.sleep(poll)
+    _kill_all(procs)
+    raise AssertionError(f"{what!r} not in {path} in {timeout} s")
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if isinstance(p, Proc):
             p.kill_tree()
-    raise AssertionError(f"{what!r} not in {path} in {timeout} s")
+        elif p.poll() is None:
+            p.kill()
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, match: str, code: int = 2) -> None:

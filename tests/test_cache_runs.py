@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, overrides
+from conftest import Proc, assert_one_line_error, clean_env, overrides, start_cli
 from test_cache import cache_job
 from trainrun import launch, ok, scalars
 from conftest import testdata_videos as shared_videos
@@ -52,10 +51,9 @@ def test_training_from_the_cache_equals_online_training_on_the_same_views(tmp_pa
         assert abs(c - b) <= 3e-2 * abs(b), (rounded, online)  # bf16 rounding of the stored latents
 
 
-def _start(tmp: Path, out: Path, *args: str) -> subprocess.Popen:
+def _start(tmp: Path, out: Path, *args: str) -> Proc:
     env = clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
     argv = [
-        *CLI,
         "cache",
         "1",
         "cpu",
@@ -71,27 +69,15 @@ def _start(tmp: Path, out: Path, *args: str) -> subprocess.Popen:
         "3",
         *args,
     ]
-    return subprocess.Popen(
-        argv, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    return start_cli(*argv, env=env, cwd=tmp, start_new_session=True)
 
 
-def _wait_for_shards(out: Path, proc: subprocess.Popen, n: int) -> None:
+def _wait_for_shards(out: Path, proc: Proc, n: int) -> None:
     deadline = time.time() + 300
     while len(list((out / lc.SHARDS).glob("*.json"))) < n:
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline
         time.sleep(0.05)
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL the launcher and every process under it (accelerate, the rank, its DataLoader workers)."""
-    import psutil
-
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for p in procs:
-        p.kill()
-    psutil.wait_procs(procs, timeout=30)
 
 
 def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
@@ -104,7 +90,7 @@ def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
     killed = tmp_path / "killed"  # SIGKILL to every process: no chance to clean up
     proc = _start(tmp_path, killed)
     _wait_for_shards(killed, proc, 2)
-    _kill_tree(proc.pid)
+    proc.kill_tree(wait=30)  # the launcher and every process under it (accelerate, the rank, its workers)
     proc.wait()
     done = len(list((killed / lc.SHARDS).glob("*.json")))
     assert not (killed / lc.MANIFEST).exists() and done < n_shards

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_one_line_error, overrides, run_cli_here
+from conftest import REPO, assert_one_line_error, overrides, run_cli_here, start
 from conftest import testdata_videos as shared_videos
 from taehv_launch.dataindex.index import build_index, cached_sources
 from taehv_launch.dataindex.sources import (
@@ -44,11 +44,11 @@ def gop_sets(tmp_path_factory) -> Path:
     (root / "src").mkdir()
     (root / "src" / "chaplin.mp4").symlink_to(shared_videos() / "chaplin.mp4")
     script = [sys.executable, str(REPO / "scripts/make_bench_videos.py")]
-    procs = [
-        subprocess.Popen(
+    procs = [  # the two sets at once, their output merged
+        start(
             [*script, str(root / name), "640", "360", "2", "300", "--gop", str(gop), "--src", str(root / "src")],
-            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            text=False,
         )
         for name, gop in (("long", 250), ("short", 30))
     ]

@@ -8,6 +8,7 @@ use subprocess.run; the CLI has run_cli for that).
 
 from __future__ import annotations
 
+import ast
 import signal
 import subprocess
 import sys
@@ -31,14 +32,8 @@ def test_overrides_are_the_set_argv_in_order():
     # cut only before a key=: a value may hold white space
     assert overrides("output_dir='/a b/c' d.e=2") == ["--set", "output_dir='/a b/c'", "--set", "d.e=2"]
     assert overrides("  n_frames  ") == ["--set", "n_frames"]  # not KEY=VALUE: passed on for the CLI to refuse
-    assert overrides({"max_train_steps": 4, "lr_scheduler": "'constant'"}, "x=1") == [
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "lr_scheduler='constant'",
-        "--set",
-        "x=1",
-    ]
+    expected = ["--set", "max_train_steps=4", "--set", "lr_scheduler='constant'", "--set", "x=1"]
+    assert overrides({"max_train_steps": 4, "lr_scheduler": "'constant'"}, "x=1") == expected
 
 
 def test_trainruns_fast_settings_are_the_set_argv():
@@ -124,3 +119,51 @@ def test_start_cli_is_run_clis_background_twin(tmp_path):
     assert proc.args[: len(CLI)] == CLI
     foreground = subprocess.run([*CLI, "--help"], capture_output=True, text=True, env=clean_env(), timeout=120)
     assert foreground.stdout == out
+
+
+def popen_calls(path: Path) -> list[int]:
+    """Lines where the file uses subprocess.Popen (the attribute, or the name imported from subprocess), type
+    annotations aside."""
+    tree = ast.parse(path.read_text())
+    annotations = set()
+    for node in ast.walk(tree):
+        for ann in (getattr(node, "returns", None), getattr(node, "annotation", None)):
+            if ann is not None:
+                annotations |= {id(n) for n in ast.walk(ann)}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "Popen" and id(node) not in annotations:
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "subprocess":
+            lines += [node.lineno for a in node.names if a.name == "Popen"]
+    return lines
+
+
+def test_no_test_file_starts_processes_outside_the_harness():
+    found = {
+        p.name: popen_calls(p)
+        for p in sorted(TESTS.glob("*.py"))
+        if p.name not in HARNESS and p.name not in ALLOWED and popen_calls(p)
+    }
+    assert not found, (
+        f"subprocess.Popen outside the harness: {found}. Start background processes with conftest.start / "
+        "start_cli / trainrun.start_launch (a Proc: wait_for, finish, text, tree, kill_tree); if a test "
+        "really needs its own, add it to ALLOWED in tests/test_harness.py with the reason"
+    )
+    assert all(reason.strip() for reason in ALLOWED.values())
+    assert not [n for n in ALLOWED if not (TESTS / n).exists()], "an allowed file is gone: drop it from ALLOWED"
+
+
+def test_the_rule_sees_popen_however_it_is_named(tmp_path):
+    for text in (
+        "import subprocess\nsubprocess.Popen(['true'])\n",
+        "from subprocess import Popen\nPopen(['true'])\n",
+        "import subprocess as sp\np = sp.Popen\n",
+    ):
+        (tmp_path / "t.py").write_text(text)
+        assert popen_calls(tmp_path / "t.py"), text
+    (tmp_path / "t.py").write_text(
+        "import subprocess\nCODE = 'subprocess.Popen([])'\nsubprocess.run(['true'])\n"
+        "def f(p: subprocess.Popen) -> subprocess.Popen:\n    return p\n"
+    )
+    assert popen_calls(tmp_path / "t.py") == []  # a child program's text, run(), annotations: not starts

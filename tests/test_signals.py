@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, free_port, overrides
-from trainrun import scalars
+from conftest import overrides
+from trainrun import scalars, start_launch
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +45,8 @@ def settings(workers: int) -> list[str]:
         "log_every=1 checkpointing_steps=2 validation_steps=1000 max_validation_batches=1",
         "lr_scheduler='constant'",
         f"dataloader_num_workers={workers}",
-        "checkpoints_total_limit=2 max_restarts=0",  # one failure's exit code and line are checked here; restarts: test_restart.py
+        "checkpoints_total_limit=2",
+        "max_restarts=0",  # one failure's exit code and line are checked here; restarts: test_restart.py
     )
 
 
@@ -58,66 +58,34 @@ class Launch:
         self.tmp, self.run = tmp, tmp / "output" / name
         n = len(list(tmp.glob(f"{name}.*.out")))
         self.out, self.err = tmp / f"{name}.{n}.out", tmp / f"{name}.{n}.err"
-        env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-        argv = [
-            *CLI,
-            str(ranks),
-            "cpu",
-            "--run-name",
-            name,
-            "--master-port",
-            str(free_port()),
-            *overrides(f"output_dir='{tmp / 'output'}'"),
+        self.proc = start_launch(
+            tmp,
+            ranks,
             *settings(workers),
             *args,
-        ]
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(
-                [*wrapper, *argv],
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=tmp,
-                start_new_session=True,
-            )
+            run_name=name,
+            fast=False,
+            wrapper=wrapper,
+            out=self.out,
+            err=self.err,
+            start_new_session=True,
+        )
 
     def text(self) -> tuple[str, str]:
         return self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
 
     def wait_for(self, what: str, timeout: float = 240) -> None:
         """Until the launcher's output shows `what` (the trainer's log is teed to it)."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if what in self.out.read_text(errors="replace"):
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"exited {self.proc.returncode} before {what!r}: {self.text()}")
-            time.sleep(0.1)
-        self.kill()
-        raise AssertionError(f"{what!r} not seen in {timeout} s: {self.text()}")
+        self.proc.wait_for(what, timeout=timeout, poll=0.1)
 
     def finish(self, timeout: float = 300) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"did not exit in {timeout} s: {self.text()}") from None
+        return self.proc.finish(timeout)
 
     def processes(self) -> list[int]:
-        import psutil
-
-        try:
-            return [self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))]
-        except psutil.NoSuchProcess:
-            return []
+        return self.proc.tree()
 
     def kill(self) -> None:
-        for pid in self.processes():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.proc.kill_tree()
 
     def send(self, cell: str) -> None:
         if cell == "SIGTERM to the launcher":

@@ -15,12 +15,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port, overrides, run_cli
+from conftest import assert_one_line_error, clean_env, free_port, overrides, run_cli, start, start_cli
 from trainrun import FAST, launch, ok
 
 pytestmark = pytest.mark.slow
@@ -190,7 +189,7 @@ LOCK_HOLDER = textwrap.dedent("""
 
 def test_a_held_run_dir_is_refused_and_a_dead_holders_lock_is_not(work):
     run = work / "output" / "base"
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    holder = start([sys.executable, "-c", LOCK_HOLDER, str(run)], stderr=None)  # stdout: a pipe
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = snapshot(run)
@@ -212,40 +211,16 @@ def test_a_held_run_dir_is_refused_and_a_dead_holders_lock_is_not(work):
 def test_two_real_launches_of_one_run(base, tmp_path):
     """The second launch of a live run is one line, exit 2, and the first one's log stays its own."""
     env = env_for(tmp_path)
-    argv = [
-        *CLI,
-        "1",
-        "cpu",
-        "--run-name",
-        "live",
-        *overrides(f"output_dir='{tmp_path / 'output'}'"),
-        *FAST,
-        *overrides("max_train_steps=100000"),
-    ]
-    out = tmp_path / "first.out"
-    with open(out, "w") as f:
-        first = subprocess.Popen(
-            [*argv, "--master-port", str(free_port())],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
+    argv = ["1", "cpu", "--run-name", "live", *overrides(f"output_dir='{tmp_path / 'output'}'"), *FAST]
+    argv += overrides("max_train_steps=100000")
+    out = tmp_path / "first.out"  # stdout and stderr; stdin: ours
+    first = start_cli(
+        *argv, "--master-port", str(free_port()), env=env, cwd=tmp_path, out=out, stdin=None, start_new_session=True
+    )
     try:
-        deadline = time.time() + 240
-        while "step 1/" not in out.read_text() and time.time() < deadline:
-            assert first.poll() is None, out.read_text()
-            time.sleep(0.2)
+        first.wait_for("step 1/", timeout=240)
         log = (tmp_path / "output" / "live" / "launch.log").read_text()
-        second = subprocess.run(
-            [*argv, "--master-port", str(free_port())],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-        )
+        second = run_cli(*argv, "--master-port", str(free_port()), env=env, cwd=tmp_path, timeout=120)
         assert_one_line_error(second, r"is in use by another launch")
         assert (tmp_path / "output" / "live" / "launch.log").read_text().startswith(log)
         assert "=== taehv-launch" not in (tmp_path / "output" / "live" / "launch.log").read_text()[len(log) :]
