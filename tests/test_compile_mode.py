@@ -42,7 +42,7 @@ def test_every_mode_is_accepted_and_the_default_keeps_todays_compile():
 
 
 def _compile_line(tmp_path, *args: str) -> tuple[str, str]:
-    sets = [a for s in args for a in ("--set", s)]
+    sets = overrides(*args)
     text = run_cli_here("1", "h100", "--dry-run", *sets, cwd=tmp_path)
     assert text.returncode == 0, text.stderr
     lines = [x for x in text.stdout.splitlines() if x.startswith("  compile   ")]

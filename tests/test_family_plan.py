@@ -166,7 +166,7 @@ def test_an_ltx_plan_rounds_the_profiles_width_and_says_so():
 )
 def test_bad_family_input_is_one_line_and_writes_nothing(tmp_path, sets, match):
     out = tmp_path / "out"
-    args = ["1", "cpu", "--set", f"output_dir={str(out)!r}"] + [a for s in sets for a in ("--set", s)]
+    args = ["1", "cpu", "--set", f"output_dir={str(out)!r}", *overrides(*sets)]
     proc = run_cli_here(*args, env=clean_env(TAEHV_CACHE=str(tmp_path / "cache")), cwd=tmp_path)
     assert_one_line_error(proc, match)
     assert not out.exists() and not (tmp_path / "cache").exists()
