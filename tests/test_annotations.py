@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, clean_env, run_cli
+from conftest import assert_one_line_error, clean_env, overrides, run_cli
 from taehv_launch.dataindex.index import build_index
 from taehv_launch.dataindex.listing import read_annotation, scan
 from taehv_launch.errors import DataError
@@ -199,14 +199,12 @@ def _cache_dry_run(tmp_path: Path, root: Path, ann: Path):
         "1",
         "cpu",
         "--dry-run",
-        "--set",
-        f"data_root={root}",
-        "--set",
-        f"annotation_file={ann}",
-        "--set",
-        f"latent_cache={tmp_path / 'lat'}",
-        "--set",
-        f"output_dir={tmp_path / 'output'}",
+        *overrides(
+            f"data_root={root}",
+            f"annotation_file={ann}",
+            f"latent_cache={tmp_path / 'lat'}",
+            f"output_dir={tmp_path / 'output'}",
+        ),
         env=clean_env(),
         cwd=tmp_path,
         timeout=120,
@@ -269,6 +267,6 @@ def test_the_trainer_refuses_a_deeply_nested_annotation_in_one_line(tmp_path: Pa
     root = _tree(tmp_path / "data", clip, ["ok.mp4"])
     ann = tmp_path / "deep.json"
     ann.write_text('{"list": ' + "[" * DEEP + "]" * DEEP + "}")
-    proc, _ = launch(tmp_path, 1, "--set", f"data_root={root}", "--set", f"annotation_file={ann}")
+    proc, _ = launch(tmp_path, 1, *overrides(f"data_root={root}", f"annotation_file={ann}"))
     assert_one_line_error(proc, r"^error: annotation_file .*deep\.json nests too deeply")
     assert "[rank 0] error: annotation_file" in proc.stdout and "Traceback" not in proc.stdout

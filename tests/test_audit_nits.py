@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, clean_env, run_cli
+from conftest import assert_one_line_error, clean_env, overrides, run_cli
 from taehv_launch.rundir.checkpoint import EMA_FILE, STATE_FILE, incomplete_reason
 
 
@@ -49,7 +49,7 @@ def test_the_cache_size_line_adds_up(tmp_path: Path, videos: Path):
     data.mkdir()
     for name in ("chaplin.mp4", "fire2.mp4", "example2.mp4"):
         shutil.copy(videos / name, data / name)
-    argv = ["cache", "1", "cpu", "--dry-run", "--set", f"data_root={data}", "--set", f"latent_cache={tmp_path / 'lc'}"]
+    argv = ["cache", "1", "cpu", "--dry-run", *overrides(f"data_root={data}", f"latent_cache={tmp_path / 'lc'}")]
     argv += ["--set", f"output_dir={tmp_path / 'output'}"]
     text = run_cli(*argv, env=clean_env(), cwd=tmp_path, timeout=120)
     plan = run_cli(*argv, "--json", env=clean_env(), cwd=tmp_path, timeout=120)
@@ -94,16 +94,11 @@ def test_each_unusable_video_is_one_line_with_why_and_hostile_names_train(tmp_pa
     proc, run_dir = launch(
         tmp_path,
         1,
-        "--set",
-        f"data_root={data}",
-        "--set",
-        f"annotation_file={ann}",
-        "--set",
-        "dataloader_num_workers=2",
-        "--set",
-        "validation_fraction=0",
-        "--set",
-        "max_train_steps=6",
+        *overrides(
+            f"data_root={data}",
+            f"annotation_file={ann}",
+            "dataloader_num_workers=2 validation_fraction=0 max_train_steps=6",
+        ),
     )
     ok(proc)
     out = proc.stdout + proc.stderr

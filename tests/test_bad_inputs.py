@@ -27,24 +27,14 @@ from typing import Callable
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli, run_cli_here
+from conftest import CLI, assert_one_line_error, clean_env, free_port, overrides, run_cli, run_cli_here
 from conftest import testdata_videos as videos_dir  # (not collected as a test)
 
 # Nothing may train for long: one step, no worker processes.
-FAST = [
-    "--set",
-    "max_train_steps=1",
-    "--set",
-    "dataloader_num_workers=0",
-    "--set",
-    "log_every=1",
-    "--set",
-    "validation_steps=1",
-    "--set",
-    "max_validation_batches=1",
-    "--set",
-    "checkpointing_steps=1",
-]
+FAST = overrides(
+    "max_train_steps=1 dataloader_num_workers=0 log_every=1 validation_steps=1",
+    "max_validation_batches=1 checkpointing_steps=1",
+)
 
 
 # --- what "nothing lost" means ----------------------------------------------------------------
@@ -300,7 +290,7 @@ LAUNCHER_CASES = [
     ),
     Case(
         "gpu-profile-without-gpu",
-        ("1", "h100", "--set", "data_root='{tmp}/videos'", "--set", "ref_vae_path='{tmp}/vae'"),
+        ("1", "h100", *overrides("data_root='{tmp}/videos' ref_vae_path='{tmp}/vae'")),
         r"no GPU is visible on this node",
         setup=_mkdir("videos", "vae"),
     ),
@@ -325,7 +315,7 @@ LAUNCHER_CASES = [
     ),
     Case(
         "latent-channels-vs-ref-vae",
-        ("1", "cpu", "--set", "latent_channels=16", "--set", "ref_vae_path='{cache}/demo/ref_vae/cogvideox_c4'"),
+        ("1", "cpu", *overrides("latent_channels=16 ref_vae_path='{cache}/demo/ref_vae/cogvideox_c4'")),
         r"has 4 latent channels but latent_channels=16: set --set latent_channels=4",
         setup=_demo_vae,
         slow=True,  # loads a real VAE in the launcher's input check: 12 s
@@ -547,8 +537,7 @@ def test_port_in_use(host: str, tmp_path: Path) -> None:
             "t",
             "--master-port",
             str(port),
-            "--set",
-            f"output_dir='{output}'",
+            *overrides(f"output_dir='{output}'"),
             *FAST,
             env=clean_env(TAEHV_CACHE=str(cache_dir(tmp_path)), OMP_NUM_THREADS="1"),
             cwd=tmp_path,
@@ -633,28 +622,14 @@ def test_mixed_dataset_skips_broken_files_and_trains(tmp_path: Path) -> None:
         "t",
         "--master-port",
         str(free_port()),
-        "--set",
-        f"output_dir='{tmp_path / 'output'}'",
-        "--set",
-        f"data_root='{data}'",
-        "--set",
-        "validation_fraction=0.2",
-        "--set",
-        "seed=42",
-        "--set",
-        f"micro_batch_size={len(train)}",
-        "--set",
-        "max_train_steps=2",
-        "--set",
-        "dataloader_num_workers=0",
-        "--set",
-        "log_every=1",
-        "--set",
-        "validation_steps=1",
-        "--set",
-        "checkpointing_steps=2",
-        "--set",
-        "max_validation_batches=1",
+        *overrides(
+            f"output_dir='{tmp_path / 'output'}'",
+            f"data_root='{data}'",
+            "validation_fraction=0.2 seed=42",
+            f"micro_batch_size={len(train)}",
+            "max_train_steps=2 dataloader_num_workers=0 log_every=1 validation_steps=1",
+            "checkpointing_steps=2 max_validation_batches=1",
+        ),
         env=clean_env(TAEHV_CACHE=str(cache_dir(tmp_path)), OMP_NUM_THREADS="1"),
         cwd=tmp_path,
         timeout=600,

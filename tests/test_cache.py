@@ -12,22 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import assert_one_line_error, clean_env, run_cli, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli, run_cli_here
 from conftest import testdata_videos as shared_videos
 from taehv_launch.errors import ConfigError, DataError
 from taehv_launch.plan.schema import DEFAULTS, make_config
 from taehv_launch.dataindex import latentcache as lc
 
-CACHE_SETS = [
-    "--set",
-    "dataloader_num_workers=2",
-    "--set",
-    "cache_shard_size=4",
-    "--set",
-    "micro_batch_size=2",
-    "--set",
-    "validation_fraction=0.2",
-]
+CACHE_SETS = overrides("dataloader_num_workers=2 cache_shard_size=4 micro_batch_size=2 validation_fraction=0.2")
 
 
 def cache_job(tmp: Path, out: Path, *args: str, gpus: int = 1, env=None, timeout: float = 600):
@@ -38,12 +29,9 @@ def cache_job(tmp: Path, out: Path, *args: str, gpus: int = 1, env=None, timeout
         "cpu",
         "--run-name",
         f"job-{out.name}",
-        "--set",
-        f"latent_cache={str(out)!r}",
-        "--set",
-        f"output_dir={str(tmp / 'output')!r}",
-        "--set",
-        f"data_root={str(shared_videos())!r}",
+        *overrides(
+            f"latent_cache={str(out)!r}", f"output_dir={str(tmp / 'output')!r}", f"data_root={str(shared_videos())!r}"
+        ),
         *CACHE_SETS,
         *args,
     ]
@@ -211,10 +199,7 @@ def test_a_run_that_does_not_match_the_cache_is_refused_before_it_starts(cache, 
     base = [
         "1",
         "cpu",
-        "--set",
-        f"latent_cache={str(cache)!r}",
-        "--set",
-        f"data_root={str(shared_videos())!r}",
+        *overrides(f"latent_cache={str(cache)!r}", f"data_root={str(shared_videos())!r}"),
         "--dry-run",
     ]
     proc = run_cli_here(*base, "--set", "height=96", cwd=tmp_path)
@@ -231,20 +216,12 @@ def test_training_from_the_cache_runs_without_the_reference_vae(cache, tmp_path)
     proc, run_dir = launch(
         tmp_path,
         1,
-        "--set",
-        f"latent_cache={str(cache)!r}",
-        "--set",
-        f"data_root={str(shared_videos())!r}",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "micro_batch_size=2",
-        "--set",
-        "validation_fraction=0.2",
-        "--set",
-        "dataloader_num_workers=2",
-        "--set",
-        "ref_vae_path='/nonexistent'",
+        *overrides(
+            f"latent_cache={str(cache)!r}",
+            f"data_root={str(shared_videos())!r}",
+            "max_train_steps=4 micro_batch_size=2 validation_fraction=0.2 dataloader_num_workers=2",
+            "ref_vae_path='/nonexistent'",
+        ),
     )
     ok(proc)
     out = proc.stdout
@@ -333,7 +310,7 @@ def test_the_dry_run_states_the_size_a_real_cache_has(cache, tmp_path):
 @pytest.mark.slow
 def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_path):
     """1e5 views of 2048x2048 clips need ~1.1 TB: the job, its dry run and validate-env --cache refuse it."""
-    big = ("--views", "100000", "--set", "height=2048", "--set", "width=2048")
+    big = ("--views", "100000", *overrides("height=2048 width=2048"))
     out = tmp_path / "lc"
     refusal = (
         r"^error: the latent cache needs about 1\.\d\d TB more \(700,002 views x 1\.57 MB\), but .* has "
@@ -351,18 +328,12 @@ def test_a_cache_that_does_not_fit_is_refused_before_anything_is_written(tmp_pat
         "cpu",
         "--cache",
         "--quick",
-        "--set",
-        f"latent_cache={str(out)!r}",
-        "--set",
-        f"data_root={str(shared_videos())!r}",
-        "--set",
-        f"output_dir={str(tmp_path / 'o')!r}",
-        "--set",
-        "height=2048",
-        "--set",
-        "width=2048",
-        "--set",
-        "cache_views=100000",
+        *overrides(
+            f"latent_cache={str(out)!r}",
+            f"data_root={str(shared_videos())!r}",
+            f"output_dir={str(tmp_path / 'o')!r}",
+            "height=2048 width=2048 cache_views=100000",
+        ),
         env=env,
         cwd=tmp_path,
     )

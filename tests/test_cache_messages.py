@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, run_cli, run_cli_here
+from conftest import clean_env, overrides, run_cli, run_cli_here
 from conftest import testdata_videos as shared_videos
 
 
@@ -50,16 +50,12 @@ def test_the_cache_job_names_a_skipped_short_video_and_why(tmp_path):
         "1",
         "--run-name",
         "job",
-        "--set",
-        f"data_root={str(data)!r}",
-        "--set",
-        f"latent_cache={str(tmp_path / 'lc')!r}",
-        "--set",
-        f"output_dir={str(tmp_path / 'out')!r}",
-        "--set",
-        "dataloader_num_workers=0",
-        "--set",
-        "validation_fraction=0.25",
+        *overrides(
+            f"data_root={str(data)!r}",
+            f"latent_cache={str(tmp_path / 'lc')!r}",
+            f"output_dir={str(tmp_path / 'out')!r}",
+            "dataloader_num_workers=0 validation_fraction=0.25",
+        ),
         env=clean_env(TAEHV_CACHE=str(tmp_path / "taehv-cache"), OMP_NUM_THREADS="1"),
         cwd=tmp_path,
     )

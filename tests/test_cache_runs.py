@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env
+from conftest import Proc, assert_one_line_error, clean_env, overrides, start_cli
 from test_cache import cache_job
 from trainrun import launch, ok, scalars
 from conftest import testdata_videos as shared_videos
@@ -23,20 +22,12 @@ def train(tmp: Path, name: str, cache: Path, *args: str):
     proc, run_dir = launch(
         tmp,
         1,
-        "--set",
-        f"latent_cache={str(cache)!r}",
-        "--set",
-        f"data_root={str(shared_videos())!r}",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "micro_batch_size=2",
-        "--set",
-        "validation_fraction=0.2",
-        "--set",
-        "ref_vae_dtype='float32'",
-        "--set",
-        "dataloader_num_workers=2",
+        *overrides(
+            f"latent_cache={str(cache)!r}",
+            f"data_root={str(shared_videos())!r}",
+            "max_train_steps=4 micro_batch_size=2 validation_fraction=0.2 ref_vae_dtype='float32'",
+            "dataloader_num_workers=2",
+        ),
         *args,
         run_name=name,
     )
@@ -48,7 +39,7 @@ def test_training_from_the_cache_equals_online_training_on_the_same_views(tmp_pa
     f32, bf16 = tmp_path / "f32", tmp_path / "bf16"
     for out, dtype in ((f32, "float32"), (bf16, "bfloat16")):
         proc = cache_job(
-            tmp_path, out, "--views", "1", "--set", f"latent_cache_dtype={dtype!r}", "--set", "ref_vae_dtype='float32'"
+            tmp_path, out, "--views", "1", *overrides(f"latent_cache_dtype={dtype!r}", "ref_vae_dtype='float32'")
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cached = train(tmp_path, "cached", f32)
@@ -60,54 +51,33 @@ def test_training_from_the_cache_equals_online_training_on_the_same_views(tmp_pa
         assert abs(c - b) <= 3e-2 * abs(b), (rounded, online)  # bf16 rounding of the stored latents
 
 
-def _start(tmp: Path, out: Path, *args: str) -> subprocess.Popen:
+def _start(tmp: Path, out: Path, *args: str) -> Proc:
     env = clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
     argv = [
-        *CLI,
         "cache",
         "1",
         "cpu",
         "--run-name",
         f"job-{out.name}",
-        "--set",
-        f"latent_cache={str(out)!r}",
-        "--set",
-        f"output_dir={str(tmp / 'output')!r}",
-        "--set",
-        f"data_root={str(shared_videos())!r}",
-        "--set",
-        "dataloader_num_workers=2",
-        "--set",
-        "cache_shard_size=2",
-        "--set",
-        "micro_batch_size=2",
-        "--set",
-        "validation_fraction=0.2",
+        *overrides(
+            f"latent_cache={str(out)!r}",
+            f"output_dir={str(tmp / 'output')!r}",
+            f"data_root={str(shared_videos())!r}",
+            "dataloader_num_workers=2 cache_shard_size=2 micro_batch_size=2 validation_fraction=0.2",
+        ),
         "--views",
         "3",
         *args,
     ]
-    return subprocess.Popen(
-        argv, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    return start_cli(*argv, env=env, cwd=tmp, start_new_session=True)
 
 
-def _wait_for_shards(out: Path, proc: subprocess.Popen, n: int) -> None:
+def _wait_for_shards(out: Path, proc: Proc, n: int) -> None:
     deadline = time.time() + 300
     while len(list((out / lc.SHARDS).glob("*.json"))) < n:
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline
         time.sleep(0.05)
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL the launcher and every process under it (accelerate, the rank, its DataLoader workers)."""
-    import psutil
-
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for p in procs:
-        p.kill()
-    psutil.wait_procs(procs, timeout=30)
 
 
 def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
@@ -120,7 +90,7 @@ def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
     killed = tmp_path / "killed"  # SIGKILL to every process: no chance to clean up
     proc = _start(tmp_path, killed)
     _wait_for_shards(killed, proc, 2)
-    _kill_tree(proc.pid)
+    proc.kill_tree(wait=30)  # the launcher and every process under it (accelerate, the rank, its workers)
     proc.wait()
     done = len(list((killed / lc.SHARDS).glob("*.json")))
     assert not (killed / lc.MANIFEST).exists() and done < n_shards

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import assert_one_line_error, clean_env, run_cli
+from conftest import assert_one_line_error, clean_env, overrides, run_cli
 
 
 def dry_json(*args, env=None):
@@ -160,12 +160,7 @@ def test_dry_run_of_a_plan_the_launch_refuses_exits_non_zero():
         run_cli(
             "8",
             "h100",
-            "--set",
-            "n_frames=24",
-            "--set",
-            "micro_batch_size=4",
-            "--set",
-            "gradient_accumulation_steps=4",
+            *overrides("n_frames=24 micro_batch_size=4 gradient_accumulation_steps=4"),
             "--dry-run",
         ).returncode
         == 0

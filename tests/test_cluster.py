@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, assert_one_line_error, clean_env, run_cli_here
+from conftest import REPO, assert_one_line_error, clean_env, overrides, run_cli_here
 from test_resume import fake_checkpoint
 
 from taehv_launch.gen.examples import EXAMPLES
@@ -119,12 +119,9 @@ def test_sbatch_under_a_fake_slurm_resolves_every_node(tmp_path, gpus, nodes):
             "--json",
             "--run-name",
             "x",
-            "--set",
-            "data_root=/shared/videos",
-            "--set",
-            "output_dir=/shared/taehv",
-            "--set",
-            "ref_vae_path=/shared/models/cogvideox-vae",
+            *overrides(
+                "data_root=/shared/videos output_dir=/shared/taehv", "ref_vae_path=/shared/models/cogvideox-vae"
+            ),
             env=clean_env(),
         ).stdout
     )
@@ -244,10 +241,7 @@ def test_a_k8s_job_applied_again_is_a_new_run(tmp_path):
         str(out),
         "--mount",
         str(tmp_path),
-        "--set",
-        "data_root=/d",
-        "--set",
-        "ref_vae_path=/v",
+        *overrides("data_root=/d ref_vae_path=/v"),
         "--image",
         "img:1",
         "--pvc",
@@ -284,12 +278,7 @@ def test_render_passes_the_users_request_through(tmp_path):
         str(cfg),
         "--output-dir",
         "/nfs/runs",
-        "--set",
-        "data_root=/nfs/data with space",
-        "--set",
-        "ref_vae_path=/nfs/vae",
-        "--set",
-        "max_train_steps=5000",
+        *overrides("data_root=/nfs/data with space", "ref_vae_path=/nfs/vae max_train_steps=5000"),
         "--gpus-per-node",
         "4",
         "--job-name",
@@ -313,10 +302,7 @@ def test_render_passes_the_users_request_through(tmp_path):
         "h100",
         "--output-dir",
         "/mnt/s/runs",
-        "--set",
-        "data_root=/d",
-        "--set",
-        "ref_vae_path=/v",
+        *overrides("data_root=/d ref_vae_path=/v"),
         "--image",
         "img:1",
         "--pvc",
@@ -336,7 +322,7 @@ def test_render_passes_the_users_request_through(tmp_path):
 
 
 def test_a_cache_run_needs_no_reference_vae_path():
-    text = _render("slurm", "16", "h100", "--output-dir", "/s", "--set", "data_root=/d", "--set", "latent_cache=/s/lc")
+    text = _render("slurm", "16", "h100", "--output-dir", "/s", *overrides("data_root=/d latent_cache=/s/lc"))
     assert "latent_cache=/s/lc" in text
 
 
@@ -345,11 +331,11 @@ def test_a_cache_run_needs_no_reference_vae_path():
     [
         (["slurm", "1", "cpu", "--output-dir", "/s"], "cpu profile runs here"),
         (
-            ["slurm", "16", "h100", "--set", "data_root=/d", "--set", "ref_vae_path=/v"],
+            ["slurm", "16", "h100", *overrides("data_root=/d ref_vae_path=/v")],
             "output_dir 'output' is not absolute",
         ),
         (
-            ["slurm", "16", "h100", "--output-dir", "runs", "--set", "data_root=/d", "--set", "ref_vae_path=/v"],
+            ["slurm", "16", "h100", "--output-dir", "runs", *overrides("data_root=/d ref_vae_path=/v")],
             "not absolute",
         ),
         (["slurm", "16", "h100", "--output-dir", "/s"], "data_root and ref_vae_path must be set"),
@@ -360,10 +346,7 @@ def test_a_cache_run_needs_no_reference_vae_path():
                 "h100",
                 "--output-dir",
                 "/shared/r",
-                "--set",
-                "data_root=/d",
-                "--set",
-                "ref_vae_path=/v",
+                *overrides("data_root=/d ref_vae_path=/v"),
                 "--pvc",
                 "c",
             ],
@@ -376,10 +359,7 @@ def test_a_cache_run_needs_no_reference_vae_path():
                 "h100",
                 "--output-dir",
                 "/shared/r",
-                "--set",
-                "data_root=/d",
-                "--set",
-                "ref_vae_path=/v",
+                *overrides("data_root=/d ref_vae_path=/v"),
                 "--image",
                 "i",
             ],
@@ -392,10 +372,7 @@ def test_a_cache_run_needs_no_reference_vae_path():
                 "h100",
                 "--output-dir",
                 "/elsewhere",
-                "--set",
-                "data_root=/d",
-                "--set",
-                "ref_vae_path=/v",
+                *overrides("data_root=/d ref_vae_path=/v"),
                 "--image",
                 "i",
                 "--pvc",
@@ -410,10 +387,7 @@ def test_a_cache_run_needs_no_reference_vae_path():
                 "h100",
                 "--output-dir",
                 "/s",
-                "--set",
-                "data_root=/d",
-                "--set",
-                "ref_vae_path=/v",
+                *overrides("data_root=/d ref_vae_path=/v"),
                 "--image",
                 "i",
             ],
@@ -427,10 +401,7 @@ def test_a_cache_run_needs_no_reference_vae_path():
                 "h100",
                 "--output-dir",
                 "/s",
-                "--set",
-                "data_root=/d",
-                "--set",
-                "ref_vae_path=/v",
+                *overrides("data_root=/d ref_vae_path=/v"),
                 "--job-name",
                 "Bad_Name",
             ],
@@ -438,7 +409,7 @@ def test_a_cache_run_needs_no_reference_vae_path():
         ),
         (["pbs", "16", "h100"], "unknown cluster kind 'pbs'"),
         (
-            ["slurm", "12", "h100", "--output-dir", "/s", "--set", "data_root=/d", "--set", "ref_vae_path=/v"],
+            ["slurm", "12", "h100", "--output-dir", "/s", *overrides("data_root=/d ref_vae_path=/v")],
             "not a whole number of nodes",
         ),
         (["slurm", "16", "h100", "--output-dir", "/s", "--set", "nope=1"], "nope"),

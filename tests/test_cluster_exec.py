@@ -35,13 +35,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import clean_env, free_port, run_cli_here
+from conftest import Proc, clean_env, free_port, overrides, run_cli_here, start, wait_for_text
 from test_cluster import _exe, _pod_env
 from trainrun import scalars
 
@@ -50,20 +49,11 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 # Few steps, a checkpoint and a validation every 2: the stop signal lands after checkpoint-2 and the
 # ranks' stop vote is read one step later, so the saved step is 3 or 4 and the resume runs the rest.
-SETTINGS = [
-    "--set",
-    "log_every=1",
-    "--set",
-    "checkpointing_steps=2",
-    "--set",
-    "validation_steps=2",
-    "--set",
-    "max_validation_batches=1",
-    "--set",
+SETTINGS = overrides(
+    "log_every=1 checkpointing_steps=2 validation_steps=2 max_validation_batches=1",
     "dataloader_num_workers=0",
-    "--set",
     f"max_train_steps={STEPS}",
-]
+)
 STAND_IN_SRUN = r"""#!/bin/bash
 # Stand-in srun: one task per node, all at once, with the variables SLURM sets for a task; the
 # profile word h100 becomes cpu (no GPUs here); exits with the worst task exit code, as srun does.
@@ -103,7 +93,7 @@ def _demo_sets(tmp: Path) -> list[str]:
     """The cpu profile's own demo data and reference VAE paths (a cluster job must name both)."""
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"))
     plan = json.loads(run_cli_here("1", "cpu", "--dry-run", "--json", env=env).stdout)["config"]
-    return ["--set", f"data_root={plan['data_root']}", "--set", f"ref_vae_path={plan['ref_vae_path']}"]
+    return overrides(f"data_root={plan['data_root']}", f"ref_vae_path={plan['ref_vae_path']}")
 
 
 def _render(tmp: Path, kind: str, *args: str) -> str:
@@ -134,22 +124,6 @@ def _tree(pid: int) -> list[int]:
         return []
 
 
-def _wait_log(log: Path, what: str, procs: list[subprocess.Popen], timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if log.exists() and what in log.read_text(errors="replace"):
-            return
-        assert all(p.poll() is None for p in procs), f"exited before {what!r}: {[p.returncode for p in procs]}"
-        time.sleep(0.1)
-    for p in procs:
-        for pid in [*_tree(p.pid), p.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    raise AssertionError(f"{what!r} not in {log} in {timeout} s")
-
-
 def _saved(run: Path) -> int:
     steps = sorted(int(p.name.split("-")[1]) for p in run.glob("checkpoint-*") if (p / "COMPLETE").is_file())
     assert steps, f"no complete checkpoint in {run}"
@@ -170,7 +144,7 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
     run = tmp_path / "output" / f"job-{job_id}"
     bin_dir = _bin(tmp_path)
 
-    def attempt(restart: int) -> subprocess.Popen:
+    def attempt(restart: int) -> Proc:
         env = clean_env(
             PATH=f"{bin_dir}:{os.environ['PATH']}",
             FAKE_OUT=str(out),
@@ -183,19 +157,11 @@ def test_rendered_sbatch_runs_two_nodes_requeues_on_usr1_and_resumes(tmp_path):
             SLURM_CPUS_ON_NODE="2",
             SLURM_RESTART_COUNT=str(restart),
         )
-        with open(tmp_path / f"slurm-{job_id}.{restart}.out", "w") as log:  # sbatch's --output
-            return subprocess.Popen(
-                ["bash", str(script)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=tmp_path,
-                start_new_session=True,
-            )
+        log = tmp_path / f"slurm-{job_id}.{restart}.out"  # sbatch's --output
+        return start(["bash", str(script)], env=env, cwd=tmp_path, out=log, start_new_session=True)
 
     first = attempt(0)
-    _wait_log(run / "launch.log", "checkpoint: checkpoint-2", [first])
+    wait_for_text(run / "launch.log", "checkpoint: checkpoint-2", [first], poll=0.1)
     import psutil
 
     srun = [p for p in psutil.Process(first.pid).children() if p.cmdline()[1:2] == [str(tmp_path / "bin" / "srun")]]
@@ -263,7 +229,7 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
     port, uid = free_port(), "7d1e-uid"
     run = shared / "runs" / f"job-taehv-2-h100-{uid}"
 
-    def pods(attempt: int) -> list[subprocess.Popen]:
+    def pods(attempt: int) -> list[Proc]:
         procs = []
         for index in (0, 1):  # each pod's init container first: pod 0 counts the run's restarts (#25)
             env = clean_env(**_pod_env(check, uid, index))
@@ -280,22 +246,13 @@ def test_rendered_k8s_pods_stop_on_sigterm_and_replacements_resume(tmp_path):
             )
             assert env["MASTER_ADDR"] == "taehv-2-h100-0.taehv-2-h100" and env["NNODES"] == "2"
             env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # the Service's name, a free port
-            with open(tmp_path / f"pod{index}.{attempt}.out", "w") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [str(bin_dir / "taehv-launch"), argv[1], "cpu", *argv[3:]],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        cwd=tmp_path,
-                        start_new_session=True,
-                    )
-                )
+            log = tmp_path / f"pod{index}.{attempt}.out"
+            command = [str(bin_dir / "taehv-launch"), argv[1], "cpu", *argv[3:]]
+            procs.append(start(command, env=env, cwd=tmp_path, out=log, start_new_session=True))
         return procs
 
     first = pods(0)
-    _wait_log(run / "launch.log", "checkpoint: checkpoint-2", first)
+    wait_for_text(run / "launch.log", "checkpoint: checkpoint-2", first, poll=0.1)
     for p in first:  # pod deletion: SIGTERM to the container's main process
         p.send_signal(signal.SIGTERM)
     for index, p in enumerate(first):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import assert_one_line_error, clean_env, run_cli, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli, run_cli_here
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -42,7 +42,7 @@ def test_every_mode_is_accepted_and_the_default_keeps_todays_compile():
 
 
 def _compile_line(tmp_path, *args: str) -> tuple[str, str]:
-    sets = [a for s in args for a in ("--set", s)]
+    sets = overrides(*args)
     text = run_cli_here("1", "h100", "--dry-run", *sets, cwd=tmp_path)
     assert text.returncode == 0, text.stderr
     lines = [x for x in text.stdout.splitlines() if x.startswith("  compile   ")]
@@ -85,8 +85,7 @@ def test_the_cpu_plan_and_the_cache_job_say_their_compile(tmp_path):
     cpu = run_cli_here("1", "cpu", "--dry-run", "--set", "compile_mode=reduce-overhead", cwd=tmp_path)
     assert "  compile   none: everything eager (torch.compile runs on GPUs only)\n" in cpu.stdout
     cache = run_cli_here(
-        "cache", "1", "h100", "--dry-run", "--set", "compile_mode=reduce-overhead", "--set",
-        f"latent_cache={str(tmp_path / 'lc')!r}", cwd=tmp_path,
+        "cache", "1", "h100", "--dry-run", *overrides("compile_mode=reduce-overhead", f"latent_cache={str(tmp_path / 'lc')!r}"), cwd=tmp_path,
     )  # fmt: skip
     assert "  compile   reference VAE encoder (channels-last, mode default)\n" in cache.stdout, cache.stdout
 

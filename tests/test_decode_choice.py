@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_one_line_error, run_cli_here
+from conftest import REPO, assert_one_line_error, overrides, run_cli_here, start
 from conftest import testdata_videos as shared_videos
 from taehv_launch.dataindex.index import build_index, cached_sources
 from taehv_launch.dataindex.sources import (
@@ -44,11 +44,11 @@ def gop_sets(tmp_path_factory) -> Path:
     (root / "src").mkdir()
     (root / "src" / "chaplin.mp4").symlink_to(shared_videos() / "chaplin.mp4")
     script = [sys.executable, str(REPO / "scripts/make_bench_videos.py")]
-    procs = [
-        subprocess.Popen(
+    procs = [  # the two sets at once, their output merged
+        start(
             [*script, str(root / name), "640", "360", "2", "300", "--gop", str(gop), "--src", str(root / "src")],
-            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            text=False,
         )
         for name, gop in (("long", 250), ("short", 30))
     ]
@@ -256,8 +256,8 @@ def test_real_files_long_short_and_mixed(gop_sets):
 
 
 def dry(data: Path, out: Path, *sets: str, json_: bool = False):
-    args = ["1", "h100", "--dry-run", "--set", f"data_root={data}", "--set", "ref_vae_path=/models/vae"]
-    args += ["--set", f"output_dir={out}", "--set", "height=240", "--set", "width=368", *sets]
+    args = ["1", "h100", "--dry-run", *overrides(f"data_root={data}", "ref_vae_path=/models/vae")]
+    args += [*overrides(f"output_dir={out}", "height=240 width=368"), *sets]
     return run_cli_here(*args, *(["--json"] if json_ else []))
 
 
@@ -340,7 +340,7 @@ def test_the_trainer_chooses_the_threads_at_start(gop_sets, tmp_path):
     env = clean_env(
         TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1", **{faults.STAGE_ENV: "opencv"}
     )
-    args = ["--set", f"data_root='{gop_sets / 'mixed'}'", "--set", "max_train_steps=2", "--set", "micro_batch_size=1"]
+    args = overrides(f"data_root='{gop_sets / 'mixed'}'", "max_train_steps=2 micro_batch_size=1")
     proc, run = launch(tmp_path, 1, *args, env=env)
     ok(proc)
     line = next(x for x in proc.stdout.splitlines() if "data: NVDEC decode threads:" in x)

@@ -15,6 +15,7 @@ from taehv_launch.train import faults
 from taehv_launch.train.data import nvdec
 from taehv_launch.train.data.clips import Crop, VideoClipDataset, collate
 from trainrun import launch, ok
+from conftest import overrides
 
 GOOD = [
     "chaplin.mp4",
@@ -201,16 +202,10 @@ def test_trainer_through_the_decode_stage_with_refusals_and_broken_files(tmp_pat
     proc, run = launch(
         tmp_path,
         1,
-        "--set",
-        f"data_root='{videos}'",
-        "--set",
-        "max_train_steps=6",
-        "--set",
-        "dataloader_num_workers=2",
-        "--set",
-        "video_decode_threads=4",
-        "--set",
-        "micro_batch_size=2",
+        *overrides(
+            f"data_root='{videos}'",
+            "max_train_steps=6 dataloader_num_workers=2 video_decode_threads=4 micro_batch_size=2",
+        ),
         env=env,
     )
     ok(proc)

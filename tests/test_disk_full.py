@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port
+from conftest import assert_one_line_error, clean_env, free_port, overrides, run_cli, start_cli
 from taehv_launch.files import DiskWriteError, publish_dir
 from trainrun import FAST, ok
 
@@ -185,25 +185,23 @@ SETTINGS = ["--set", "seraena_checkpoint_buffer_mb=0"]  # checkpoints of the sam
 
 
 def run_trainer(tmp_path: Path, output: Path, *args: str, preexec=None, wait: bool = True):
-    """`taehv-launch 1 cpu` (the run "full" under output): its CompletedProcess, or its Popen with wait=False."""
+    """`taehv-launch 1 cpu` (the run "full" under output): its CompletedProcess, or its Proc with wait=False."""
     env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
     argv = [
-        *CLI,
         "1",
         "cpu",
         "--run-name",
         "full",
         "--master-port",
         str(free_port()),
-        "--set",
-        f"output_dir='{output}'",
+        *overrides(f"output_dir='{output}'"),
         *FAST,
         *SETTINGS,
         *args,
     ]
     if not wait:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, preexec_fn=preexec)
+        return start_cli(*argv, env=env, cwd=tmp_path)
+    return run_cli(*argv, env=env, cwd=tmp_path, timeout=600, preexec_fn=preexec)
 
 
 def page_rounded(folder: Path) -> int:
@@ -265,10 +263,7 @@ def test_best_model_export_over_the_file_size_limit_mid_run(tmp_path):
     proc = run_trainer(
         tmp_path,
         tmp_path / "output",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "validation_steps=3",
+        *overrides("max_train_steps=4 validation_steps=3"),
         "--resume",
         "auto",
         preexec=small_files,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import assert_one_line_error, clean_env
+from conftest import assert_one_line_error, clean_env, overrides
 from trainrun import launch, ok, scalars, trainer_state
 from taehv_launch.errors import ConfigError
 from taehv_launch.train import faults
@@ -231,16 +231,10 @@ def test_reset_after_a_rollback(tmp_path):
 
 # ---------------------------------------------------------------------------- real runs
 INJECT = faults.INJECT_ENV
-RUN = [
-    "--set",
-    "checkpointing_steps=4",
-    "--set",
-    "validation_steps=4",
-    "--set",
-    "max_consecutive_bad_steps=3",
-    "--set",
+RUN = overrides(
+    "checkpointing_steps=4 validation_steps=4 max_consecutive_bad_steps=3",
     "dataloader_num_workers=1",  # the cpu profile's: the rollback closes and restarts a real worker
-]
+)
 
 
 def env_with(tmp_path, **extra):
@@ -260,9 +254,7 @@ def tb_last_file(run, tag):
 @pytest.mark.slow
 def test_one_rank_spike_skipped_nan_rolls_back_lr_lowered_through_a_resume(tmp_path):
     env = env_with(tmp_path, **{INJECT: "spike@3,nan@7-9"})
-    proc, run = launch(
-        tmp_path, 1, *RUN, "--set", "max_train_steps=6", "--set", "loss_spike_window=2", env=env, run_name="r1"
-    )
+    proc, run = launch(tmp_path, 1, *RUN, *overrides("max_train_steps=6 loss_spike_window=2"), env=env, run_name="r1")
     ok(proc)
     out = proc.stdout
     assert "step 2: loss spike on rank 0 (" in out and "micro-batch skipped on all ranks (1 in a row)" in out
@@ -318,9 +310,7 @@ def test_two_ranks_roll_back_together_for_a_nan_on_rank_1_and_nan_gradients_on_r
     """Rank 1's NaN losses roll back (micro-batches skipped in a row); then rank 0's NaN gradients skip three
     optimizer steps in a row on both ranks, which rolls back too."""
     env = env_with(tmp_path, **{INJECT: "nan@7-9:1,gradnan@12-14:0"})
-    proc, run = launch(
-        tmp_path, 2, *RUN, "--set", "max_train_steps=8", "--set", "rollback_window=1", env=env, run_name="r3"
-    )
+    proc, run = launch(tmp_path, 2, *RUN, *overrides("max_train_steps=8 rollback_window=1"), env=env, run_name="r3")
     ok(proc)
     out = proc.stdout
     assert out.count("step 6: non-finite loss on rank 1; micro-batch skipped on all ranks") == 3
@@ -363,7 +353,7 @@ def test_a_nan_gradient_on_one_rank_skips_the_step_on_both_leaving_parameters_an
     their checkpoints are equal bit for bit (weights, AdamW moments and step count) only if the skipped
     step left every rank's parameters and optimizer as they were. Seraena off: its discriminator trains
     on micro-batch 2 in run A only."""
-    common = [*RUN, "--set", "max_train_steps=2", "--set", "checkpointing_steps=1", "--set", "use_seraena=False"]
+    common = [*RUN, *overrides("max_train_steps=2 checkpointing_steps=1 use_seraena=False")]
     proc_a, run_a = launch(tmp_path, 2, *common, env=env_with(tmp_path, **{INJECT: "gradnan@2:1"}), run_name="a")
     ok(proc_a)
     for rank in (0, 1):

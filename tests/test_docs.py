@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from conftest import REPO, clean_env, run_cli, run_cli_here
+from conftest import REPO, clean_env, overrides, run_cli, run_cli_here
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "zh").glob("*.md"))]
 GPU_PROFILES = {"h100", "h200", "a800"}
@@ -215,7 +215,7 @@ ERROR_CASES = [
     # the trainer's start-up probe, after `accelerate launch` started: slow here, and checked in the source too
     ErrorCase(
         "none of the first",
-        ("1", "cpu", "--run-name", "b", "--set", "data_root={tmp}/broken", "--set", "dataloader_num_workers=0"),
+        ("1", "cpu", "--run-name", "b", *overrides("data_root={tmp}/broken dataloader_num_workers=0")),
         launch=True,
         slow=True,
         files=(("broken/a.mp4", "not a video"),),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, free_port, run_cli
+from conftest import clean_env, free_port, overrides, run_cli
 from conftest import testdata_videos as videos_dir
 from trainrun import FAST
 
@@ -50,7 +50,7 @@ def test_dry_run_equals_the_launch_for_demo_resume_and_real_data(tmp_path):
 
     videos = str(videos_dir())
     real, real_dir = dry_then_launch(
-        tmp_path, "--run-name", "real", "--set", f"data_root='{videos}'", "--set", "max_train_steps=1"
+        tmp_path, "--run-name", "real", *overrides(f"data_root='{videos}'", "max_train_steps=1")
     )
     assert real["config"]["data_root"] == videos and real_dir.name == "real"
     assert_launch_did(real, real_dir)

@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import REPO, assert_one_line_error, run_cli
+from conftest import REPO, assert_one_line_error, overrides, run_cli
 from taehv_launch.errors import ModelError
 from taehv_launch.plan.families import FAMILIES
 from taehv_launch.plan.schema import make_config
@@ -226,7 +226,7 @@ def test_launch_refuses_a_pretrained_file_of_another_family_before_writing(tmp_p
     """Through the CLI: one line, exit 2, no run folder (the launcher reads the file's header, no torch)."""
     wan_file = _save(tmp_path / "taew2_1.pth", TAEHV(latent_channels=4))  # the cpu profile's 4 channels
     out = tmp_path / "out"
-    proc = run_cli("1", "cpu", "--set", f"pretrained_model_path={wan_file}", "--set", f"output_dir={out}")
+    proc = run_cli("1", "cpu", *overrides(f"pretrained_model_path={wan_file}", f"output_dir={out}"))
     assert_one_line_error(proc, r"pretrained_model_path .*taew2_1\.pth holds wan weights .* this run trains cogvideox")
     assert not out.exists()
 
@@ -275,7 +275,7 @@ def test_the_demo_trains_and_exports_the_super_decoder(tmp_path):
     taecvx_super that loads back strictly as the Super decoder."""
     from trainrun import launch, ok
 
-    proc, run = launch(tmp_path, 1, "--set", "decoder_arch=super", "--set", "max_train_steps=2")
+    proc, run = launch(tmp_path, 1, *overrides("decoder_arch=super max_train_steps=2"))
     ok(proc)
     stem = FAMILIES["cogvideox"].export_stem("super")
     assert sorted(p.name for p in (run / "final_model").iterdir()) == sorted(

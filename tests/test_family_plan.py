@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import assert_one_line_error, clean_env, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli_here
 from taehv_launch.plan import families
 from taehv_launch.plan.families import FAMILIES, get_family
 from taehv_launch.plan.resolve import resolve
@@ -95,7 +95,7 @@ def test_the_plan_shows_the_latent_space(tmp_path):
     doc = dry_json(tmp_path, "1", "cpu", "--set", "ref_vae_type=taew2_1")
     assert doc["config"]["ref_vae_type"] == "wan"
     assert doc["latent_space"].startswith("(z - latents_mean) / latents_std (the VAE's config.json)")
-    given = dry_json(tmp_path, "1", "cpu", "--set", "ref_latent_mean=(0,0,0,0)", "--set", "ref_latent_std=(1,1,1,1)")
+    given = dry_json(tmp_path, "1", "cpu", *overrides("ref_latent_mean=(0,0,0,0) ref_latent_std=(1,1,1,1)"))
     assert "ref_latent_mean" in given["latent_space"]
     proc = run_cli_here("1", "cpu", "--dry-run", "--set", "ref_vae_type=hunyuan", cwd=tmp_path)
     assert "  latents   z * scaling_factor (the VAE's config.json): the latent space of upstream's taehv" in proc.stdout
@@ -166,7 +166,7 @@ def test_an_ltx_plan_rounds_the_profiles_width_and_says_so():
 )
 def test_bad_family_input_is_one_line_and_writes_nothing(tmp_path, sets, match):
     out = tmp_path / "out"
-    args = ["1", "cpu", "--set", f"output_dir={str(out)!r}"] + [a for s in sets for a in ("--set", s)]
+    args = ["1", "cpu", "--set", f"output_dir={str(out)!r}", *overrides(*sets)]
     proc = run_cli_here(*args, env=clean_env(TAEHV_CACHE=str(tmp_path / "cache")), cwd=tmp_path)
     assert_one_line_error(proc, match)
     assert not out.exists() and not (tmp_path / "cache").exists()
@@ -184,7 +184,7 @@ def test_a_wan21_folder_for_wan22_is_refused_before_anything_is_written(tmp_path
 
     make_tiny_ref_vae("wan", str(tmp_path / "wan21" / "vae"), 4)
     out = tmp_path / "out"
-    args = ["1", "cpu", "--set", f"output_dir={str(out)!r}", "--set", f"ref_vae_path={str(tmp_path / 'wan21')!r}"]
+    args = ["1", "cpu", *overrides(f"output_dir={str(out)!r}", f"ref_vae_path={str(tmp_path / 'wan21')!r}")]
     proc = run_cli_here(*args, "--set", "ref_vae_type=taew2_2", "--dry-run", cwd=tmp_path)
     assert_one_line_error(
         proc, r"is an AutoencoderKLWan of the wan family, not the AutoencoderKLWan \(Wan 2.2 5B.*set ref_vae_type=wan$"

@@ -12,6 +12,7 @@ import pytest
 
 from taehv_launch.plan.families import FAMILIES
 from trainrun import launch, ok
+from conftest import overrides
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def _trained(proc, steps: int = 2) -> str:
 @pytest.mark.parametrize("name", list(NAMES))
 def test_the_cpu_demo_trains_every_family(name, tmp_path):
     fam = FAMILIES[name]
-    proc, run_dir = launch(tmp_path, 1, "--set", f"ref_vae_type={NAMES[name]}", "--set", "max_train_steps=2")
+    proc, run_dir = launch(tmp_path, 1, *overrides(f"ref_vae_type={NAMES[name]}", "max_train_steps=2"))
     out = _trained(proc)
     assert f"reference VAE is a tiny randomly initialised {name}" in out
     assert f"upstream's {fam.upstream}" in out  # the latent space it trains in
@@ -40,7 +41,7 @@ def test_the_cpu_demo_trains_every_family(name, tmp_path):
 
 
 def test_a_new_family_trains_on_two_ranks(tmp_path):
-    proc, run_dir = launch(tmp_path, 2, "--set", "ref_vae_type=wan22", "--set", "max_train_steps=2")
+    proc, run_dir = launch(tmp_path, 2, *overrides("ref_vae_type=wan22 max_train_steps=2"))
     _trained(proc)
     assert (run_dir / "checkpoint-2").is_dir()
 
@@ -50,7 +51,7 @@ def test_a_new_family_trains_from_its_latent_cache(tmp_path):
 
     env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
     cache = tmp_path / "lc"
-    common = ["--set", "ref_vae_type=h3", "--set", f"latent_cache={str(cache)!r}"]
+    common = overrides("ref_vae_type=h3", f"latent_cache={str(cache)!r}")
     job = run_cli(
         "cache",
         "1",
@@ -59,16 +60,13 @@ def test_a_new_family_trains_from_its_latent_cache(tmp_path):
         "1",
         "--run-name",
         "job",
-        "--set",
-        f"output_dir={str(tmp_path / 'output')!r}",
-        "--set",
-        "dataloader_num_workers=0",
+        *overrides(f"output_dir={str(tmp_path / 'output')!r}", "dataloader_num_workers=0"),
         *common,
         env=env,
         cwd=tmp_path,
     )
     ok(job)
     assert "cache: done" in job.stdout
-    proc, _ = launch(tmp_path, 1, *common, "--set", "max_train_steps=2", "--set", "latent_cache_encode=never")
+    proc, _ = launch(tmp_path, 1, *common, *overrides("max_train_steps=2 latent_cache_encode=never"))
     out = _trained(proc)
     assert "reference encode: never" in out

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -33,6 +32,7 @@ from taehv_launch.rundir.heartbeat import (
     stacks_dir,
 )
 from taehv_launch.rundir.exitstatus import exit_status_path
+from conftest import Proc, overrides, start, start_cli
 
 HOST = socket.gethostname()
 
@@ -63,8 +63,8 @@ def watch(run: Path, calls: list, world: int = 1, **kw) -> NodeWatch:
     return w
 
 
-def stopped_child() -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+def stopped_child() -> Proc:
+    child = start([sys.executable, "-c", "import time; time.sleep(120)"], capture=False)
     os.kill(child.pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10
     while process_state(HOST, child.pid) != "T" and time.monotonic() < deadline:
@@ -179,7 +179,7 @@ BLOCKED = textwrap.dedent("""
 def test_a_running_rank_whose_heartbeat_stopped_is_asked_for_its_stacks(tmp_path):
     err = tmp_path / "rank.err"
     with open(err, "w") as f:
-        child = subprocess.Popen([sys.executable, "-c", BLOCKED], stdout=subprocess.PIPE, stderr=f, text=True)
+        child = start([sys.executable, "-c", BLOCKED], stderr=f)  # stdout: a pipe
     calls = []
     try:
         assert child.stdout.readline() == "ready\n"
@@ -267,23 +267,18 @@ def test_the_only_rank_sigstopped_is_reported_hung_exit_76_and_status_says_so(tm
     SIGSTOP after a few steps: its own watchdog is a thread of it, so only the launcher can tell."""
     import psutil
 
-    from conftest import CLI, clean_env, run_cli
+    from conftest import clean_env, run_cli
 
     run = tmp_path / "output" / "frozen"
     out, err = tmp_path / "out", tmp_path / "err"
-    argv = [*CLI, "1", "cpu", "--run-name", "frozen"]
-    for key in (f"output_dir='{tmp_path / 'output'}'", "log_every=1", "max_train_steps=10000", "hang_timeout=10"):
-        argv += ["--set", key]
+    argv = ["1", "cpu", "--run-name", "frozen"]
+    argv += overrides(f"output_dir='{tmp_path / 'output'}'", "log_every=1 max_train_steps=10000 hang_timeout=10")
     argv += ["--set", "max_restarts=0"]  # the freeze's exit 76 is checked here; restarts: test_restart.py
-    argv += ["--set", "validation_steps=100000", "--set", "checkpointing_steps=100000"]
+    argv += overrides("validation_steps=100000 checkpointing_steps=100000")
     env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-    with open(out, "w") as o, open(err, "w") as e:
-        launcher = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, cwd=tmp_path)
+    launcher = start_cli(*argv, env=env, cwd=tmp_path, out=out, err=err)
     try:
-        deadline = time.monotonic() + 300
-        while "step 4/" not in out.read_text() and time.monotonic() < deadline:
-            assert launcher.poll() is None, out.read_text() + err.read_text()
-            time.sleep(0.2)
+        launcher.wait_for("step 4/", timeout=300)
         agent = psutil.Process(launcher.pid).children()[0]
         rank = agent.children()[0]
         workers = rank.children()

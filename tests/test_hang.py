@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import start
 from taehv_launch.errors import EXIT_HUNG
 from taehv_launch.rundir.hanglimits import HangLimits
 from taehv_launch.rundir.heartbeat import read_hang_reports, stack_path, stacks_dir
@@ -194,7 +195,7 @@ def test_no_verdict_on_a_heartbeat_older_than_the_newest_progress_of_the_job():
 
 def test_a_stopped_process_is_late_at_once_whatever_its_heartbeats_age(tmp_path):
     host = socket.gethostname()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = start([sys.executable, "-c", "import time; time.sleep(60)"], capture=False)
     try:
         os.kill(child.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 10
@@ -217,7 +218,7 @@ def test_process_state_sees_stopped_live_and_gone_processes():
     host = socket.gethostname()
     assert process_state(host, os.getpid()) in ("R", "S")
     assert process_state("another-host", os.getpid()) is None
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = start([sys.executable, "-c", "import time; time.sleep(60)"], capture=False)
     try:
         os.kill(child.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 10
@@ -333,16 +334,7 @@ def test_torchs_analyser_reads_the_gloo_dumps_and_needs_a_flag_when_a_rank_left_
     from conftest import free_port
 
     env, port = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}, str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", GLOO_PAIR, str(tmp_path), port, str(r)],
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for r in (0, 1)
-    ]
+    procs = [start([sys.executable, "-c", GLOO_PAIR, str(tmp_path), port, str(r)], env=env) for r in (0, 1)]
     for proc in procs:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0 and out == "dumped\n", err
@@ -474,7 +466,7 @@ FROZEN_PEER = textwrap.dedent("""
 def test_a_stopped_peer_on_this_host_is_reported_as_hung_not_dead(tmp_path):
     """SIGSTOP freezes the peer's heartbeat too: past stale_s it is still no dead peer (its process
     exists here), and the hang report names it with its last phase and step and its process state."""
-    peer = subprocess.Popen([sys.executable, "-c", FROZEN_PEER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    peer = start([sys.executable, "-c", FROZEN_PEER, str(tmp_path)], stderr=None)  # stdout: a pipe
     deads, h0 = [], Hangs()
     try:
         assert peer.stdout.readline() == "beating\n"
@@ -577,48 +569,39 @@ class HangRun:
     20 s, no validation or checkpoint during the run (slow phases), output into files."""
 
     def __init__(self, tmp: Path, name: str, hang_timeout: int = HANG_TIMEOUT, sets: tuple[str, ...] = (), **env: str):
-        from conftest import CLI, clean_env, free_port
+        from conftest import overrides
+        from trainrun import start_launch, trainer_env
 
         self.run = tmp / "output" / name
         self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
-        argv = [*CLI, "2", "cpu", "--run-name", name, "--master-port", str(free_port())]
-        for key in (
-            f"output_dir='{tmp / 'output'}'",
-            "log_every=1",
-            "max_train_steps=10000",
-            "validation_steps=100000",
-            "checkpointing_steps=100000",
+        settings = overrides(
+            "log_every=1 max_train_steps=10000 validation_steps=100000 checkpointing_steps=100000",
             f"hang_timeout={hang_timeout}",
             "max_restarts=0",  # the hang's exit 76 is what is checked here; restarts: test_restart.py
             *sets,
-        ):
-            argv += ["--set", key]
-        environ = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1", **env)
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=environ, cwd=tmp, start_new_session=True
-            )
+        )
+        environ = trainer_env(tmp, **env)
+        self.proc = start_launch(
+            tmp,
+            2,
+            *settings,
+            run_name=name,
+            fast=False,
+            env=environ,
+            out=self.out,
+            err=self.err,
+            start_new_session=True,
+        )
 
     def text(self) -> str:
-        return self.out.read_text(errors="replace") + "\nSTDERR\n" + self.err.read_text(errors="replace")
+        return self.proc.text()
 
     def wait_for(self, what: str, timeout: float = 300) -> float:
         """Until the launcher's output shows `what`; returns when (time.monotonic())."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if what in self.out.read_text(errors="replace"):
-                return time.monotonic()
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {what!r}: {self.text()}"
-            time.sleep(0.2)
-        self.kill()
-        raise AssertionError(f"{what!r} not seen in {timeout} s: {self.text()}")
+        return self.proc.wait_for(what, timeout=timeout)
 
     def finish(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"did not exit in {timeout} s: {self.text()}") from None
+        return self.proc.finish(timeout)
 
     def ranks(self) -> dict[int, int]:
         """rank -> pid of the trainer's rank processes (not their DataLoader workers, forked from them)."""
@@ -634,17 +617,7 @@ class HangRun:
         return out
 
     def kill(self) -> None:
-        import psutil
-
-        try:
-            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        self.proc.kill_tree()
 
 
 def one_error_line(run: HangRun) -> str:

@@ -310,10 +310,11 @@ def test_a_peer_whose_process_is_gone_is_reported_dead_not_hung_when_the_hang_li
     times: 30 s at least, so under stale_s + a period of progress) may pass before the heartbeat is
     stale_s old; it is still the dead peer (exit 1, "stopped responding"), as documented, not a hang."""
     import socket
-    import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    from conftest import start
+
+    child = start([sys.executable, "-c", "pass"], capture=False)
     child.wait()  # reaped: its pid names no process
     deads, hangs = [], []
     p = Progress()

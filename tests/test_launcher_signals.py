@@ -9,28 +9,19 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import Proc, overrides
+from trainrun import start_launch
 
 
-def start(tmp: Path, *args: str) -> tuple[subprocess.Popen, Path, Path]:
+def start(tmp: Path, *args: str) -> tuple[Proc, Path, Path]:
     out, err = tmp / "out", tmp / "err"
-    argv = [*CLI, "1", "cpu", "--run-name", "s", "--master-port", str(free_port())]
-    for key in (
-        f"output_dir='{tmp / 'output'}'",
-        "log_every=1",
-        "validation_steps=100000",
-        "checkpointing_steps=100000",
-    ):
-        argv += ["--set", key]
-    env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-    with open(out, "w") as o, open(err, "w") as e:
-        proc = subprocess.Popen([*argv, *args], stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, cwd=tmp)
+    settings = overrides("log_every=1 validation_steps=100000 checkpointing_steps=100000")
+    proc = start_launch(tmp, 1, *settings, *args, run_name="s", fast=False, out=out, err=err)
     return proc, out, err
 
 
@@ -62,10 +53,7 @@ def test_a_second_ctrl_c_while_the_launch_shuts_down_keeps_the_saved_75(tmp_path
 
     proc, out, err = start(tmp_path, "--set", "max_train_steps=100000")
     run = tmp_path / "output" / "s"
-    deadline = time.monotonic() + 300
-    while "step 2/" not in out.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()
-        time.sleep(0.2)
+    proc.wait_for("step 2/", timeout=300)
     agent = psutil.Process(proc.pid).children()[0]
     rank = agent.children()[0]
     agent.suspend()  # the launch's shutdown, held open: the agent cannot end before the second signal

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import REPO, clean_env, overrides
 from taehv_launch.run.manifest import PACKAGES, build_record, git_facts, record_launch, torch_cuda
 from taehv_launch.run.render import render
 from taehv_launch.run.request import Request, build_plan
@@ -129,9 +129,7 @@ def test_a_resume_notes_what_changed(tmp_path):
     (first,) = read_manifest(run)
     assert first["launch"] == 1 and first["resume"] is None and first["plan"]["profile"] == "cpu"
     assert first["command"]["argv"][:3] == ["taehv-launch", "1", "cpu"]
-    proc, _ = launch(
-        tmp_path, 1, "--set", "max_train_steps=3", "--set", "learning_rate=4e-4", "--resume", "auto", run_name="m"
-    )
+    proc, _ = launch(tmp_path, 1, *overrides("max_train_steps=3 learning_rate=4e-4"), "--resume", "auto", run_name="m")
     ok(proc)
     notes = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("note      manifest:")]
     assert notes[0] == (

@@ -12,7 +12,7 @@ import pytest
 
 from taehv_launch.plan import families, memory
 from taehv_launch.plan.families import FAMILIES
-from conftest import run_cli_here
+from conftest import overrides, run_cli_here
 from test_family_plan import plan_for
 
 EVIDENCE = Path(__file__).resolve().parent.parent / "docs" / "evidence" / "families"
@@ -109,7 +109,7 @@ def test_measured_shapes_are_the_profiles_clip():
 def test_the_dry_run_names_the_model_and_its_export(tmp_path, sets, line):
     from test_family_plan import dry_json
 
-    args = [a for s in sets for a in ("--set", s)]
+    args = overrides(*sets)
     proc = run_cli_here("1", "h100", "--dry-run", *args, "--set", f"output_dir={str(tmp_path / 'o')!r}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     model_lines = [x for x in proc.stdout.splitlines() if x.startswith("  model     ")]

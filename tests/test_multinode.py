@@ -13,18 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import Proc, clean_env, free_port, overrides, start_cli, wait_for_text
 from trainrun import FAST, scalars, trainer_state
 
 pytestmark = pytest.mark.slow
 
 
-def start_nodes(tmp: Path, steps: int, port: int) -> list[subprocess.Popen]:
+def start_nodes(tmp: Path, steps: int, port: int) -> list[Proc]:
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
     procs = []
     for rank in (0, 1):
         argv = [
-            *CLI,
             "2",
             "cpu",
             "--num-nodes",
@@ -39,15 +38,11 @@ def start_nodes(tmp: Path, steps: int, port: int) -> list[subprocess.Popen]:
             str(port),
             "--run-name",
             "mn",
-            "--set",
-            f"output_dir='{tmp / 'output'}'",
+            *overrides(f"output_dir='{tmp / 'output'}'"),
             *FAST,
-            "--set",
-            f"max_train_steps={steps}",
+            *overrides(f"max_train_steps={steps}"),
         ]
-        procs.append(
-            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
-        )
+        procs.append(start_cli(*argv, env=env, cwd=tmp))
         time.sleep(1.0)
     return procs
 
@@ -57,11 +52,7 @@ def test_a_dead_rank_on_another_node_stops_the_job_within_60s(tmp_path):
 
     procs = start_nodes(tmp_path, 500, free_port())
     run = tmp_path / "output" / "mn"
-    deadline = time.time() + 300
-    while time.time() < deadline and "step 2/" not in (
-        (run / "launch.log").read_text(errors="replace") if (run / "launch.log").exists() else ""
-    ):
-        time.sleep(0.5)
+    wait_for_text(run / "launch.log", "step 2/", procs, timeout=300, poll=0.5)
     victim = None
     for p in psutil.Process(procs[1].pid).children(recursive=True):
         if any(c.endswith("train/main.py") for c in p.cmdline()) and "launch" not in p.cmdline():
@@ -89,12 +80,11 @@ class TwoNodes:
     rank), each in a session of its own with its output in files (no pipe to fill)."""
 
     def __init__(self, tmp: Path, name: str, *args: str):
-        self.run, self.procs, self.files = tmp / "output" / name, [], []
+        self.run, self.procs = tmp / "output" / name, []
         env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
         port, attempt = free_port(), len(list(tmp.glob(f"{name}.*.node0.out")))
         for rank in (0, 1):
             argv = [
-                *CLI,
                 "2",
                 "cpu",
                 "--num-nodes",
@@ -109,70 +99,30 @@ class TwoNodes:
                 str(port),
                 "--run-name",
                 name,
-                "--set",
-                f"output_dir='{tmp / 'output'}'",
-                "--set",
-                "log_every=1",
-                "--set",
-                "checkpointing_steps=2",
-                "--set",
-                "validation_steps=1000",
-                "--set",
-                "max_validation_batches=1",
-                "--set",
-                "lr_scheduler='constant'",
-                "--set",
-                "dataloader_num_workers=2",
+                *overrides(
+                    f"output_dir='{tmp / 'output'}'",
+                    "log_every=1 checkpointing_steps=2 validation_steps=1000 max_validation_batches=1",
+                    "lr_scheduler='constant' dataloader_num_workers=2",
+                ),
                 *args,
             ]
             out, err = tmp / f"{name}.{attempt}.node{rank}.out", tmp / f"{name}.{attempt}.node{rank}.err"
-            with open(out, "w") as o, open(err, "w") as e:
-                self.procs.append(
-                    subprocess.Popen(
-                        argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, cwd=tmp, start_new_session=True
-                    )
-                )
-            self.files.append((out, err))
+            self.procs.append(start_cli(*argv, env=env, cwd=tmp, out=out, err=err, start_new_session=True))
 
     def text(self, rank: int) -> str:
-        out, err = self.files[rank]
-        return out.read_text(errors="replace") + err.read_text(errors="replace")
+        return self.procs[rank].text()
 
     def wait_log(self, what: str, timeout: float = 300) -> None:
         """Until node 0's launch.log shows `what` (both nodes still running)."""
-        deadline = time.time() + timeout
-        log = self.run / "launch.log"
-        while time.time() < deadline:
-            if log.exists() and what in log.read_text(errors="replace"):
-                return
-            for rank, p in enumerate(self.procs):
-                if p.poll() is not None:
-                    self.kill()
-                    raise AssertionError(
-                        f"node {rank} exited {p.returncode} before {what!r}: {self.text(rank)[-3000:]}"
-                    )
-            time.sleep(0.1)
-        self.kill()
-        raise AssertionError(f"{what!r} not in node 0's launch.log in {timeout} s")
+        wait_for_text(self.run / "launch.log", what, self.procs, timeout=timeout, poll=0.1)
 
     def processes(self) -> list[int]:
         """Every process of both nodes: launchers, torchrun, ranks, DataLoader workers."""
-        import psutil
-
-        pids = []
-        for p in self.procs:
-            try:
-                pids += [p.pid, *(c.pid for c in psutil.Process(p.pid).children(recursive=True))]
-            except psutil.NoSuchProcess:
-                pass
-        return pids
+        return [pid for p in self.procs for pid in p.tree()]
 
     def kill(self) -> None:
-        for pid in self.processes():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for p in self.procs:
+            p.kill_tree()
 
     def finish(self, timeout: float = 300) -> list[int]:
         deadline = time.time() + timeout

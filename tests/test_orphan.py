@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli
+from conftest import assert_one_line_error, clean_env, overrides, run_cli, start
+from trainrun import start_launch
 
 RANK = textwrap.dedent("""
     import os, sys, time
@@ -96,12 +97,7 @@ def test_a_rank_whose_launcher_was_killed_stops_and_its_workers_do_not_outlive_i
     from taehv_launch.rundir.layout import trainer_lock_path
 
     log = tmp_path / "launch.log"
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, str(tmp_path), str(log), RANK],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    launcher = start([sys.executable, "-c", LAUNCHER, str(tmp_path), str(log), RANK], stderr=subprocess.STDOUT)
     pids: list[int] = []
     try:
         for line in launcher.stdout:
@@ -148,7 +144,7 @@ def test_a_launch_is_refused_while_an_earlier_launchs_trainer_still_holds_the_ru
 
     run = tmp_path / "output" / "r"
     run.mkdir(parents=True)
-    holder = subprocess.Popen(
+    holder = start(
         [
             sys.executable,
             "-c",
@@ -156,8 +152,7 @@ def test_a_launch_is_refused_while_an_earlier_launchs_trainer_still_holds_the_ru
             "stop.hold_trainer_lock(Path(sys.argv[1]), 0); print('held', flush=True); time.sleep(120)",
             str(run),
         ],
-        stdout=subprocess.PIPE,
-        text=True,
+        stderr=None,  # stdout: a pipe
     )
     try:
         assert holder.stdout.readline() == "held\n"
@@ -186,31 +181,28 @@ class Launch:
 
     def __init__(self, tmp: Path, *args: str, tty: bool = False, ranks: int = 1):
         self.run, self.out = tmp / "output" / "o", tmp / f"out.{len(list(tmp.glob('out.*')))}"
-        argv = [*CLI, str(ranks), "cpu", "--run-name", "o", "--master-port", str(free_port())]
-        for key in (f"output_dir='{tmp / 'output'}'", "log_every=1", "dataloader_num_workers=2"):
-            argv += ["--set", key]
-        argv += ["--set", "validation_steps=100000", "--set", "checkpointing_steps=100000", *args]
-        env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
+        settings = overrides("log_every=1 dataloader_num_workers=2 validation_steps=100000 checkpointing_steps=100000")
         if tty:  # the launcher leads a session whose controlling terminal is a pty we hold the master of
             self.master, slave = os.openpty()
-            self.proc = subprocess.Popen(
-                argv,
+            self.proc = start_launch(
+                tmp,
+                ranks,
+                *settings,
+                *args,
+                run_name="o",
+                fast=False,
+                capture=False,
                 stdin=slave,
                 stdout=slave,
                 stderr=slave,
-                env=env,
-                cwd=tmp,
                 start_new_session=True,
                 preexec_fn=lambda: fcntl.ioctl(0, __import__("termios").TIOCSCTTY, 0),
             )
             os.close(slave)
             self.seen = bytearray()
             threading.Thread(target=self._drain, daemon=True).start()
-        else:
-            with open(self.out, "w") as out:
-                self.proc = subprocess.Popen(
-                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=tmp
-                )
+        else:  # stdout and stderr into one file
+            self.proc = start_launch(tmp, ranks, *settings, *args, run_name="o", fast=False, out=self.out)
 
     def _drain(self) -> None:
         while True:

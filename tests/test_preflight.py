@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, run_cli
+from conftest import clean_env, overrides, run_cli
 
 
 def checks(*args: str, env=None, cwd=None) -> tuple[int, dict[str, dict]]:
@@ -39,7 +39,7 @@ def test_gpu_plan_on_a_cpu_machine_fails_clearly(tmp_path):
 
 
 def test_memory_plan_fails_when_the_micro_batch_cannot_fit(tmp_path):
-    code, c = checks("1", "h100", "--quick", "--set", "n_frames=24", "--set", f"output_dir='{tmp_path}'")
+    code, c = checks("1", "h100", "--quick", *overrides("n_frames=24", f"output_dir='{tmp_path}'"))
     assert code == 1 and c["memory plan"]["status"] == "FAIL"
     assert "micro_batch_size=4" in c["memory plan"]["detail"]
 
@@ -50,17 +50,17 @@ def test_data_checks_decode_real_files(tmp_path, videos):
     mixed.mkdir()
     for name in ("chaplin.mp4", "empty.webm", "test_video.mp4"):
         shutil.copy(videos / name, mixed / name)
-    code, c = checks("1", "cpu", "--set", f"data_root='{mixed}'", "--set", f"output_dir='{tmp_path}'")
+    code, c = checks("1", "cpu", *overrides(f"data_root='{mixed}'", f"output_dir='{tmp_path}'"))
     assert c["data index"]["status"] == "PASS" and "3 videos" in c["data index"]["detail"]
     assert c["data decode"]["status"] == "WARN" and "1/3" in c["data decode"]["detail"]
 
     broken = tmp_path / "broken"
     broken.mkdir()
     shutil.copy(videos / "empty.webm", broken / "a.webm")
-    code, c = checks("1", "cpu", "--set", f"data_root='{broken}'", "--set", f"output_dir='{tmp_path}'")
+    code, c = checks("1", "cpu", *overrides(f"data_root='{broken}'", f"output_dir='{tmp_path}'"))
     assert code == 1 and c["data decode"]["status"] == "FAIL"
 
-    code, c = checks("1", "cpu", "--set", f"data_root='{tmp_path / 'missing'}'", "--set", f"output_dir='{tmp_path}'")
+    code, c = checks("1", "cpu", *overrides(f"data_root='{tmp_path / 'missing'}'", f"output_dir='{tmp_path}'"))
     assert code == 1 and c["data"]["status"] == "FAIL" and "missing" in c["data"]["detail"]
 
 
@@ -68,7 +68,7 @@ def _tiny_wan(tmp_path: Path) -> list[str]:
     from taehv_launch.train.data.synthetic import make_tiny_ref_vae
 
     vae = make_tiny_ref_vae("wan", str(tmp_path / "wan"), latent_channels=4)
-    return ["--set", "ref_vae_type='wan'", "--set", f"ref_vae_path='{vae}'", "--set", f"output_dir='{tmp_path}'"]
+    return overrides("ref_vae_type='wan'", f"ref_vae_path='{vae}'", f"output_dir='{tmp_path}'")
 
 
 @pytest.mark.slow  # each validate-env that loads the models takes ~6 s; the fast suite has the fail paths below
@@ -84,10 +84,7 @@ def test_model_checks_load_real_folders_and_name_the_fix(tmp_path):
         "1",
         "cpu",
         *_tiny_wan(tmp_path),
-        "--set",
-        "latent_channels=16",
-        "--set",
-        f"pretrained_model_path='{tmp_path / 'nope.pth'}'",
+        *overrides("latent_channels=16", f"pretrained_model_path='{tmp_path / 'nope.pth'}'"),
     )
     assert (
         code == 1 and c["reference VAE"]["status"] == "FAIL" and c["reference VAE"]["fix"] == "--set latent_channels=4"
@@ -124,8 +121,7 @@ def test_multi_node_master_checks(tmp_path):
         "1",
         "--master-addr",
         "127.0.0.1",
-        "--set",
-        f"output_dir='{tmp_path}'",
+        *overrides(f"output_dir='{tmp_path}'"),
     ]
     code, c = checks(*base, "--node-rank", "1", "--master-port", str(closed))
     assert c["master reachable"]["status"] == "WARN" and f"127.0.0.1:{closed}" in c["master reachable"]["detail"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import assert_one_line_error, clean_env, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli_here
 
 from taehv_launch.plan.configfile import parse_set
 
@@ -270,7 +270,7 @@ def test_the_reported_injection_is_inert(tmp_path):
     ],
 )
 def test_refusals_name_the_option(args, match):
-    base = ["render", "slurm", "16", "h100", "--output-dir", "/s", "--set", "data_root=/d", "--set", "ref_vae_path=/v"]
+    base = ["render", "slurm", "16", "h100", "--output-dir", "/s", *overrides("data_root=/d ref_vae_path=/v")]
     assert_one_line_error(run_cli_here(*base, *args), match)
 
 
@@ -290,10 +290,7 @@ def test_k8s_names_are_checked(args, match):
         "h100",
         "--output-dir",
         "/shared/r",
-        "--set",
-        "data_root=/d",
-        "--set",
-        "ref_vae_path=/v",
+        *overrides("data_root=/d ref_vae_path=/v"),
         "--image",
         "i",
         "--pvc",

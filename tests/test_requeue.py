@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import assert_one_line_error, clean_env, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli_here
 
 from taehv_launch.rundir.checkpoint import COMPLETE
 from taehv_launch.rundir.requeue import REQUEUE_FILE, decide, read_requeues, after_stop, at_start
 
-RENDER = ["16", "h100", "--set", "data_root=/d", "--set", "ref_vae_path=/v"]
+RENDER = ["16", "h100", *overrides("data_root=/d ref_vae_path=/v")]
 STAND_IN_SRUN = """#!/bin/bash
 # stand-in srun: the step's launchers stopped with a checkpoint (exit 75); FAKE_NEW_STEP, when set,
 # is the checkpoint this attempt saved (a complete checkpoint-<step> in the run directory)

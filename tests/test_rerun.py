@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, clean_env, run_cli, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli, run_cli_here
 from taehv_launch.rundir.checkpoint import COMPLETE, write_complete
 from trainrun import launch, ok
 
@@ -53,7 +53,7 @@ def test_a_finished_run_is_never_trained_over_from_scratch(tmp_path):
     """The issue's case: a real `taehv-launch 1 cpu` run to completion, then the same name again with
     fewer steps and no --resume (or an empty one): refused in one line, exit 2, and every file of the
     run (checkpoints, best_model, final_model, logs) and the `latest` link byte-identical afterwards."""
-    proc, run = launch(tmp_path, 1, "--set", "max_train_steps=4", "--set", "dataloader_num_workers=1", run_name="x")
+    proc, run = launch(tmp_path, 1, *overrides("max_train_steps=4 dataloader_num_workers=1"), run_name="x")
     ok(proc)
     for name in ("checkpoint-4", "best_model", "final_model"):
         assert (run / name).is_dir(), sorted(p.name for p in run.iterdir())
@@ -194,7 +194,7 @@ def test_unnamed_resume_auto_past_damaged_runs_starts_a_new_run_folder(tmp_path)
 def test_a_resumes_eta_counts_only_the_steps_left(tmp_path):
     """#35: resuming checkpoint-30 of a 40-step run, the ETA line said "40 steps in" for the 10 left."""
     ck = checkpoint(tmp_path / "g", 30)
-    base = ("--set", "max_train_steps=40", "--set", "zero_stage=0")
+    base = tuple(overrides("max_train_steps=40 zero_stage=0"))
     fresh = dry(tmp_path, *base, profile="h100")
     resumed = dry(tmp_path, *base, "--resume", str(ck), profile="h100")
     assert fresh.returncode == 0 and resumed.returncode == 0, (fresh.stderr, resumed.stderr)

@@ -335,13 +335,13 @@ def test_values_at_the_upper_bounds_are_taken():
 
 
 def test_the_bounds_are_one_line_in_the_dry_run(tmp_path):
-    from conftest import assert_one_line_error, run_cli_here
+    from conftest import assert_one_line_error, overrides, run_cli_here
 
     out = f"output_dir='{tmp_path}'"
     for sets, match in (
         (["dataloader_num_workers=100000"], r"^error: dataloader_num_workers=100000 is out of range: use 0-64"),
         (["height=100000", "width=100000"], r"^error: clips of 12x100000x100000 .* at most 126,438,365"),
     ):
-        argv = [x for s in sets for x in ("--set", s)]
+        argv = overrides(*sets)
         assert_one_line_error(run_cli_here("1", "cpu", "--dry-run", "--set", out, *argv), match)
     assert list(tmp_path.iterdir()) == []

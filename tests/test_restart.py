@@ -6,17 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import Proc, clean_env, overrides, run_cli
 from taehv_launch.errors import EXIT_ABORTED, EXIT_FAILED, EXIT_HUNG, EXIT_OK, EXIT_RESUMABLE, EXIT_USAGE
 from taehv_launch.rundir.events import restarts_summary
 from taehv_launch.run.restart import decide, restart_argv
-from trainrun import FAST, scalars
+from trainrun import scalars, start_launch
 
 CAPS = {"max_restarts": 3, "max_without_progress": 2}
 
@@ -107,11 +106,10 @@ def test_restarts_summary():
     assert (s["count"], s["last_reason"], s["lost_s"], s["ended"]) == (2, "hang (exit 76)", 42.5, None)
 
 
-def _launch(tmp: Path, name: str, *extra: str) -> subprocess.Popen:
+def _launch(tmp: Path, name: str, *extra: str) -> Proc:
+    """`taehv-launch 2 cpu` (FAST, restarts on) in the background, its output in pipes; the demo data under tmp."""
     env = clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
-    argv = [*CLI, "2", "cpu", "--run-name", name, "--master-port", str(free_port())]
-    argv += ["--set", f"output_dir='{tmp / 'output'}'", *FAST, "--set", "max_restarts=3", *extra]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+    return start_launch(tmp, 2, "--set", "max_restarts=3", *extra, run_name=name, env=env)
 
 
 def rank_pid(run: Path, rank: int, min_step: int, timeout: float = 300, checkpoint: str | None = "checkpoint-2") -> int:
@@ -131,7 +129,7 @@ def rank_pid(run: Path, rank: int, min_step: int, timeout: float = 300, checkpoi
 
 @pytest.mark.slow
 def test_a_sigkilled_rank_is_restarted_in_place_and_the_curve_joins(tmp_path):
-    common = ["--set", "max_train_steps=8", "--set", "validation_steps=100"]
+    common = overrides("max_train_steps=8 validation_steps=100")
     full = _launch(tmp_path, "full", *common)
     out, err = full.communicate(timeout=600)
     assert full.returncode == 0, err[-3000:]
@@ -158,7 +156,7 @@ def test_a_sigkilled_rank_is_restarted_in_place_and_the_curve_joins(tmp_path):
     for step in range(start + 1, 9):
         assert b[step] == pytest.approx(a[step], rel=1e-4, abs=1e-6), step
 
-    status = subprocess.run([*CLI, "status", str(run)], capture_output=True, text=True, env=clean_env(), timeout=120)
+    status = run_cli("status", str(run), timeout=120)
     assert status.returncode == 0, status.stderr
     assert "restarts   1 in the job; last " in status.stdout, status.stdout
     assert not (run / "requeue.json").exists()

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import Proc, clean_env, free_port, overrides, run_cli, start, start_cli
 from taehv_launch.errors import EXIT_FAILED, EXIT_RESUMABLE
 from taehv_launch.run.together import BEACON_STALE_S, Nodes, PeerWatch, root_failure
 from test_restart import rank_pid
@@ -110,7 +109,7 @@ def test_an_earlier_jobs_records_are_ignored_and_removed(tmp_path):
 
 def test_the_peer_watch_kills_this_nodes_launch_on_a_peer_failure(pair):
     n0, n1 = pair
-    launch = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    launch = start(["sleep", "60"], capture=False, start_new_session=True)
     said: list[str] = []
     watch = PeerWatch(n0, 0)
     try:
@@ -132,19 +131,14 @@ def test_the_peer_watch_kills_this_nodes_launch_on_a_peer_failure(pair):
 # ---------------------------------------------------------------- two launchers as two nodes (slow)
 
 
-def _nodes(tmp: Path, *extra: str) -> list[subprocess.Popen]:
+def _nodes(tmp: Path, *extra: str) -> list[Proc]:
     """`taehv-launch 2 cpu` as node 0 and node 1 of one job (one rank each), restarts on (tests/test_multinode.py
     runs the same two nodes with restarts off)."""
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")  # the demo data: once
-    argv = [*CLI, "2", "cpu", "--run-name", "mn", "--num-nodes", "2", "--gpus-per-node", "1"]
+    argv = ["2", "cpu", "--run-name", "mn", "--num-nodes", "2", "--gpus-per-node", "1"]
     argv += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--set", f"output_dir='{tmp / 'output'}'"]
-    argv += [*FAST, "--set", "max_restarts=3", "--set", "validation_steps=100", *extra]
-    return [
-        subprocess.Popen(
-            [*argv, "--node-rank", str(k)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp
-        )
-        for k in (0, 1)
-    ]
+    argv += [*FAST, *overrides("max_restarts=3 validation_steps=100"), *extra]
+    return [start_cli(*argv, "--node-rank", str(k), env=env, cwd=tmp) for k in (0, 1)]
 
 
 def _events(run: Path) -> list[dict]:
@@ -156,7 +150,7 @@ def _events(run: Path) -> list[dict]:
 def test_a_sigkilled_rank_on_node_1_restarts_both_nodes_together(tmp_path):
     # a DataLoader worker per rank, as the cpu profile runs: the orphaned worker of the killed rank holds the
     # trainer lock until it notices; node 1's launcher waits for it before it reports ready
-    procs = _nodes(tmp_path, "--set", "max_train_steps=4", "--set", "dataloader_num_workers=1")
+    procs = _nodes(tmp_path, *overrides("max_train_steps=4 dataloader_num_workers=1"))
     run = tmp_path / "output" / "mn"
     try:
         os.kill(rank_pid(run, 1, 2), signal.SIGKILL)  # node 1's only rank, once checkpoint-2 is complete
@@ -182,7 +176,7 @@ def test_a_sigkilled_rank_on_node_1_restarts_both_nodes_together(tmp_path):
         assert f"--resume {run / ckpt}" in (run / log).read_text(), log
     assert json.loads((run / "progress.json").read_text())["step"] == 4
 
-    status = subprocess.run([*CLI, "status", str(run)], capture_output=True, text=True, env=clean_env(), timeout=120)
+    status = run_cli("status", str(run), timeout=120)
     assert status.returncode == 0, status.stderr
     assert "restarts   1 in the job; last " in status.stdout, status.stdout
 

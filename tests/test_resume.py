@@ -13,6 +13,7 @@ from taehv_launch.errors import CheckpointError
 from taehv_launch.rundir.checkpoint import COMPLETE, newest_complete
 from taehv_launch.run.runs import resolve_resume
 from trainrun import launch, ok, scalars, trainer_state
+from conftest import overrides
 
 
 def fake_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
@@ -60,7 +61,7 @@ def test_rotation_keeps_the_newest_and_the_best(tmp_path):
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     """Same seed, same data: the losses after the resume point match an uninterrupted run
     (sampler position, RNGs, EMA and Seraena with its replay buffer restored)."""
-    common = ["--set", "checkpointing_steps=3", "--set", "validation_steps=100"]
+    common = overrides("checkpointing_steps=3 validation_steps=100")
     proc, full = launch(tmp_path, 1, *common, "--set", "max_train_steps=6", run_name="full")
     ok(proc)
     proc, part = launch(tmp_path, 1, *common, "--set", "max_train_steps=3", run_name="part")
@@ -82,14 +83,7 @@ def test_same_seed_same_curve_other_seed_differs(tmp_path):
         proc, run = launch(
             tmp_path,
             1,
-            "--set",
-            "max_train_steps=3",
-            "--set",
-            f"seed={seed}",
-            "--set",
-            "validation_steps=100",
-            "--set",
-            "checkpointing_steps=100",
+            *overrides("max_train_steps=3", f"seed={seed}", "validation_steps=100 checkpointing_steps=100"),
             run_name=name,
         )
         ok(proc)
@@ -183,23 +177,14 @@ def test_resume_on_another_world_size_and_zero_stage(tmp_path, first, second):
     """A checkpoint written by N ranks with one ZeRO stage resumes on M ranks with another:
     weights, AdamW moments and step, EMA, schedule and data position carry over."""
     (w1, z1), (w2, z2) = first, second
-    proc, run = launch(
-        tmp_path, w1, "--set", "max_train_steps=2", "--set", f"zero_stage={z1}", "--set", "validation_steps=100"
-    )
+    proc, run = launch(tmp_path, w1, *overrides("max_train_steps=2", f"zero_stage={z1}", "validation_steps=100"))
     ok(proc)
     proc, _ = launch(
         tmp_path,
         w2,
         "--resume",
         "auto",
-        "--set",
-        "max_train_steps=3",
-        "--set",
-        f"zero_stage={z2}",
-        "--set",
-        "validation_steps=100",
-        "--set",
-        "learning_rate=1e-12",
+        *overrides("max_train_steps=3", f"zero_stage={z2}", "validation_steps=100 learning_rate=1e-12"),
     )
     ok(proc)
     layout = lambda w, z: f"{w} process(es) with {'ZeRO-' + str(z) if z else 'DDP'}"
@@ -216,13 +201,13 @@ def test_resume_on_another_world_size_and_zero_stage(tmp_path, first, second):
 def test_zero_stage_change_continues_the_same_curve(tmp_path):
     """Same 2 ranks, ZeRO-2 for steps 1-2 then ZeRO-3 for 3-4: the same losses as ZeRO-2 throughout
     (the stage-3 partitions, padded on the last rank, are filled from the portable state)."""
-    common = ["--set", "checkpointing_steps=2", "--set", "validation_steps=100"]
-    proc, full = launch(tmp_path, 2, *common, "--set", "max_train_steps=4", "--set", "zero_stage=2", run_name="full")
+    common = overrides("checkpointing_steps=2 validation_steps=100")
+    proc, full = launch(tmp_path, 2, *common, *overrides("max_train_steps=4 zero_stage=2"), run_name="full")
     ok(proc)
-    proc, part = launch(tmp_path, 2, *common, "--set", "max_train_steps=2", "--set", "zero_stage=2", run_name="part")
+    proc, part = launch(tmp_path, 2, *common, *overrides("max_train_steps=2 zero_stage=2"), run_name="part")
     ok(proc)
     proc, _ = launch(
-        tmp_path, 2, *common, "--set", "max_train_steps=4", "--set", "zero_stage=3", "--resume", "auto", run_name="part"
+        tmp_path, 2, *common, *overrides("max_train_steps=4 zero_stage=3"), "--resume", "auto", run_name="part"
     )
     ok(proc)
     assert "ZeRO-2, this run has 2 process(es) with ZeRO-3" in proc.stdout
@@ -364,7 +349,7 @@ def test_disk_full_while_saving_stops_in_one_line_and_keeps_the_previous_checkpo
 
     from conftest import assert_one_line_error
 
-    common = ["--set", "checkpointing_steps=2", "--set", "validation_steps=100"]
+    common = overrides("checkpointing_steps=2 validation_steps=100")
     proc, run = launch(tmp_path, 1, *common, "--set", "max_train_steps=2", run_name="full")
     ok(proc)
     sizes = sorted((p.stat().st_size, p.name) for p in (run / "checkpoint-2").iterdir())
@@ -387,15 +372,9 @@ def test_disk_full_while_saving_stops_in_one_line_and_keeps_the_previous_checkpo
             "full",
             "--master-port",
             str(free_port()),
-            "--set",
-            f"output_dir='{tmp_path / 'output'}'",
-            "--set",
-            "log_every=1",
-            "--set",
-            "dataloader_num_workers=0",
+            *overrides(f"output_dir='{tmp_path / 'output'}'", "log_every=1 dataloader_num_workers=0"),
             *common,
-            "--set",
-            "max_train_steps=4",
+            *overrides("max_train_steps=4"),
             "--resume",
             "auto",
         ],

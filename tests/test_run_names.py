@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, clean_env, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli_here
 from taehv_launch.errors import ConfigError, LaunchError
 from taehv_launch.run.runs import latest_run, point_latest, resolve_resume, run_id_for
 
@@ -39,7 +39,7 @@ def test_run_name_latest_writes_nothing_and_leaves_latest_alone(tmp_path, dry):
 def test_render_refuses_a_reserved_run_name(tmp_path):
     proc = run_cli_here(
         "render", "slurm", "16", "h100", "--output-dir", str(tmp_path), "--run-name", "latest",
-        "--set", "data_root=/d", "--set", "ref_vae_path=/v",
+        *overrides("data_root=/d ref_vae_path=/v"),
     )  # fmt: skip
     assert_one_line_error(proc, r"--run-name 'latest' is reserved")
 

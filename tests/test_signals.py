@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, free_port
-from trainrun import scalars
+from conftest import overrides
+from trainrun import scalars, start_launch
 
 pytestmark = pytest.mark.slow
 
@@ -42,24 +41,13 @@ CONFIGS = [(0, 1), (2, 1), (0, 2), (2, 2)]  # (DataLoader workers, ranks)
 
 
 def settings(workers: int) -> list[str]:
-    return [
-        "--set",
-        "log_every=1",
-        "--set",
-        "checkpointing_steps=2",
-        "--set",
-        "validation_steps=1000",
-        "--set",
-        "max_validation_batches=1",
-        "--set",
+    return overrides(
+        "log_every=1 checkpointing_steps=2 validation_steps=1000 max_validation_batches=1",
         "lr_scheduler='constant'",
-        "--set",
         f"dataloader_num_workers={workers}",
-        "--set",
         "checkpoints_total_limit=2",
-        "--set",
         "max_restarts=0",  # one failure's exit code and line are checked here; restarts: test_restart.py
-    ]
+    )
 
 
 class Launch:
@@ -70,67 +58,34 @@ class Launch:
         self.tmp, self.run = tmp, tmp / "output" / name
         n = len(list(tmp.glob(f"{name}.*.out")))
         self.out, self.err = tmp / f"{name}.{n}.out", tmp / f"{name}.{n}.err"
-        env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-        argv = [
-            *CLI,
-            str(ranks),
-            "cpu",
-            "--run-name",
-            name,
-            "--master-port",
-            str(free_port()),
-            "--set",
-            f"output_dir='{tmp / 'output'}'",
+        self.proc = start_launch(
+            tmp,
+            ranks,
             *settings(workers),
             *args,
-        ]
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(
-                [*wrapper, *argv],
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=tmp,
-                start_new_session=True,
-            )
+            run_name=name,
+            fast=False,
+            wrapper=wrapper,
+            out=self.out,
+            err=self.err,
+            start_new_session=True,
+        )
 
     def text(self) -> tuple[str, str]:
         return self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
 
     def wait_for(self, what: str, timeout: float = 240) -> None:
         """Until the launcher's output shows `what` (the trainer's log is teed to it)."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if what in self.out.read_text(errors="replace"):
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"exited {self.proc.returncode} before {what!r}: {self.text()}")
-            time.sleep(0.1)
-        self.kill()
-        raise AssertionError(f"{what!r} not seen in {timeout} s: {self.text()}")
+        self.proc.wait_for(what, timeout=timeout, poll=0.1)
 
     def finish(self, timeout: float = 300) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"did not exit in {timeout} s: {self.text()}") from None
+        return self.proc.finish(timeout)
 
     def processes(self) -> list[int]:
-        import psutil
-
-        try:
-            return [self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))]
-        except psutil.NoSuchProcess:
-            return []
+        return self.proc.tree()
 
     def kill(self) -> None:
-        for pid in self.processes():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.proc.kill_tree()
 
     def send(self, cell: str) -> None:
         if cell == "SIGTERM to the launcher":
@@ -190,8 +145,7 @@ def test_signal_matrix(tmp_path, workers, ranks):
             workers,
             "--resume",
             "auto",
-            "--set",
-            f"max_train_steps={saved + 1 if last else BIG}",
+            *overrides(f"max_train_steps={saved + 1 if last else BIG}"),
         )
         launch.wait_for(f"at step {saved}")  # "resumed from .../checkpoint-<saved> at step <saved>"
         assert f"checkpoint-{saved} at step {saved}" in launch.text()[0], (cell, launch.text()[0][-2000:])
@@ -267,8 +221,7 @@ def test_one_signal_delivered_twice_is_one_stop(tmp_path, how):
             "twice",
             1,
             2,
-            "--set",
-            f"max_train_steps={BIG}",
+            *overrides(f"max_train_steps={BIG}"),
             *(["--resume", "auto"] * bool(i)),
             wrapper=wrapper,
         )

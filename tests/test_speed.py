@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from conftest import assert_one_line_error, clean_env, run_cli
+from conftest import assert_one_line_error, clean_env, overrides, run_cli
 from taehv_launch.train.data import decode
 from taehv_launch.train.model.seraena import seraena_crop
 from taehv_launch.train.loop.speed import Window
@@ -224,16 +224,10 @@ def test_validation_at_start_gives_a_step_0_baseline_without_a_best_model(tmp_pa
         "cpu",
         "--run-name",
         "v0",
-        "--set",
-        f"output_dir={str(tmp_path / 'out')!r}",
-        "--set",
-        "max_train_steps=2",
-        "--set",
-        "validation_steps=100",
-        "--set",
-        "validation_at_start=True",
-        "--set",
-        "max_validation_batches=1",
+        *overrides(
+            f"output_dir={str(tmp_path / 'out')!r}",
+            "max_train_steps=2 validation_steps=100 validation_at_start=True max_validation_batches=1",
+        ),
         env=clean_env(TAEHV_CACHE=str(tmp_path / "cache")),
         cwd=tmp_path,
         timeout=600,
@@ -256,14 +250,7 @@ def test_tflops_and_mfu_in_the_log_trackers_progress_and_speed_json(tmp_path):
         "cpu",
         "--run-name",
         "fl",
-        "--set",
-        f"output_dir={str(tmp_path / 'out')!r}",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "log_every=2",
-        "--set",
-        "validation_steps=100",
+        *overrides(f"output_dir={str(tmp_path / 'out')!r}", "max_train_steps=4 log_every=2 validation_steps=100"),
         env=clean_env(TAEHV_CACHE=str(tmp_path / "cache")),
         cwd=tmp_path,
         timeout=600,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli, run_cli_here
+from conftest import Proc, assert_one_line_error, clean_env, free_port, run_cli, run_cli_here, start_cli
 from taehv_launch.rundir.checkpoint import checkpoint_dir, write_complete
 from taehv_launch.rundir.events import EVENTS_FILE, append_event
 from taehv_launch.rundir.heartbeat import heartbeat_dir
@@ -216,17 +216,15 @@ def test_status_loads_nothing_heavy(tmp_path):
 # --- real runs -----------------------------------------------------------------------------------
 
 
-def start(tmp: Path, *args: str, name: str, nodes: int = 1) -> list[subprocess.Popen]:
+def start(tmp: Path, *args: str, name: str, nodes: int = 1) -> list[Proc]:
     """Launch `taehv-launch` in the background (one launcher per "node", loopback master)."""
     env = clean_env(TAEHV_CACHE=str(tmp.parent / "taehv-cache"), OMP_NUM_THREADS="1")
     port, procs = free_port(), []
     for rank in range(nodes):
         topo = ["--num-nodes", "2", "--node-rank", str(rank), "--gpus-per-node", "1", "--master-addr", "127.0.0.1"]
-        argv = [*CLI, str(nodes), "cpu", *(topo if nodes > 1 else []), "--master-port", str(port), "--run-name", name]
+        argv = [str(nodes), "cpu", *(topo if nodes > 1 else []), "--master-port", str(port), "--run-name", name]
         argv += ["--set", f"output_dir='{tmp / 'output'}'", *FAST, *args]
-        procs.append(
-            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
-        )
+        procs.append(start_cli(*argv, env=env, cwd=tmp))
         time.sleep(0.5)
     return procs
 

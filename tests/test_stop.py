@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from conftest import start
+
 WORKERS_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
@@ -59,12 +61,9 @@ def run_workers(tmp_path, method: str) -> None:
     (tmp_path / "init").mkdir()
     script = tmp_path / "workers.py"
     script.write_text(WORKERS_SCRIPT)
-    proc = subprocess.Popen(
+    proc = start(
         [sys.executable, str(script), method],
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
         env={**os.environ, "INIT_DIR": str(tmp_path / "init")},
     )
     try:
@@ -124,13 +123,7 @@ RANK_SCRIPT = textwrap.dedent("""
     ],
 )
 def test_relay_never_counts_as_a_second_signal(sequence, gap, code):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", RANK_SCRIPT],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start([sys.executable, "-c", RANK_SCRIPT], stdin=subprocess.PIPE)
     assert proc.stdout.readline().strip() == "ready"
     for i, sig in enumerate(sequence):
         time.sleep(gap if i else 0)
@@ -187,7 +180,7 @@ def test_launcher_relays_to_rank_processes_only(tmp_path):
         f"ps = [subprocess.Popen([sys.executable, '-c', {fake_rank!r}, {str(TRAINER_SCRIPT)!r}])"
         f" for _ in range(2)]\ntime.sleep(60)\n"
     )
-    agent = subprocess.Popen([sys.executable, str(script)], start_new_session=True)  # kill_launch kills its group
+    agent = start([sys.executable, str(script)], capture=False, start_new_session=True)  # kill_launch kills its group
     try:
         deadline = time.time() + 20
         while len(launch_pids(agent.pid)) < 5 and time.time() < deadline:

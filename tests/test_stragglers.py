@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import clean_env
+from conftest import clean_env, overrides
 from trainrun import launch, ok, scalars
 from taehv_launch.train import faults
 from taehv_launch.train.loop.stragglers import StepClock, Stragglers, find_stragglers, gather_window
@@ -106,14 +106,7 @@ def test_a_slowed_rank_is_named_with_its_host(tmp_path):
     proc, run = launch(
         tmp_path,
         2,
-        "--set",
-        "max_train_steps=5",
-        "--set",
-        "validation_steps=100",
-        "--set",
-        "checkpointing_steps=100",
-        "--set",
-        "dataloader_num_workers=1",
+        *overrides("max_train_steps=5 validation_steps=100 checkpointing_steps=100 dataloader_num_workers=1"),
         env=env,
     )
     ok(proc)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, clean_env, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli_here
 from taehv_launch.errors import LaunchError
 from taehv_launch.rundir.checkpoint import COMPLETE
 from taehv_launch.rundir.events import EVENTS_FILE, append_event, rollback_problem, rollbacks
@@ -365,12 +365,12 @@ def test_a_record_that_cannot_be_written_does_not_stop_the_run_nor_exit_1(tmp_pa
 def test_a_resume_with_bad_rollback_records_notes_them_and_trains_at_a_finite_lr(tmp_path):
     from trainrun import launch, ok
 
-    first, run = launch(tmp_path, 1, "--set", "max_train_steps=4", "--set", "checkpointing_steps=4")
+    first, run = launch(tmp_path, 1, *overrides("max_train_steps=4 checkpointing_steps=4"))
     ok(first)
     append_event(run, {"event": "rollback", "to_step": 2})  # the audit's KeyError 'data_seed'
     with open(run / EVENTS_FILE, "a") as f:
         f.write('{"event": "rollback", "to_step": "abc"}\n{"event": "rollback", "to_step": 3, "lr_factor": NaN}\n')
-    proc, _ = launch(tmp_path, 1, "--set", "max_train_steps=6", "--set", "checkpointing_steps=4", "--resume", "auto")
+    proc, _ = launch(tmp_path, 1, *overrides("max_train_steps=6 checkpointing_steps=4"), "--resume", "auto")
     ok(proc)
     text = proc.stdout + proc.stderr
     assert "Traceback" not in text and "lr nan" not in text

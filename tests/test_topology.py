@@ -27,6 +27,7 @@ from taehv_launch.plan.topology import (
     detect_topology,
     listed_gpus,
 )
+from conftest import overrides
 
 EIGHT = "0,1,2,3,4,5,6,7"
 
@@ -653,10 +654,7 @@ def test_render_for_other_machines_ignores_this_machines_cuda_visible_devices(tm
         "h100",
         "--output-dir",
         str(tmp_path),
-        "--set",
-        "data_root=/d",
-        "--set",
-        "ref_vae_path=/v",
+        *overrides("data_root=/d ref_vae_path=/v"),
         env=clean_env(CUDA_VISIBLE_DEVICES="garbage"),
     )
     assert proc.returncode == 0 and "#SBATCH" in proc.stdout, proc.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, clean_env, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli_here
 from taehv_launch.errors import ConfigError
 from taehv_launch.plan.resolve import TRACKERS, tracker_names
 from taehv_launch.run.manifest import build_record
@@ -151,7 +151,7 @@ def test_an_unknown_tracker_is_one_line(tmp_path):
 def test_a_missing_tracker_library_is_one_line_naming_the_extra_and_nothing_is_written(name, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, name, None)  # Python's own way to make a module not importable
     out = tmp_path / "output"
-    proc = run_cli_here("1", "cpu", "--set", f"trackers=tensorboard,{name}", "--set", f"output_dir='{out}'")
+    proc = run_cli_here("1", "cpu", *overrides(f"trackers=tensorboard,{name}", f"output_dir='{out}'"))
     assert_one_line_error(proc, rf"trackers={name} needs the {name} library: pip install 'taehv-launch\[{name}\]'$")
     assert not out.exists()
 
@@ -354,7 +354,7 @@ def test_a_trainer_run_logs_the_same_scalars_to_tensorboard_and_mlflow(tmp_path,
 
     env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
     env = {k: v for k, v in env.items() if not k.startswith("MLFLOW_")}
-    proc, run = launch(tmp_path, 1, "--set", "trackers=tensorboard,mlflow", "--set", "max_train_steps=4", env=env)
+    proc, run = launch(tmp_path, 1, *overrides("trackers=tensorboard,mlflow max_train_steps=4"), env=env)
     ok(proc)
     log = (run / "launch.log").read_text()
     store = (tmp_path / "output" / "mlruns").as_uri()

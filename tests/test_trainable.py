@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_one_line_error, clean_env, run_cli_here
+from conftest import assert_one_line_error, clean_env, overrides, run_cli_here
 from trainrun import launch, ok, trainer_state
 from taehv_launch.errors import ConfigError
 from taehv_launch.plan.schema import DEFAULTS
@@ -110,7 +110,7 @@ def test_the_plan_accepts_or_refuses_each_combination_in_one_line(combo, tmp_pat
         (["--set", "reconstruction_loss=l2"], r"reconstruction_loss='l2' .* is not one of mse, l1"),
         (["--set", "freeze_encoder=maybe"], r"freeze_encoder"),
         (
-            ["--set", "freeze_encoder=True", "--set", "reconstruction_loss_weight=0", "--set", "use_seraena=False"],
+            overrides("freeze_encoder=True reconstruction_loss_weight=0 use_seraena=False"),
             r"the encoder is frozen \(freeze_encoder=True\) and the decoder has no loss \(reconstruction_loss_weight=0, "
             r"use_seraena=False\)",
         ),
@@ -122,7 +122,7 @@ def test_bad_values_are_one_line_and_exit_2(args, match, tmp_path):
 
 
 def test_the_json_plan_says_what_is_trained(tmp_path):
-    args = ["--set", "freeze_encoder=True", "--set", "reconstruction_loss=l1"]
+    args = overrides("freeze_encoder=True reconstruction_loss=l1")
     proc = run_cli_here("2", "cpu", "--dry-run", "--json", *args, env=clean_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -237,24 +237,18 @@ def check_parts(run: Path, ckpt: str, start: Path, enc_trained: bool, dec_traine
         assert any(k.startswith(f"exp_avg/taehv.{part}.") for k in moments) == trained, part
 
 
-TINY = ["--set", "max_train_steps=3", "--set", "validation_steps=1000", "--set", "checkpointing_steps=1000"]
+TINY = overrides("max_train_steps=3 validation_steps=1000 checkpointing_steps=1000")
 
 
 @pytest.mark.slow
 def test_decoder_only_on_two_ranks_keeps_the_encoder_bit_identical_through_a_resume(tmp_path, start_weights):
     env = clean_env(TAEHV_CACHE=str(tmp_path.parent / "taehv-cache"), OMP_NUM_THREADS="1")
-    args = [
-        "--set",
-        "freeze_encoder=True",
-        "--set",
-        "reconstruction_loss=l1",
-        "--set",
+    args = overrides(
+        "freeze_encoder=True reconstruction_loss=l1",
         f"pretrained_model_path='{start_weights}'",
-        "--set",
         "dataloader_num_workers=1",  # the cpu profile's
-        "--set",
         "checkpointing_steps=2",
-    ]
+    )
     proc, run = launch(tmp_path, 2, *args, "--set", "max_train_steps=3", env=env, run_name="dec")
     ok(proc)
     line = "decoder only (encoder frozen: freeze_encoder=True); losses: reconstruction L1 x1, Seraena x0.3"

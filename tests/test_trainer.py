@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, overrides, run_cli
 from trainrun import launch, ok, scalars, trainer_state
 
 TB_KEYS = [
@@ -108,20 +108,11 @@ def test_real_videos_reconstruction_loss_goes_down(tmp_path, videos):
     proc, run = launch(
         tmp_path,
         1,
-        "--set",
-        f"data_root='{videos}'",
-        "--set",
-        "max_train_steps=30",
-        "--set",
-        "use_seraena=False",
-        "--set",
-        "validation_steps=30",
-        "--set",
-        "checkpointing_steps=30",
-        "--set",
-        "learning_rate=1e-3",
-        "--set",
-        "lr_warmup_steps=3",
+        *overrides(
+            f"data_root='{videos}'",
+            "max_train_steps=30 use_seraena=False validation_steps=30 checkpointing_steps=30",
+            "learning_rate=1e-3 lr_warmup_steps=3",
+        ),
     )
     ok(proc)
     assert "skipping unreadable or unusable video" in proc.stdout  # empty.webm and friends, logged once
@@ -150,9 +141,9 @@ def _check_two_ranks(run, proc):
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", [0, 2])
 def test_two_ranks_ddp_and_zero2_then_resume(tmp_path, zero):
-    proc, run = launch(tmp_path, 2, "--set", "max_train_steps=4", "--set", f"zero_stage={zero}")
+    proc, run = launch(tmp_path, 2, *overrides("max_train_steps=4", f"zero_stage={zero}"))
     _check_two_ranks(run, proc)
-    proc, _ = launch(tmp_path, 2, "--resume", "auto", "--set", "max_train_steps=6", "--set", f"zero_stage={zero}")
+    proc, _ = launch(tmp_path, 2, "--resume", "auto", *overrides("max_train_steps=6", f"zero_stage={zero}"))
     ok(proc)
     assert "at step 4" in proc.stdout
     assert [s for s, _ in scalars(run)["train/loss"]] == [1, 2, 3, 4, 5, 6]
@@ -164,14 +155,7 @@ def test_profile_and_debug_and_accumulation(tmp_path):
         tmp_path,
         1,
         "--profile",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "profile_steps=2",
-        "--set",
-        "gradient_accumulation_steps=2",
-        "--set",
-        "seraena_crop=32",
+        *overrides("max_train_steps=4 profile_steps=2 gradient_accumulation_steps=2 seraena_crop=32"),
         run_name="prof",
     )
     ok(proc)
@@ -210,12 +194,7 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path):
     proc, run = launch(
         tmp_path,
         1,
-        "--set",
-        f"pretrained_model_path='{bad}'",
-        "--set",
-        "max_consecutive_bad_steps=3",
-        "--set",
-        "max_train_steps=10",
+        *overrides(f"pretrained_model_path='{bad}'", "max_consecutive_bad_steps=3 max_train_steps=10"),
         run_name="nan",
     )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -15,12 +15,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI, assert_one_line_error, clean_env, free_port, run_cli
+from conftest import assert_one_line_error, clean_env, free_port, overrides, run_cli, start, start_cli
 from trainrun import FAST, launch, ok
 
 pytestmark = pytest.mark.slow
@@ -63,8 +62,7 @@ def cli(tmp: Path, *args: str, env=None) -> subprocess.CompletedProcess:
         "cpu",
         "--master-port",
         str(free_port()),
-        "--set",
-        f"output_dir='{tmp / 'output'}'",
+        *overrides(f"output_dir='{tmp / 'output'}'"),
         *FAST,
         *args,
         env=env,
@@ -114,12 +112,12 @@ def test_an_unnamed_auto_resume_says_which_run_and_continues_in_it(base):  # rea
         (["--set", "max_train_steps=2"], r"checkpoint-2 is at step 2, and max_train_steps is 2: nothing left to train"),
         (["--set", "max_train_steps=1"], r"is at step 2, and max_train_steps is 1"),
         (
-            ["--set", "max_train_steps=4", "--set", "latent_channels=8"],
+            overrides("max_train_steps=4 latent_channels=8"),
             r"does not fit this model \(latent_channels=4 -> 8\): resume with its settings",
         ),
-        (["--set", "max_train_steps=4", "--set", "use_seraena=False"], r"use_seraena=True -> False"),
+        (overrides("max_train_steps=4 use_seraena=False"), r"use_seraena=True -> False"),
         (
-            ["--set", "max_train_steps=4", "--set", "ref_vae_type='wan'"],
+            overrides("max_train_steps=4 ref_vae_type='wan'"),
             r"trained against the cogvideox reference VAE, this run asks for wan: .*allow_family_change=True",
         ),
     ],
@@ -141,12 +139,7 @@ def test_a_family_change_is_an_explicit_opt_in(base):
         "base",
         "--resume",
         "auto",
-        "--set",
-        "max_train_steps=4",
-        "--set",
-        "ref_vae_type='wan'",
-        "--set",
-        "allow_family_change=True",
+        *overrides("max_train_steps=4 ref_vae_type='wan' allow_family_change=True"),
     )
     assert p["resume"].endswith("checkpoint-2")
     assert (
@@ -175,7 +168,7 @@ def test_what_the_trainer_would_refuse_first_is_refused_before_writing(tmp_path)
             r"the reference VAE at .* has 16 latent channels but latent_channels=4: set --set latent_channels=16",
         ),
         (
-            ["--set", f"ref_vae_path='{vae}'", "--set", "ref_vae_type='wan'"],
+            overrides(f"ref_vae_path='{vae}'", "ref_vae_type='wan'"),
             r"is an AutoencoderKLCogVideoX, not the AutoencoderKLWan .*: set ref_vae_type=cogvideox",
         ),
     ]
@@ -196,7 +189,7 @@ LOCK_HOLDER = textwrap.dedent("""
 
 def test_a_held_run_dir_is_refused_and_a_dead_holders_lock_is_not(work):
     run = work / "output" / "base"
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    holder = start([sys.executable, "-c", LOCK_HOLDER, str(run)], stderr=None)  # stdout: a pipe
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = snapshot(run)
@@ -218,42 +211,16 @@ def test_a_held_run_dir_is_refused_and_a_dead_holders_lock_is_not(work):
 def test_two_real_launches_of_one_run(base, tmp_path):
     """The second launch of a live run is one line, exit 2, and the first one's log stays its own."""
     env = env_for(tmp_path)
-    argv = [
-        *CLI,
-        "1",
-        "cpu",
-        "--run-name",
-        "live",
-        "--set",
-        f"output_dir='{tmp_path / 'output'}'",
-        *FAST,
-        "--set",
-        "max_train_steps=100000",
-    ]
-    out = tmp_path / "first.out"
-    with open(out, "w") as f:
-        first = subprocess.Popen(
-            [*argv, "--master-port", str(free_port())],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
+    argv = ["1", "cpu", "--run-name", "live", *overrides(f"output_dir='{tmp_path / 'output'}'"), *FAST]
+    argv += overrides("max_train_steps=100000")
+    out = tmp_path / "first.out"  # stdout and stderr; stdin: ours
+    first = start_cli(
+        *argv, "--master-port", str(free_port()), env=env, cwd=tmp_path, out=out, stdin=None, start_new_session=True
+    )
     try:
-        deadline = time.time() + 240
-        while "step 1/" not in out.read_text() and time.time() < deadline:
-            assert first.poll() is None, out.read_text()
-            time.sleep(0.2)
+        first.wait_for("step 1/", timeout=240)
         log = (tmp_path / "output" / "live" / "launch.log").read_text()
-        second = subprocess.run(
-            [*argv, "--master-port", str(free_port())],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-        )
+        second = run_cli(*argv, "--master-port", str(free_port()), env=env, cwd=tmp_path, timeout=120)
         assert_one_line_error(second, r"is in use by another launch")
         assert (tmp_path / "output" / "live" / "launch.log").read_text().startswith(log)
         assert "=== taehv-launch" not in (tmp_path / "output" / "live" / "launch.log").read_text()[len(log) :]

@@ -22,6 +22,8 @@ import time
 
 import pytest
 
+from conftest import start
+
 RANK = textwrap.dedent("""
     import sys, time
     import torch
@@ -62,12 +64,9 @@ BURST_S = 1.2  # one signal, repeated: within REPEAT_WINDOW_S (2 s) of the first
 def run_rank(tmp_path, method: str, epochs: int, sig: int) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    proc = subprocess.Popen(
+    proc = start(
         [sys.executable, str(script), method, str(epochs)],
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
         start_new_session=True,  # its own process group, as a job step's
     )
     sent = 0
