@@ -47,7 +47,7 @@ from ..rundir.heartbeat import (
     stacks_dir,
 )
 from ..rundir.layout import trainer_lock_path
-from ..rundir.progress import LONGEST_S, number
+from ..rundir.records import LONGEST_S, number
 from ..rundir.exitstatus import write_exit_status
 
 POLL_S = 1.0

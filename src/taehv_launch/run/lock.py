@@ -25,18 +25,14 @@ import time
 from pathlib import Path
 
 from ..errors import LaunchError
-from ..rundir.layout import node_suffix, trainer_lock_path
-
-
-def lock_path(run_dir: Path, node: int) -> Path:
-    return run_dir / f".lock{node_suffix(node)}"
+from ..rundir.layout import launcher_lock_path, trainer_lock_path
 
 
 class RunLock:
     """Take it with `acquire()`; it is released by `release()` or when this process ends."""
 
     def __init__(self, run_dir: Path, node: int) -> None:
-        self.path, self.node = lock_path(run_dir, node), node
+        self.path, self.node = launcher_lock_path(run_dir, node), node
         self.fd: int | None = None
 
     def acquire(self) -> None:

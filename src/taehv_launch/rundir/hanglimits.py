@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from ..files import read_json_or_none, write_atomic
-from .progress import LONGEST_S, count, number
+from .records import LONGEST_S, count, number
 
 HANG_LIMITS_FILE = "hang_limits.json"
 # Phases whose normal duration can exceed hang_timeout: judged against hang_timeout_slow, or for the

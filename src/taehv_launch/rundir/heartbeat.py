@@ -46,7 +46,8 @@ from pathlib import Path
 from ..files import read_json
 from .hanglimits import SLOW_PHASES as SLOW_PHASES
 from .hanglimits import HangLimits, job_limit, limits_summary, read_hang_limits
-from .progress import LONGEST_S, number, read_text_part
+from .progress import read_text_part
+from .records import LONGEST_S, number
 
 HEARTBEAT_DIR = "heartbeat"
 STACKS_DIR = "stacks"

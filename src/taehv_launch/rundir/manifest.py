@@ -35,7 +35,7 @@ from typing import Any
 
 from ..files import RECORD_LIMIT, BadRecord, read_json_lines
 from .layout import node_suffix
-from .progress import LATEST_TIME
+from .records import LATEST_TIME
 
 MANIFEST_FILE = "manifest.jsonl"
 FORMAT = 1

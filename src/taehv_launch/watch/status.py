@@ -30,9 +30,10 @@ from ..plan.configfile import read_config_literals
 from ..rundir.checkpoint import COMPLETE, checkpoint_step, incomplete_reason
 from ..rundir.events import EVENTS_FILE, read_events, restarts_summary
 from ..rundir.heartbeat import node_rows, rank_rows, read_hang_reports
-from ..rundir.layout import REQUEUE, runs_newest_first
+from ..rundir.layout import REQUEUE, launcher_lock_path, runs_newest_first
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
-from ..rundir.progress import count, number, progress_of, read_text_part, this_launch, timestamp, validation_of
+from ..rundir.progress import progress_of, read_text_part, this_launch, validation_of
+from ..rundir.records import count, number, timestamp
 from ..rundir.requeue import REQUEUE_FILE
 from ..rundir.exitstatus import read_exit_status, exit_status_path
 from .statustext import link_text, shown
@@ -159,7 +160,7 @@ def _node_files(run_dir: Path, stem: str, ext: str) -> dict[int, Path]:
 
 def _launcher_alive(run_dir: Path) -> bool:
     """Node 0's launcher holds .lock (run/lock.py); on this host its pid says whether it still runs."""
-    holder = read_json_or_none(run_dir / ".lock") or {}
+    holder = read_json_or_none(launcher_lock_path(run_dir, 0)) or {}
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or not 0 < pid < 2**22:
         return False
@@ -244,7 +245,7 @@ def _launch_times(run_dir: Path, manifest: list[dict], live: bool) -> tuple[floa
     """When the current launch began, (by the writers' clocks, by the filesystem's): the newest manifest
     record's time (kept by a copy of the run dir, as progress.json's are; the .lock's while its launcher
     runs here), and node 0's .lock mtime (each launch rewrites it; as the heartbeats' mtimes)."""
-    at, lock = (record_time(manifest[-1]) if manifest else None), _mtime(run_dir / ".lock")
+    at, lock = (record_time(manifest[-1]) if manifest else None), _mtime(launcher_lock_path(run_dir, 0))
     return (lock if live and lock else at or lock), lock or at
 
 
