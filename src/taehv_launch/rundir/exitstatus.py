@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files import read_json_or_none, write_atomic
+from ..files import write_atomic
 from .layout import node_suffix
+from .records import TRUE, Field, Record, Text, Whole
 
 
 def exit_status_path(run_dir: Path, node: int) -> Path:
@@ -23,13 +24,17 @@ def write_exit_status(path: Path, code: int, message: str, repeats: bool = False
     write_atomic(path, json.dumps(rec))
 
 
+EXIT_STATUS = Record(
+    "exit status",
+    (Field("code", Whole(None), required=True), Field("message", Text()), Field("repeats", TRUE, default=False)),
+)
+
+
 def read_exit_status(path: Path) -> dict | None:
     """The recorded {"code": int, "message": str or None} (and "repeats": True where recorded), or None when there is none (yet) or it is
     unusable (unreadable, not an object, no whole-number code)."""
-    rec = read_json_or_none(path)
-    code = rec.get("code") if rec else None
-    if not isinstance(code, int) or isinstance(code, bool):
+    rec = EXIT_STATUS.read(path).record
+    if rec is None:
         return None
-    message = rec.get("message")
-    out = {"code": code, "message": message if isinstance(message, str) else None}
-    return out | ({"repeats": True} if rec.get("repeats") is True else {})
+    repeats = rec.pop("repeats")
+    return rec | ({"repeats": True} if repeats else {})

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from ..files import read_json_or_none, write_atomic
-from .records import LONGEST_S, count, number
+from .records import LONGEST_S, Field, Number, Record, Whole, count, number
 
 HANG_LIMITS_FILE = "hang_limits.json"
 # Phases whose normal duration can exceed hang_timeout: judged against hang_timeout_slow, or for the
@@ -154,12 +154,16 @@ def combine(times: Iterable[object], world: int) -> dict[str, float | None]:
     return out
 
 
+TIMES = Number(high=LONGEST_S, what="seconds")
+MEASURED_TIMES = Record(
+    "measured",
+    (*(Field(f"{k}_s", TIMES) for k in KINDS), Field("steps", Whole())),
+)
+
+
 def clean_measured(record: object) -> dict[str, float | None]:
     """A record's "measured" times with every field checked (another type, NaN, negative: None)."""
-    rec = record if isinstance(record, dict) else {}
-    out: dict[str, float | None] = {f"{k}_s": number(rec.get(f"{k}_s"), LONGEST_S) for k in KINDS}
-    out["steps"] = count(rec.get("steps"))
-    return out
+    return MEASURED_TIMES.parse(record if isinstance(record, dict) else {}).record or {}
 
 
 def write_hang_limits(run_dir: Path, limits: HangLimits) -> None:

@@ -47,7 +47,7 @@ from ..files import read_json
 from .hanglimits import SLOW_PHASES as SLOW_PHASES
 from .hanglimits import HangLimits, job_limit, limits_summary, read_hang_limits
 from .progress import read_text_part
-from .records import LONGEST_S, number
+from .records import LONGEST_S, Field, Number, Record, Text, Whole
 
 HEARTBEAT_DIR = "heartbeat"
 STACKS_DIR = "stacks"
@@ -126,10 +126,6 @@ def read_hang_reports(run_dir: Path, since: float = 0.0) -> dict[int, dict]:
     return out
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def process_state(host: object, pid: object) -> str | None:
     """The state letter of process `pid` if it runs on this host (R, S, D, T stopped, t traced, ...),
     "?" when it exists but its state is unreadable, None when it does not exist here (gone, a zombie,
@@ -161,6 +157,18 @@ def silence_limit(beats: list[dict], limits: HangLimits, world: int | None = Non
     allowance for its own last phase, which no longer runs."""
     running = [(hb.get("phase"), hb.get("warmup")) for hb in beats if hb.get("state") not in STOPPED]
     return job_limit(running, world is not None and len(beats) < world, limits)
+
+
+HEARTBEAT = Record(  # what `status` shows of a heartbeat (the watchdogs read theirs as written)
+    "heartbeat",
+    (
+        Field("node", Whole(None)),
+        Field("host", Text()),
+        Field("step", Whole()),
+        Field("phase", Text()),
+        Field("progress_age_s", Number(high=LONGEST_S)),
+    ),
+)
 
 
 def rank_rows(
@@ -198,19 +206,19 @@ def rank_rows(
             why = (read_text_part(dead, 4096, tail=False).strip().splitlines() or ["?"])[0] if dead.exists() else None
         except OSError:
             why = "?"
-        step, age = _int(hb.get("step")), hb.get("progress_age_s")
+        shown = HEARTBEAT.parse(hb).record  # every field optional: a dict
         beat_age = now - hb["mtime"]
         gone = hb.get("host") == here and hb.get("state", "?") is None  # its process is no longer on this host
         rows.append(
             {
                 "rank": rank,
-                "node": _int(hb.get("node")),
-                "host": hb.get("host") if isinstance(hb.get("host"), str) else None,
-                "step": step if step is not None and step >= 0 else None,
-                "phase": hb.get("phase") if isinstance(hb.get("phase"), str) else None,
+                "node": shown["node"],
+                "host": shown["host"],
+                "step": shown["step"],
+                "phase": shown["phase"],
                 "age_s": beat_age,
                 "stale": beat_age > live_s,
-                "progress_age_s": number(age, LONGEST_S),
+                "progress_age_s": shown["progress_age_s"],
                 "done": rank in done,
                 "dead": why,
                 "limit_s": limit,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 from ..files import RECORD_LIMIT, BadRecord, read_json_lines
 from .layout import node_suffix
-from .records import LATEST_TIME
+from .records import timestamp
 
 MANIFEST_FILE = "manifest.jsonl"
 FORMAT = 1
@@ -122,10 +121,7 @@ def read_manifest(run_dir: Path, node: int = 0) -> list[dict]:
 
 def record_time(record: dict) -> float | None:
     """The record's `time` when it is one a clock could show, else None."""
-    t = record.get("time")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        return None
-    return float(t) if 0 <= t <= LATEST_TIME else None
+    return timestamp(record.get("time"))
 
 
 def part(record: Any, name: str) -> dict:

@@ -34,7 +34,7 @@ from ..rundir.layout import REQUEUE, launcher_lock_path, runs_newest_first
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
 from ..rundir.progress import progress_of, read_text_part, this_launch, validation_of
 from ..rundir.records import count, number, timestamp
-from ..rundir.requeue import REQUEUE_FILE
+from ..rundir.requeue import read_requeues
 from ..rundir.exitstatus import read_exit_status, exit_status_path
 from .statustext import link_text, shown
 
@@ -212,11 +212,11 @@ def _rollbacks(run_dir: Path) -> dict[str, Any]:
 
 
 def _requeues(run_dir: Path) -> dict[str, Any]:
-    rec = read_json_or_none(run_dir / REQUEUE_FILE) or {}
+    rec = read_requeues(run_dir) or {}  # its fields checked: another type reads as 0 or None
     return {
-        "count": count(rec.get("count")) or 0,
-        "without_progress": count(rec.get("without_progress")) or 0,
-        "stopped": rec.get("stopped") if isinstance(rec.get("stopped"), str) else None,
+        "count": rec.get("count", 0),
+        "without_progress": rec.get("without_progress", 0),
+        "stopped": rec.get("stopped"),
     }
 
 
