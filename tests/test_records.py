@@ -83,6 +83,7 @@ def test_progress_and_validation_read_as_before(tmp_path):
         "eta_s": None,  # over LONGEST_S
         "time": 1.7e9,
         "started": None,
+        "launch_id": None,  # none written: a record of a trainer started without a launcher (rundir/launchid.py)
         "flops": {"tflops_per_gpu": 3.0, "mfu": None, "peak_tflops_per_gpu": None, "mfu_note": "n" * 200},
     }
     (tmp_path / "progress.json").write_text('{"step": 3.0}')
@@ -109,13 +110,16 @@ def test_the_exit_status_requeue_count_and_rollbacks_read_as_before(tmp_path):
     for text, want in (
         ('{"code": 75, "message": "saved"}', {"code": 75, "message": "saved"}),
         ('{"code": -9, "message": 3, "repeats": 1}', {"code": -9, "message": None}),
-        ('{"code": 1, "repeats": true}', {"code": 1, "message": None, "repeats": True}),
+        ('{"code": 1, "repeats": true, "launch_id": "L-1"}', {"code": 1, "message": None, "repeats": True}),
         ('{"code": true}', None),
         ('{"code": "1"}', None),
         ("[1]", None),
     ):
         path.write_text(text)
         assert read_exit_status(path) == want, text
+    assert read_exit_status(path := exit_status_path(tmp_path, 1), launch=True) is None
+    path.write_text('{"code": 0, "launch_id": "L-1"}')
+    assert read_exit_status(path, launch=True) == {"code": 0, "message": None, "launch_id": "L-1"}
     req = tmp_path / REQUEUE_FILE
     req.write_text('{"count": "3", "without_progress": 0}')
     rec, note = load_requeues(tmp_path)

@@ -6,7 +6,8 @@ The trainer's rank 0 appends (train/loop/guard.py):
 - a stop: {"event": "stop", "time", "step", "reason"} when it diverged again within rollback_window.
 The launcher's restart in place appends (run/supervise.py, run/restart.py): {"event": "restart"},
 {"event": "restarted"} once the ranks step again, {"event": "restart_stop"}; restarts_summary()
-reads them for `taehv-launch status`.
+reads them for `taehv-launch status`. Every line also carries "launch_id", the launch that wrote it
+(rundir/launchid.py).
 A resume reads the rollbacks back (the lowered LR and the window survive it); `taehv-launch status`
 shows how many there were and the newest.
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import RECORD_LIMIT, disk_errors, read_json_lines
+from .launchid import stamped
 from .records import BAD, TIME, Field, Number, Record, Text, Whole
 
 EVENTS_FILE = "events.jsonl"
@@ -118,7 +120,7 @@ def append_event(run_dir: Path, record: dict[str, Any]) -> None:
         disk_errors(EVENTS_FILE, run_dir, "then continue with --resume auto"),
         open(Path(run_dir) / EVENTS_FILE, "a") as f,
     ):
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(stamped(record)) + "\n")
 
 
 RESTART = Record("restart record", (Field("reason", Text(), default="?"), Field("time", TIME)))

@@ -6,7 +6,8 @@ results, rewritten by rank 0 after each validation (format below, VALIDATION_FIL
  "global_batch", "eta_s", "time" (the writer's clock, seconds since the epoch), "started" (this launch),
  and where the trainer counted its FLOPs (plan/flops.py), over this log window: "tflops_per_gpu", "mfu"
  (0-1; null without a peak), "peak_tflops_per_gpu" (null: a CPU or a GPU not in the table), "mfu_note"
- (why there is no MFU)}
+ (why there is no MFU), "launch_id" (the launch that wrote it, rundir/launchid.py: `status` tells this
+launch's progress from an earlier one's by it)}
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import stat
 from pathlib import Path
 
 from ..files import read_json_or_none, write_atomic
+from .launches import ThisLaunch
+from .launchid import LAUNCH, stamped
 from .records import LONGEST_S, TIME, Field, Number, Record, Text, Whole, number
 
 PROGRESS_FILE = "progress.json"
 
 
 def write_progress(run_dir: Path, record: dict) -> None:
-    write_atomic(Path(run_dir) / PROGRESS_FILE, json.dumps(record))
+    write_atomic(Path(run_dir) / PROGRESS_FILE, json.dumps(stamped(record)))
 
 
 PROGRESS = Record(
@@ -38,6 +41,7 @@ PROGRESS = Record(
         Field("eta_s", Number(high=LONGEST_S)),
         Field("time", TIME),
         Field("started", TIME),
+        LAUNCH,
     ),
 )
 # where the trainer counted its FLOPs, over the log window; none: an older trainer
@@ -85,14 +89,14 @@ def this_launch(log: str) -> tuple[str, str]:
     return (log[cut:], log[:cut]) if cut >= 0 else (log, "")
 
 
-def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None, since: float | None) -> dict:
+def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None, launch: ThisLaunch | None) -> dict:
     """step, total, clips/s now and average, ETA at the record's time: progress.json, else the last step
-    line of the launch log's tail (`log`). What an earlier launch of the run wrote (progress.json started
-    before `since`, the current launch's start; a step line above the log's last banner) gives its step
-    and total only, with "of": "previous launch". {} when there is neither."""
+    line of the launch log's tail (`log`). What an earlier launch of the run wrote (progress.json of
+    another launch than `launch`, rundir/launches.py; a step line above the log's last banner) gives its
+    step and total only, with "of": "previous launch". {} when there is neither."""
     rec = read_progress(run_dir)
     if rec is not None:
-        at = rec["started"] if rec["started"] is not None else rec["time"]
+        at = rec["started"] if rec["started"] is not None else rec["time"]  # without a launch id: by time
         out = {
             "step": rec["step"],
             "total": rec["total"],
@@ -105,7 +109,7 @@ def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None,
             "progress_from": PROGRESS_FILE,
             "flops": rec["flops"],
         }
-        return _previous(out) if since is not None and (at is None or at < since) else out
+        return _previous(out) if launch is not None and not launch.holds(rec, started=at) else out
     current, earlier = this_launch(log)
     old = False
     found = list(STEP_LINE.finditer(current))
@@ -149,7 +153,7 @@ VALIDATION_LINE = re.compile(  # train/loop/evaluate.py's log line; flicker and 
 
 
 def write_validation(run_dir: Path, record: dict) -> None:
-    write_atomic(Path(run_dir) / VALIDATION_FILE, json.dumps(record))
+    write_atomic(Path(run_dir) / VALIDATION_FILE, json.dumps(stamped(record)))
 
 
 SCORES = (

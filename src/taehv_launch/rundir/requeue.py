@@ -31,6 +31,7 @@ from pathlib import Path
 from ..errors import one_line
 from ..files import read_json_or_none, write_atomic
 from .checkpoint import CKPT_RE, newest_complete
+from .launchid import stamped
 from .records import Field, OrNull, Record, Text, Whole
 
 REQUEUE_FILE = "requeue.json"
@@ -86,7 +87,7 @@ def _keep_aside(path: Path) -> str:
 
 def write_requeues(run_dir: Path, record: dict) -> None:
     """Replace requeue.json atomically (a reader sees the old record or the new one); OSError is the caller's."""
-    write_atomic(Path(run_dir) / REQUEUE_FILE, json.dumps(record, indent=1) + "\n")
+    write_atomic(Path(run_dir) / REQUEUE_FILE, json.dumps(stamped(record), indent=1) + "\n")
 
 
 @dataclass(frozen=True)
