@@ -44,6 +44,7 @@ def test_one_sigterm_before_the_trainer_started_is_not_called_a_second_signal(tm
     ], lines
     run = tmp_path / "output" / "s"
     status = json.loads((run / "exit_status.json").read_text())  # `taehv-launch status` says the same
+    assert status.pop("launch_id")  # stamped by the launcher that wrote it (rundir/launchid.py)
     assert status == {"code": 130, "message": "stopped by SIGTERM before the trainer started, nothing to save"}
 
 

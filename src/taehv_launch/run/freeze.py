@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EXIT_HUNG
-from ..files import write_atomic
 from ..rundir.hanglimits import limit_text, read_hang_limits
 from ..rundir.heartbeat import (
     HANG_SUFFIX,
@@ -45,9 +44,10 @@ from ..rundir.heartbeat import (
     read_heartbeats,
     silence_limit,
     stacks_dir,
+    write_heartbeat,
 )
 from ..rundir.layout import trainer_lock_path
-from ..rundir.progress import LONGEST_S, number
+from ..rundir.records import LONGEST_S, number
 from ..rundir.exitstatus import write_exit_status
 
 POLL_S = 1.0
@@ -234,7 +234,7 @@ class NodeWatch:
         culprit = min(frozen)
         try:  # the other ranks of the job (every node) read it, dump their stacks and stop with 76
             stacks_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
-            write_atomic(heartbeat_path(self.run_dir, culprit, HANG_SUFFIX), json.dumps(report))
+            write_heartbeat(heartbeat_path(self.run_dir, culprit, HANG_SUFFIX), report)
         except OSError as exc:
             self.note(f"taehv-launch: warning: cannot write the hang report: {exc.strerror or exc}")
         try:

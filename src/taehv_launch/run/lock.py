@@ -3,7 +3,7 @@ on node k), held by the launcher for as long as it runs.
 
 flock(2) on an open file: the kernel drops it when the launcher exits or dies, so a lock is never
 stale, whatever the file still says. The file records who holds it (host, pid, start time) for the
-refusal message. On a local filesystem it keeps two launches of one run on one machine apart. On
+refusal message, and the launch's id (rundir/launchid.py): `status` reads the current launch's from it. On a local filesystem it keeps two launches of one run on one machine apart. On
 NFS, Linux implements flock with the server's byte-range locks (NFSv4, or NFSv3 with lockd), so it
 holds across nodes too where the filesystem supports POSIX locks across clients; a filesystem
 mounted with `nolock` (or `local_lock=all`) only locks within each machine.
@@ -25,18 +25,15 @@ import time
 from pathlib import Path
 
 from ..errors import LaunchError
-from ..rundir.layout import node_suffix, trainer_lock_path
-
-
-def lock_path(run_dir: Path, node: int) -> Path:
-    return run_dir / f".lock{node_suffix(node)}"
+from ..rundir.launchid import stamped
+from ..rundir.layout import launcher_lock_path, trainer_lock_path
 
 
 class RunLock:
     """Take it with `acquire()`; it is released by `release()` or when this process ends."""
 
     def __init__(self, run_dir: Path, node: int) -> None:
-        self.path, self.node = lock_path(run_dir, node), node
+        self.path, self.node = launcher_lock_path(run_dir, node), node
         self.fd: int | None = None
 
     def acquire(self) -> None:
@@ -67,7 +64,7 @@ class RunLock:
         self.fd = fd
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        os.pwrite(fd, (json.dumps(stamped(holder)) + "\n").encode(), 0)
 
     def _no_trainer_left(self) -> None:
         """Refuse while trainer processes of an earlier launch still hold the trainer lock (their launcher

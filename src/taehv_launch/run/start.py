@@ -18,6 +18,7 @@ def launch(req: Request) -> int:
     from .lock import RunLock
     from .manifest import record_launch
     from .toolcheck import check_accelerate_yaml, check_deepspeed_config
+    from ..rundir.launchid import begin_launch
 
     plan = build_plan(req)  # resolves --resume and refuses a checkpoint that cannot continue
     if plan.memory.fits is False and plan.options.task == "train":  # a cache job only encodes
@@ -34,6 +35,7 @@ def launch(req: Request) -> int:
     if rendered.deepspeed is not None:
         check_deepspeed_config(rendered.deepspeed, plan.world_size)
     edge.check_port_free(plan)  # before writing: a launch that cannot start must not repoint `latest`
+    begin_launch()  # this launch's id, in our environment: the trainer inherits it; every record carries it
     lock = RunLock(run_dir, plan.topology.machine_rank)
     edge.prepare_run_dir(plan, run_dir, lock)  # refuses a run dir another launch holds
     notes += edge.write_files(run_dir, rendered.files)  # identical on every node: safe on a shared filesystem

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import EXIT_FAILED, CheckpointError
 from ..files import read_json, write_atomic
+from .records import ANY, Field, ListOf, MapOf, OrNull, Record, Text, Whole
 
 COMPLETE = "COMPLETE"  # marker file inside a finished checkpoint
 CHECKSUM = "crc32"  # zlib.crc32 of the whole file, 8 hex digits
@@ -128,21 +129,22 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path, str | None]]:
     return sorted(out, key=lambda t: t[0])
 
 
+MARKER = Record(  # what a resume and every listing read of a COMPLETE marker
+    COMPLETE,
+    (
+        Field("files", ListOf(Text()), default=[]),
+        Field("sizes", OrNull(MapOf(Whole(None)))),
+        Field("checksum", ANY),
+        Field("checksums", OrNull(MapOf(Text()))),
+    ),
+    strict=True,
+)
+
+
 def read_marker(marker: Path) -> dict | None:
     """A COMPLETE marker's record, or None when it is unreadable or not one we wrote: `files` a list of
     names, `sizes` and `checksums` name -> value (a hand edit or a torn write must not crash a resume)."""
-    try:
-        meta = read_json(marker)
-    except (OSError, ValueError):
-        return None
-    files, sizes, sums = meta.get("files", []), meta.get("sizes") or {}, meta.get("checksums") or {}
-    if not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
-        return None
-    if not (isinstance(sizes, dict) and all(isinstance(n, int) for n in sizes.values())):
-        return None
-    if not (isinstance(sums, dict) and all(isinstance(v, str) for v in sums.values())):
-        return None
-    return meta
+    return MARKER.read(marker).record
 
 
 def incomplete_reason(ckpt: Path) -> str | None:

@@ -6,7 +6,8 @@ The trainer's rank 0 appends (train/loop/guard.py):
 - a stop: {"event": "stop", "time", "step", "reason"} when it diverged again within rollback_window.
 The launcher's restart in place appends (run/supervise.py, run/restart.py): {"event": "restart"},
 {"event": "restarted"} once the ranks step again, {"event": "restart_stop"}; restarts_summary()
-reads them for `taehv-launch status`.
+reads them for `taehv-launch status`. Every line also carries "launch_id", the launch that wrote it
+(rundir/launchid.py).
 A resume reads the rollbacks back (the lowered LR and the window survive it); `taehv-launch status`
 shows how many there were and the newest.
 
@@ -19,11 +20,12 @@ for it: the records are bookkeeping, the checkpoints are the state.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from ..files import RECORD_LIMIT, disk_errors, read_json_lines, show_field
+from ..files import RECORD_LIMIT, disk_errors, read_json_lines
+from .launchid import stamped
+from .records import BAD, TIME, Field, Number, Record, Text, Whole
 
 EVENTS_FILE = "events.jsonl"
 SEED_LIMIT = 2**40  # |data_seed| below this: the sampler multiplies it by ~1e6 into torch's 64-bit seed
@@ -38,23 +40,22 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         return []
 
 
-def _whole(value: Any, low: int, high: int | None = None) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value < high)
+STEP = Whole(what="a step number (a whole number >= 0)")
+ROLLBACK = Record(  # what a resume needs of a rollback record (the other fields are for people)
+    "rollback record",
+    (
+        Field("to_step", STEP, required=True),
+        Field("lr_until", STEP, required=True),
+        Field("data_seed", Whole(-SEED_LIMIT, SEED_LIMIT, "a whole number of magnitude below 2**40"), required=True),
+        Field("lr_factor", Number(0.0, 1.0, "a number in (0, 1]", above=True), required=True),
+        Field("checkpoint", Text(what="a checkpoint name"), required=True),
+    ),
+)
 
 
 def rollback_problem(rec: dict[str, Any]) -> str | None:
     """Why a resume cannot use this rollback record (None: it can)."""
-    for key in ("to_step", "lr_until"):
-        if not _whole(rec.get(key), 0):
-            return f"{key} is {show_field(rec, key)}, not a step number (a whole number >= 0)"
-    if not _whole(rec.get("data_seed"), -SEED_LIMIT, SEED_LIMIT):
-        return f"data_seed is {show_field(rec, 'data_seed')}, not a whole number of magnitude below 2**40"
-    f = rec.get("lr_factor")
-    if not (isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and 0 < f <= 1):
-        return f"lr_factor is {show_field(rec, 'lr_factor')}, not a number in (0, 1]"
-    if not isinstance(rec.get("checkpoint"), str):
-        return f"checkpoint is {show_field(rec, 'checkpoint')}, not a checkpoint name"
-    return None
+    return ROLLBACK.parse(rec).why or None
 
 
 def rollbacks(run_dir: Path) -> tuple[list[dict[str, Any]], int, str]:
@@ -119,7 +120,11 @@ def append_event(run_dir: Path, record: dict[str, Any]) -> None:
         disk_errors(EVENTS_FILE, run_dir, "then continue with --resume auto"),
         open(Path(run_dir) / EVENTS_FILE, "a") as f,
     ):
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(stamped(record)) + "\n")
+
+
+RESTART = Record("restart record", (Field("reason", Text(), default="?"), Field("time", TIME)))
+SECONDS = Number()  # a "restarted" record's recovery_s: failure to first new step
 
 
 def restarts_summary(events: list[dict]) -> dict | None:
@@ -128,13 +133,13 @@ def restarts_summary(events: list[dict]) -> dict | None:
     starts = [e for e in events if e.get("event") == "restart"]
     if not starts:
         return None
-    lost = [e.get("recovery_s") for e in events if e.get("event") == "restarted"]
-    lost = [x for x in lost if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0]
-    last = starts[-1]
+    lost = [SECONDS.check(e.get("recovery_s")) for e in events if e.get("event") == "restarted"]
+    lost = [x for x in lost if x is not BAD]
+    last = RESTART.parse(starts[-1]).record or {}
     return {
         "count": len(starts),
-        "last_reason": last.get("reason") if isinstance(last.get("reason"), str) else "?",
-        "last_time": last.get("time") if isinstance(last.get("time"), (int, float)) else None,
+        "last_reason": last["reason"],
+        "last_time": last["time"],
         "lost_s": round(sum(lost), 1) if lost else None,
         "ended": next((e.get("reason") for e in reversed(events) if e.get("event") == "restart_stop"), None),
     }

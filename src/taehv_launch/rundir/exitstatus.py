@@ -1,13 +1,16 @@
 """The exit-status file: the trainer's local rank 0 of each node records its exit code and one line
-in it; the launcher reports that code instead of accelerate's (which turns every failure into 1)."""
+in it; the launcher reports that code instead of accelerate's (which turns every failure into 1).
+{"code", "message", "repeats" (only when true), "launch_id" (the launch that wrote it, rundir/launchid.py)}"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from ..files import read_json_or_none, write_atomic
+from ..files import write_atomic
 from .layout import node_suffix
+from .launchid import LAUNCH, LAUNCH_ID, stamped
+from .records import TRUE, Field, Record, Text, Whole
 
 
 def exit_status_path(run_dir: Path, node: int) -> Path:
@@ -20,16 +23,26 @@ def write_exit_status(path: Path, code: int, message: str, repeats: bool = False
     restart would meet again (a user error such as diverging again or a full disk, not a dead peer): the
     launcher's restart in place (run/restart.py) leaves it. An OSError is the caller's to report."""
     rec = {"code": code, "message": message} | ({"repeats": True} if repeats else {})
-    write_atomic(path, json.dumps(rec))
+    write_atomic(path, json.dumps(stamped(rec)))
 
 
-def read_exit_status(path: Path) -> dict | None:
-    """The recorded {"code": int, "message": str or None} (and "repeats": True where recorded), or None when there is none (yet) or it is
+EXIT_STATUS = Record(
+    "exit status",
+    (
+        Field("code", Whole(None), required=True),
+        Field("message", Text()),
+        Field("repeats", TRUE, default=False),
+        LAUNCH,
+    ),
+)
+
+
+def read_exit_status(path: Path, launch: bool = False) -> dict | None:
+    """The recorded {"code": int, "message": str or None} (and "repeats": True where recorded; with
+    `launch`, "launch_id": the launch that wrote it, or None), or None when there is none (yet) or it is
     unusable (unreadable, not an object, no whole-number code)."""
-    rec = read_json_or_none(path)
-    code = rec.get("code") if rec else None
-    if not isinstance(code, int) or isinstance(code, bool):
+    rec = EXIT_STATUS.read(path).record
+    if rec is None:
         return None
-    message = rec.get("message")
-    out = {"code": code, "message": message if isinstance(message, str) else None}
-    return out | ({"repeats": True} if rec.get("repeats") is True else {})
+    repeats, lid = rec.pop("repeats"), rec.pop(LAUNCH_ID)
+    return rec | ({"repeats": True} if repeats else {}) | ({LAUNCH_ID: lid} if launch else {})

@@ -27,13 +27,13 @@ Every rank measures its own times (train/durability/progress.py) and carries the
 ("times"); the trainer's rank 0 takes the longest of all ranks' once every rank has one (`combine`),
 writes this file and prints the limits (`derived_line`). The readers compute the limits from the file's
 measured times with the same function and their own configured bounds, so a hand-edited file cannot
-set a limit outside them. A launch's rank 0 removes the file when it starts, and readers ignore one
-older than their launch: a restarted or resumed run is judged by the configured values until it has
-measured itself again.
+set a limit outside them. A launch's rank 0 removes the file when it starts, and readers ignore one of
+an earlier launch (`status`: another launch id; a watchdog or freeze watch: older than its own start):
+a restarted or resumed run is judged by the configured values until it has measured itself again.
 
 Format: {"measured": {"step_s", "steps", "checkpoint_s", "validation_s"} (seconds; null: not measured
 yet), "limits": {"step_s", "checkpoint_s", "validation_s"} (for people: readers recompute them),
-"configured": {"hang_timeout", "hang_timeout_slow"}, "floor_s", "time"}
+"configured": {"hang_timeout", "hang_timeout_slow"}, "floor_s", "time", "launch_id" (rundir/launchid.py)}
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from ..files import read_json_or_none, write_atomic
-from .progress import LONGEST_S, count, number
+from .launches import ThisLaunch, since_ok
+from .launchid import stamped
+from .records import LONGEST_S, Field, Number, Record, Whole, count, number
 
 HANG_LIMITS_FILE = "hang_limits.json"
 # Phases whose normal duration can exceed hang_timeout: judged against hang_timeout_slow, or for the
@@ -154,12 +156,16 @@ def combine(times: Iterable[object], world: int) -> dict[str, float | None]:
     return out
 
 
+TIMES = Number(high=LONGEST_S, what="seconds")
+MEASURED_TIMES = Record(
+    "measured",
+    (*(Field(f"{k}_s", TIMES) for k in KINDS), Field("steps", Whole())),
+)
+
+
 def clean_measured(record: object) -> dict[str, float | None]:
     """A record's "measured" times with every field checked (another type, NaN, negative: None)."""
-    rec = record if isinstance(record, dict) else {}
-    out: dict[str, float | None] = {f"{k}_s": number(rec.get(f"{k}_s"), LONGEST_S) for k in KINDS}
-    out["steps"] = count(rec.get("steps"))
-    return out
+    return MEASURED_TIMES.parse(record if isinstance(record, dict) else {}).record or {}
 
 
 def write_hang_limits(run_dir: Path, limits: HangLimits) -> None:
@@ -170,24 +176,24 @@ def write_hang_limits(run_dir: Path, limits: HangLimits) -> None:
         "floor_s": FLOOR_S,
         "time": round(time.time(), 3),
     }
-    write_atomic(hang_limits_path(run_dir), json.dumps(record))
+    write_atomic(hang_limits_path(run_dir), json.dumps(stamped(record)))
 
 
-def read_hang_limits(run_dir: Path, since: float | None, hang_timeout: float, slow: float) -> HangLimits:
+def read_hang_limits(run_dir: Path, since: ThisLaunch | float | None, hang_timeout: float, slow: float) -> HangLimits:
     """The limits a judge of this launch applies: the configured values, with the measured times of
-    <run>/hang_limits.json when it was written at or after `since` (the filesystem's clock; None: any)."""
+    <run>/hang_limits.json when it is this launch's (`since`: ThisLaunch, or the judge's own start by the
+    filesystem's clock, or None: any; rundir/launches.since_ok)."""
     path = hang_limits_path(run_dir)
     configured = HangLimits(float(hang_timeout or 0), float(slow or 0))
     if not hang_timeout:
         return configured
     try:
-        if since is not None and path.stat().st_mtime < since:
-            return configured  # an earlier launch's
+        mtime = path.stat().st_mtime
     except OSError:
         return configured
     record = read_json_or_none(path)
-    if record is None:
-        return configured
+    if record is None or not since_ok(since, record, mtime):
+        return configured  # none, or an earlier launch's
     return HangLimits(configured.hang_timeout, configured.hang_timeout_slow, clean_measured(record.get("measured")))
 
 

@@ -14,7 +14,7 @@ rank<r>       JSON, rewritten every few seconds by a background thread:
               the process (compile warm-up), `times` the rank's measured times once known
               ({"step_s", "steps", "checkpoint_s", "validation_s"}, null until measured: the hang
               limits derived from them are in <run>/hang_limits.json, rundir/hanglimits.py), `time`
-              the writer's clock.
+              the writer's clock, `launch_id` the launch (rundir/launchid.py).
               The file's mtime (the shared filesystem's clock) says whether the rank is alive.
 rank<r>.dead  one line: why the rank failed (an exception in that rank)
 rank<r>.done  the rank finished cleanly
@@ -29,7 +29,7 @@ stacks/       taken on a hang: rank<r>.txt (the rank's Python stacks, every thre
 A hang report holds: "line" (the one line the launcher prints), "by" (the rank that wrote it),
 "culprits" (the stuck ranks), "why", "limit_s", "ranks" (each rank's step, phase and ages as the
 deciding rank saw them), "dumps" (the files in stacks/ once every live rank dumped), "missing"
-(live ranks that left no stack dump), "time". A report written by a node's launcher (run/freeze.py:
+(live ranks that left no stack dump), "time", "launch_id". A report written by a node's launcher (run/freeze.py:
 the rank's own watchdog no longer runs) has "by": "taehv-launch node <k>".
 
 A rank whose heartbeat is older than SILENT_S does not run its threads (frozen: SIGSTOP, a debugger, a
@@ -40,15 +40,19 @@ status` says the run is hung.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 from pathlib import Path
 
-from ..files import read_json
+from ..files import read_json, write_atomic
 from .hanglimits import SLOW_PHASES as SLOW_PHASES
 from .hanglimits import HangLimits, job_limit, limits_summary, read_hang_limits
-from .progress import LONGEST_S, number, read_text_part
+from .launches import ThisLaunch, since_ok
+from .launchid import stamped
+from .progress import read_text_part
+from .records import LONGEST_S, Field, Number, Record, Text, Whole
 
 HEARTBEAT_DIR = "heartbeat"
 STACKS_DIR = "stacks"
@@ -84,6 +88,11 @@ def trace_path(run_dir: Path, rank: int, kind: str) -> Path:
     return stacks_dir(run_dir) / f"{kind}_trace_rank_{rank}"
 
 
+def write_heartbeat(path: Path, info: dict) -> None:
+    """A rank's heartbeat (rank<r>) or hang report (rank<r>.hang), replaced atomically; OSError is the caller's."""
+    write_atomic(path, json.dumps(stamped(info)))
+
+
 def read_heartbeat(path: Path) -> dict | None:
     """One rank's heartbeat with `mtime` added (the filesystem's clock), or None when absent, mid-write
     or no JSON object (a FIFO, a huge file, deep nesting: files.read_json). The fields are as written:
@@ -114,21 +123,16 @@ def read_heartbeats(run_dir: Path) -> dict[int, dict]:
     return out
 
 
-def read_hang_reports(run_dir: Path, since: float = 0.0) -> dict[int, dict]:
-    """rank -> hang report (with `mtime` added) of every rank<r>.hang written at or after `since`
-    (the filesystem's clock; 0, or anything but a number: all, including an earlier launch's)."""
-    if isinstance(since, bool) or not isinstance(since, (int, float)):
-        since = 0.0
+def read_hang_reports(run_dir: Path, since: ThisLaunch | float | None = None) -> dict[int, dict]:
+    """rank -> hang report (with `mtime` added) of every rank<r>.hang of this launch (`since`:
+    ThisLaunch, or written at or after this time by the filesystem's clock; None: all, including an
+    earlier launch's; rundir/launches.since_ok)."""
     out: dict[int, dict] = {}
     for path in _rank_files(run_dir, f"rank*{HANG_SUFFIX}"):
         rank = path.name[4 : -len(HANG_SUFFIX)]
-        if rank.isdigit() and (report := read_heartbeat(path)) is not None and report["mtime"] >= since:
+        if rank.isdigit() and (report := read_heartbeat(path)) is not None and since_ok(since, report, report["mtime"]):
             out[int(rank)] = report
     return out
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def process_state(host: object, pid: object) -> str | None:
@@ -164,11 +168,23 @@ def silence_limit(beats: list[dict], limits: HangLimits, world: int | None = Non
     return job_limit(running, world is not None and len(beats) < world, limits)
 
 
+HEARTBEAT = Record(  # what `status` shows of a heartbeat (the watchdogs read theirs as written)
+    "heartbeat",
+    (
+        Field("node", Whole(None)),
+        Field("host", Text()),
+        Field("step", Whole()),
+        Field("phase", Text()),
+        Field("progress_age_s", Number(high=LONGEST_S)),
+    ),
+)
+
+
 def rank_rows(
     run_dir: Path,
     now: float,
     live_s: float,
-    since: float | None = None,
+    launch: ThisLaunch | None = None,
     limits: tuple[float, float] | None = None,
 ) -> list[dict]:
     """One row a rank for `taehv-launch status`, its fields checked (a field of another type than the
@@ -179,15 +195,15 @@ def rank_rows(
     than SILENT_S, and it is neither done nor dead nor a process known to be gone from this host),
     hang_limits (the limits derived from this launch's times, the same on every row, or None:
     {"step_s", "checkpoint_s", "validation_s", "measured", "text"}, rundir/hanglimits.py).
-    Heartbeats older than `since` (an earlier launch's) are left out."""
-    beats = {r: hb for r, hb in read_heartbeats(run_dir).items() if since is None or hb["mtime"] >= since}
+    Heartbeats of another launch than `launch` (an earlier one's) are left out."""
+    beats = {r: hb for r, hb in read_heartbeats(run_dir).items() if launch is None or launch.holds(hb, hb["mtime"])}
     done = {r for r in beats if heartbeat_path(run_dir, r, ".done").exists()}
     limit, here, derived = None, socket.gethostname(), None
     if limits and limits[0] > 0:
         for hb in beats.values():  # a process on this host: its state; elsewhere, or fresh: "?" (unknown)
             late = now - hb["mtime"] > SILENT_S or hb.get("host") == here
             hb["state"] = process_state(hb.get("host"), hb.get("pid")) if late else "?"
-        judged = read_hang_limits(run_dir, since, *limits)
+        judged = read_hang_limits(run_dir, launch, *limits)
         limit = silence_limit([hb for r, hb in beats.items() if r not in done], judged)[0]
         if any(v is not None for v in judged.measured.values()):
             derived = {f"{k}_s": judged.limit(k)[0] for k in ("step", "checkpoint", "validation")}
@@ -199,19 +215,19 @@ def rank_rows(
             why = (read_text_part(dead, 4096, tail=False).strip().splitlines() or ["?"])[0] if dead.exists() else None
         except OSError:
             why = "?"
-        step, age = _int(hb.get("step")), hb.get("progress_age_s")
+        shown = HEARTBEAT.parse(hb).record  # every field optional: a dict
         beat_age = now - hb["mtime"]
         gone = hb.get("host") == here and hb.get("state", "?") is None  # its process is no longer on this host
         rows.append(
             {
                 "rank": rank,
-                "node": _int(hb.get("node")),
-                "host": hb.get("host") if isinstance(hb.get("host"), str) else None,
-                "step": step if step is not None and step >= 0 else None,
-                "phase": hb.get("phase") if isinstance(hb.get("phase"), str) else None,
+                "node": shown["node"],
+                "host": shown["host"],
+                "step": shown["step"],
+                "phase": shown["phase"],
                 "age_s": beat_age,
                 "stale": beat_age > live_s,
-                "progress_age_s": number(age, LONGEST_S),
+                "progress_age_s": shown["progress_age_s"],
                 "done": rank in done,
                 "dead": why,
                 "limit_s": limit,

@@ -32,6 +32,12 @@ def node_suffix(node: int) -> str:
     return "" if node == 0 else f".node{node}"
 
 
+def launcher_lock_path(run_dir: Path, node: int) -> Path:
+    """.lock[.node<k>]: node k's launcher holds an exclusive flock on it for as long as it runs, and
+    records who it is in it (host, pid, start time; run/lock.py): one launch per run directory and node."""
+    return Path(run_dir) / f".lock{node_suffix(node)}"
+
+
 def trainer_lock_path(run_dir: Path, node: int) -> Path:
     """.lock[.node<k>].trainer: every trainer process of node k's launch holds a shared flock on it while
     it runs (train/durability/stop.py); a launch of the run is refused while one does (run/lock.py)."""

@@ -4,8 +4,9 @@ launch log. Written by the launcher (run/manifest.py collects the facts), read b
 status`/`diff` and attached to the trackers as the run's config.
 
 A record (format 1):
-  time, node (this node's rank), launch (1, 2, ...: this node's launches of the run), run_id,
-  run_id_source, task ("train" or "cache"), resume (the checkpoint continued, or null)
+  time, node (this node's rank), launch (1, 2, ...: this node's launches of the run), launch_id (this
+  node's launcher's, rundir/launchid.py), run_id, run_id_source, task ("train" or "cache"), resume (the
+  checkpoint continued, or null)
   command      {"argv": the full command line, "cwd"}
   plan         {"gpus", "profile", "row_source", "world_size", "num_machines", "gpus_per_machine",
                 "strategy" ("DDP", "ZeRO-2", "single process"), "global_batch", "hash"}
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,8 @@ from typing import Any
 
 from ..files import RECORD_LIMIT, BadRecord, read_json_lines
 from .layout import node_suffix
-from .progress import LATEST_TIME
+from .launchid import stamped
+from .records import timestamp
 
 MANIFEST_FILE = "manifest.jsonl"
 FORMAT = 1
@@ -122,10 +123,7 @@ def read_manifest(run_dir: Path, node: int = 0) -> list[dict]:
 
 def record_time(record: dict) -> float | None:
     """The record's `time` when it is one a clock could show, else None."""
-    t = record.get("time")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        return None
-    return float(t) if 0 <= t <= LATEST_TIME else None
+    return timestamp(record.get("time"))
 
 
 def part(record: Any, name: str) -> dict:
@@ -150,7 +148,7 @@ def manifest_nodes(run_dir: Path) -> list[int]:
 def append_manifest(run_dir: Path, record: dict, node: int = 0) -> None:
     """Append one record as one line (one write); OSError is the caller's."""
     with open(manifest_path(run_dir, node), "a") as f:
-        f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        f.write(json.dumps(stamped(record), sort_keys=True, default=str) + "\n")
 
 
 def canonical(value: Any) -> str:

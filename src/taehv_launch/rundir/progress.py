@@ -6,78 +6,62 @@ results, rewritten by rank 0 after each validation (format below, VALIDATION_FIL
  "global_batch", "eta_s", "time" (the writer's clock, seconds since the epoch), "started" (this launch),
  and where the trainer counted its FLOPs (plan/flops.py), over this log window: "tflops_per_gpu", "mfu"
  (0-1; null without a peak), "peak_tflops_per_gpu" (null: a CPU or a GPU not in the table), "mfu_note"
- (why there is no MFU)}
+ (why there is no MFU), "launch_id" (the launch that wrote it, rundir/launchid.py: `status` tells this
+launch's progress from an earlier one's by it)}
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
 
 from ..files import read_json_or_none, write_atomic
+from .launches import ThisLaunch
+from .launchid import LAUNCH, stamped
+from .records import LONGEST_S, TIME, Field, Number, Record, Text, Whole, number
 
 PROGRESS_FILE = "progress.json"
-LATEST_TIME = 1e10  # seconds since the epoch (year 2286): a later "time" is no clock's reading
-LONGEST_S = 1e9  # seconds (about 30 years): a longer ETA or age is no estimate
 
 
 def write_progress(run_dir: Path, record: dict) -> None:
-    write_atomic(Path(run_dir) / PROGRESS_FILE, json.dumps(record))
+    write_atomic(Path(run_dir) / PROGRESS_FILE, json.dumps(stamped(record)))
 
 
-def number(value: Any, most: float = math.inf) -> float | None:
-    """A finite number from 0 to `most` (a JSON number: not a bool, a string, NaN or Infinity), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and 0 <= value <= most else None
-
-
-def count(value: Any) -> int | None:
-    """A whole number 0 or more (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def timestamp(value: Any) -> float | None:
-    """Seconds since the epoch that a clock could show, else None."""
-    return number(value, LATEST_TIME)
+PROGRESS = Record(
+    PROGRESS_FILE,
+    (
+        Field("step", Whole(), required=True),
+        Field("total", Whole(1)),  # 0: unknown
+        Field("samples_per_s", Number()),
+        Field("samples_per_s_avg", Number()),
+        Field("global_batch", Whole(1)),
+        Field("eta_s", Number(high=LONGEST_S)),
+        Field("time", TIME),
+        Field("started", TIME),
+        LAUNCH,
+    ),
+)
+# where the trainer counted its FLOPs, over the log window; none: an older trainer
+FLOPS = Record(
+    "flops",
+    (
+        Field("tflops_per_gpu", Number(high=1e6), required=True),
+        Field("mfu", Number(high=10.0)),
+        Field("peak_tflops_per_gpu", Number(high=1e6)),
+        Field("mfu_note", Text(200)),
+    ),
+)
 
 
 def read_progress(run_dir: Path) -> dict | None:
     """The record with every field checked (a field of another type, NaN or out of range is None), or
     None when there is none or it is unusable (not an object, no whole-number step)."""
-    rec = read_json_or_none(Path(run_dir) / PROGRESS_FILE)
-    if rec is None or count(rec.get("step")) is None:
-        return None
-    return {
-        "step": rec["step"],
-        "total": count(rec.get("total")) or None,
-        "samples_per_s": number(rec.get("samples_per_s")),
-        "samples_per_s_avg": number(rec.get("samples_per_s_avg")),
-        "global_batch": count(rec.get("global_batch")) or None,
-        "eta_s": number(rec.get("eta_s"), LONGEST_S),
-        "time": timestamp(rec.get("time")),
-        "started": timestamp(rec.get("started")),
-        "flops": _flops(rec),
-    }
-
-
-def _flops(rec: dict) -> dict | None:
-    """The window's TFLOP/s per GPU and MFU, checked; None when the record has no TFLOP/s (an older trainer)."""
-    tflops = number(rec.get("tflops_per_gpu"), 1e6)
-    if tflops is None:
-        return None
-    note = rec.get("mfu_note")
-    return {
-        "tflops_per_gpu": tflops,
-        "mfu": number(rec.get("mfu"), 10.0),
-        "peak_tflops_per_gpu": number(rec.get("peak_tflops_per_gpu"), 1e6),
-        "mfu_note": note[:200] if isinstance(note, str) else None,
-    }
+    raw = read_json_or_none(Path(run_dir) / PROGRESS_FILE)
+    rec = PROGRESS.parse(raw).record
+    return None if rec is None else {**rec, "flops": FLOPS.parse(raw).record}
 
 
 def read_text_part(path: Path, limit: int, tail: bool = True) -> str:
@@ -105,14 +89,14 @@ def this_launch(log: str) -> tuple[str, str]:
     return (log[cut:], log[:cut]) if cut >= 0 else (log, "")
 
 
-def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None, since: float | None) -> dict:
+def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None, launch: ThisLaunch | None) -> dict:
     """step, total, clips/s now and average, ETA at the record's time: progress.json, else the last step
-    line of the launch log's tail (`log`). What an earlier launch of the run wrote (progress.json started
-    before `since`, the current launch's start; a step line above the log's last banner) gives its step
-    and total only, with "of": "previous launch". {} when there is neither."""
+    line of the launch log's tail (`log`). What an earlier launch of the run wrote (progress.json of
+    another launch than `launch`, rundir/launches.py; a step line above the log's last banner) gives its
+    step and total only, with "of": "previous launch". {} when there is neither."""
     rec = read_progress(run_dir)
     if rec is not None:
-        at = rec["started"] if rec["started"] is not None else rec["time"]
+        at = rec["started"] if rec["started"] is not None else rec["time"]  # without a launch id: by time
         out = {
             "step": rec["step"],
             "total": rec["total"],
@@ -125,7 +109,7 @@ def progress_of(run_dir: Path, log: str, log_name: str, log_mtime: float | None,
             "progress_from": PROGRESS_FILE,
             "flops": rec["flops"],
         }
-        return _previous(out) if since is not None and (at is None or at < since) else out
+        return _previous(out) if launch is not None and not launch.holds(rec, started=at) else out
     current, earlier = this_launch(log)
     old = False
     found = list(STEP_LINE.finditer(current))
@@ -169,23 +153,29 @@ VALIDATION_LINE = re.compile(  # train/loop/evaluate.py's log line; flicker and 
 
 
 def write_validation(run_dir: Path, record: dict) -> None:
-    write_atomic(Path(run_dir) / VALIDATION_FILE, json.dumps(record))
+    write_atomic(Path(run_dir) / VALIDATION_FILE, json.dumps(stamped(record)))
 
 
-def _score(value: Any, low: float, high: float) -> float | None:
-    """A finite number from low to high (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and low <= value <= high else None
-
-
-def _scores(get: Any) -> dict[str, float | None]:
-    return {
-        "psnr": _score(get("psnr"), -1e3, 1e3),
-        "ssim": _score(get("ssim"), -1.0, 1.0),
-        "flicker": _score(get("flicker"), 0.0, 1.0),
-        "lpips": _score(get("lpips"), 0.0, 10.0),
-    }
+SCORES = (
+    Field("psnr", Number(-1e3, 1e3)),
+    Field("ssim", Number(-1.0, 1.0)),
+    Field("flicker", Number(0.0, 1.0)),
+    Field("lpips", Number(0.0, 10.0)),
+)
+VALIDATION = Record(
+    VALIDATION_FILE,
+    (
+        Field("step", Whole(), required=True),
+        Field("time", TIME),
+        Field("model", Text(40)),
+        Field("clips", Whole()),
+        *SCORES,
+        Field("lpips_note", Text(300)),
+        Field("best_step", Whole()),
+        Field("best_psnr", Number(-1e3, 1e3)),
+    ),
+)
+LOG_SCORES = Record("validation line", SCORES)
 
 
 def validation_of(run_dir: Path, log: str, log_name: str) -> dict | None:
@@ -193,38 +183,25 @@ def validation_of(run_dir: Path, log: str, log_name: str) -> dict | None:
     of range is None), else the last validation line of the launch log's tail (`log`; a run from before
     validation.json: step, PSNR and SSIM, flicker and LPIPS None). None when there is neither. "from"
     says which."""
-    rec = read_json_or_none(Path(run_dir) / VALIDATION_FILE)
-    if isinstance(rec, dict) and count(rec.get("step")) is not None:
-        note = rec.get("lpips_note")
-        return {
-            "step": rec["step"],
-            "time": timestamp(rec.get("time")),
-            "model": rec["model"][:40] if isinstance(rec.get("model"), str) else None,
-            "clips": count(rec.get("clips")),
-            **_scores(rec.get),
-            "lpips_note": note[:300] if isinstance(note, str) else None,
-            "best_step": count(rec.get("best_step")),
-            "best_psnr": _score(rec.get("best_psnr"), -1e3, 1e3),
-            "from": VALIDATION_FILE,
-        }
+    rec = VALIDATION.parse(read_json_or_none(Path(run_dir) / VALIDATION_FILE)).record
+    if rec is not None:
+        return {**rec, "from": VALIDATION_FILE}
     found = list(VALIDATION_LINE.finditer(log))
     if not found:
         return None
     m = found[-1]
-    fields = dict(zip(("psnr", "ssim", "flicker", "lpips"), m.group(2, 3, 4, 5)))
-
-    def get(k: str) -> float | None:
+    scores = {}
+    for name, text in zip(("psnr", "ssim", "flicker", "lpips"), m.group(2, 3, 4, 5)):
         try:
-            return float(fields[k])  # type: ignore[arg-type]
+            scores[name] = float(text)
         except (TypeError, ValueError):  # absent (an older trainer's line), n/a
-            return None
-
+            pass
     return {
         "step": int(m.group(1)),
         "time": None,
         "model": "ema",
         "clips": None,
-        **_scores(get),
+        **LOG_SCORES.parse(scores).record,  # type: ignore[dict-item]
         "lpips_note": None,
         "best_step": None,
         "best_psnr": None,

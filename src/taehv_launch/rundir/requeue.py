@@ -29,28 +29,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import one_line
-from ..files import read_json, read_json_or_none, show_field, write_atomic
+from ..files import read_json_or_none, write_atomic
 from .checkpoint import CKPT_RE, newest_complete
+from .launchid import stamped
+from .records import Field, OrNull, Record, Text, Whole
 
 REQUEUE_FILE = "requeue.json"
 KEY = "max_requeues_without_progress"  # the config key that sets the limit
 
 
+REQUEUES = Record(
+    REQUEUE_FILE,
+    (
+        Field("count", Whole(), required=True, default=0),
+        Field("without_progress", Whole(), required=True, default=0),
+        Field("last_checkpoint", OrNull(Text())),
+        Field("stopped", OrNull(Text())),
+        Field("job", OrNull(Text())),
+    ),
+    strict=True,  # the count decides whether a job goes on: only a record this module wrote counts
+)
+
+
 def read_requeues(run_dir: Path) -> dict | None:
-    """The record as it is, or None (missing or unreadable): for reading only (status)."""
-    return read_json_or_none(Path(run_dir) / REQUEUE_FILE)
-
-
-def record_problem(rec: dict) -> str | None:
-    """Why a requeue.json object is not a record this module wrote (None: it is)."""
-    for key in ("count", "without_progress"):
-        value = rec.get(key)
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-            return f"its {key} is {show_field(rec, key)}, not a whole number >= 0"
-    for key in ("last_checkpoint", "stopped", "job"):
-        if rec.get(key) is not None and not isinstance(rec.get(key), str):
-            return f"its {key} is {show_field(rec, key)}, not text"
-    return None
+    """The record, for reading only (status): every field checked, one of another type reads as its
+    default (counts 0, texts None); None when there is none or it is no JSON object."""
+    return REQUEUES.loose().parse(read_json_or_none(Path(run_dir) / REQUEUE_FILE)).record
 
 
 def load_requeues(run_dir: Path) -> tuple[dict | None, str]:
@@ -59,17 +63,8 @@ def load_requeues(run_dir: Path) -> tuple[dict | None, str]:
     type) is renamed to requeue.json.corrupt-<n>, kept for a look, and the count starts afresh: the
     note says so. Never raises: a count that cannot be kept must not stop a run."""
     path = Path(run_dir) / REQUEUE_FILE
-    try:
-        rec = read_json(path, dict)
-        problem = record_problem(rec)
-        why = None if problem is None else f"{path}: {problem}"
-    except FileNotFoundError:
-        return None, ""
-    except ValueError as exc:  # BadRecord: its message names the file
-        why = str(exc)
-    except OSError as exc:
-        why = f"{path}: {exc.strerror or exc}"
-    if why is None:
+    rec, why = REQUEUES.read(path)
+    if rec is not None or not why:
         return rec, ""
     return None, one_line(
         f"taehv-launch: note: the requeue count is unreadable ({why}); {_keep_aside(path)}; the count starts "
@@ -92,7 +87,7 @@ def _keep_aside(path: Path) -> str:
 
 def write_requeues(run_dir: Path, record: dict) -> None:
     """Replace requeue.json atomically (a reader sees the old record or the new one); OSError is the caller's."""
-    write_atomic(Path(run_dir) / REQUEUE_FILE, json.dumps(record, indent=1) + "\n")
+    write_atomic(Path(run_dir) / REQUEUE_FILE, json.dumps(stamped(record), indent=1) + "\n")
 
 
 @dataclass(frozen=True)

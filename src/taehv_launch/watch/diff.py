@@ -33,13 +33,12 @@ from ..rundir.manifest import (
     MISSING,
     differences,
     flatten,
-    manifest_nodes,
     part,
-    read_manifest,
     read_manifest_state,
     record_time,
     short,
 )
+from ..rundir.launches import current_launch, node_record
 from .status import RUN_FILES_TEXT, locate, missing, probe, shown
 from .statustext import link_text
 
@@ -178,10 +177,10 @@ def run_side(label: str, run_dir: Path) -> Side:
             return old_run_side(label, run_dir, f"manifest.jsonl unreadable ({one_line(manifest.why)})")
         return old_run_side(label, run_dir, "before manifest.jsonl")
     rec = records[-1]
-    hosts = []
-    for node in manifest_nodes(run_dir):
-        last = read_manifest(run_dir, node)[-1:] if node else [rec]
-        host = part(last[0], "environment").get("host") if last else None
+    current = current_launch(run_dir, records, live=False)
+    hosts = []  # every node's of the launch compared: its record on each node (rundir/launches.py)
+    for node in current.nodes if current.record is rec else (0,):
+        host = part(rec if node == 0 else node_record(run_dir, current, node), "environment").get("host")
         if host and str(host) not in hosts:
             hosts.append(str(host))
     plan = part(rec, "plan")

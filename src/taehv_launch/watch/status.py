@@ -8,9 +8,11 @@ rank's host, node, step, phase; the file's mtime says whether it lives); checkpo
 exit_status[.node<k>].json and the last `error:` line of launch[.node<k>].log; requeue.json;
 env[.node<k>].json (nodes and processes); manifest.jsonl (launches); events.jsonl (divergence rollbacks); validation.json.
 Every file is read as files.read_json* reads it (a FIFO, a device or a huge file never blocks nor fills
-memory; a field of another type than written reads as unknown). The current launch starts at node 0's
-.lock (rewritten by each launch), else the newest manifest record: what an earlier launch of the run
-left (progress.json, heartbeats, exit status, log lines) is not taken for this launch's.
+memory; a field of another type than written reads as unknown). What an earlier launch of the run left
+(progress.json, heartbeats, hang reports, hang_limits.json, exit status) is not taken for this launch's:
+each record carries the launch id of the launch that wrote it, and the current launch's is in node 0's
+.lock (rundir/launches.py; a run directory from before launch ids: by the times the records were
+written); log lines: those after the launch log's last banner.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import glob
 import json
 import os
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,10 +31,13 @@ from ..plan.configfile import read_config_literals
 from ..rundir.checkpoint import COMPLETE, checkpoint_step, incomplete_reason
 from ..rundir.events import EVENTS_FILE, read_events, restarts_summary
 from ..rundir.heartbeat import node_rows, rank_rows, read_hang_reports
+from ..rundir.launches import current_launch, launcher_alive
+from ..rundir.launchid import LAUNCH_ID
 from ..rundir.layout import REQUEUE, runs_newest_first
 from ..rundir.manifest import MANIFEST_FILE, part, read_manifest_state, record_time
-from ..rundir.progress import count, number, progress_of, read_text_part, this_launch, timestamp, validation_of
-from ..rundir.requeue import REQUEUE_FILE
+from ..rundir.progress import progress_of, read_text_part, this_launch, validation_of
+from ..rundir.records import count, number, timestamp
+from ..rundir.requeue import read_requeues
 from ..rundir.exitstatus import read_exit_status, exit_status_path
 from .statustext import link_text, shown
 
@@ -157,21 +161,6 @@ def _node_files(run_dir: Path, stem: str, ext: str) -> dict[int, Path]:
     return dict(sorted(out.items()))
 
 
-def _launcher_alive(run_dir: Path) -> bool:
-    """Node 0's launcher holds .lock (run/lock.py); on this host its pid says whether it still runs."""
-    holder = read_json_or_none(run_dir / ".lock") or {}
-    pid = holder.get("pid")
-    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or not 0 < pid < 2**22:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process
-    return True
-
-
 def _checkpoint(run_dir: Path, now: float, problems: list[str]) -> dict | None:
     """The newest complete checkpoint (sizes only, no file read); an unreadable one is a problem."""
     best = None
@@ -211,11 +200,11 @@ def _rollbacks(run_dir: Path) -> dict[str, Any]:
 
 
 def _requeues(run_dir: Path) -> dict[str, Any]:
-    rec = read_json_or_none(run_dir / REQUEUE_FILE) or {}
+    rec = read_requeues(run_dir) or {}  # its fields checked: another type reads as 0 or None
     return {
-        "count": count(rec.get("count")) or 0,
-        "without_progress": count(rec.get("without_progress")) or 0,
-        "stopped": rec.get("stopped") if isinstance(rec.get("stopped"), str) else None,
+        "count": rec.get("count", 0),
+        "without_progress": rec.get("without_progress", 0),
+        "stopped": rec.get("stopped"),
     }
 
 
@@ -240,14 +229,6 @@ def _config(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def _launch_times(run_dir: Path, manifest: list[dict], live: bool) -> tuple[float | None, float | None]:
-    """When the current launch began, (by the writers' clocks, by the filesystem's): the newest manifest
-    record's time (kept by a copy of the run dir, as progress.json's are; the .lock's while its launcher
-    runs here), and node 0's .lock mtime (each launch rewrites it; as the heartbeats' mtimes)."""
-    at, lock = (record_time(manifest[-1]) if manifest else None), _mtime(run_dir / ".lock")
-    return (lock if live and lock else at or lock), lock or at
-
-
 def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     """Everything status shows about one run (the JSON that `status --json` prints for it). A part that
     cannot be read (an unreadable checkpoint folder) is named in `unreadable`; the rest is still shown."""
@@ -265,23 +246,23 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     logs = guard("launch logs", lambda: _node_files(run_dir, "launch", "log"), {})
     manifest = (manifest_read := read_manifest_state(run_dir)).records  # only its tail when huge
     problems += [f"{MANIFEST_FILE}: {manifest_read.why}"] if manifest_read.why else []  # one there, no record
-    launcher = _launcher_alive(run_dir)
-    since, fs_since = _launch_times(run_dir, manifest, launcher)
+    launcher = launcher_alive(run_dir)
+    launch = current_launch(run_dir, manifest, launcher)  # which records are this launch's (rundir/launches.py)
     tails = {n: _tail(p) for n, p in logs.items()}
     log0 = logs.get(0)
-    progress = progress_of(run_dir, tails.get(0, ""), log0.name if log0 else "", log0 and _mtime(log0), since)
+    progress = progress_of(run_dir, tails.get(0, ""), log0.name if log0 else "", log0 and _mtime(log0), launch)
     cfg = _config(run_dir)
     progress = progress or {"total": count(cfg.get("max_train_steps")) or None}
     limits = (number(cfg.get("hang_timeout")) or 0.0, number(cfg.get("hang_timeout_slow")) or 0.0)
-    ranks = guard("heartbeat", lambda: rank_rows(run_dir, now, LIVE_S, fs_since, limits), [])
+    ranks = guard("heartbeat", lambda: rank_rows(run_dir, now, LIVE_S, launch, limits), [])
     nodes = node_rows(ranks)
     exit_files = guard("exit status", lambda: _node_files(run_dir, "exit_status", "json"), {})
     exits = []
     for node in sorted({0, *logs, *exit_files}):
         path = exit_status_path(run_dir, node)
-        rec = read_exit_status(path)
-        if rec is not None and not (launcher and fs_since and (_mtime(path) or 0) < fs_since):  # an earlier launch's
-            exits.append({"node": node, **rec})
+        rec = read_exit_status(path, launch=True)
+        if rec is not None and launch.holds(rec, _mtime(path) or 0.0):  # not an earlier launch's
+            exits.append({"node": node, **{k: v for k, v in rec.items() if k != LAUNCH_ID}})
     errors = [(n, m[-1]) for n, tail in tails.items() if (m := ERROR_LINE.findall(this_launch(tail)[0]))]
     last_error = (
         f"node {errors[0][0]}: {errors[0][1]}" if len(logs) > 1 and errors else (errors[0][1] if errors else None)
@@ -309,8 +290,8 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     beats = [r["step"] for r in ranks if not r["stale"] and r["step"] is not None]
     if live and beats and (step is None or min(beats) > step):
         step = min(beats)
-    plan = part(manifest[-1], "plan") if manifest else {}
-    hang = read_hang_reports(run_dir, since=fs_since or 0.0)
+    plan = part(launch.record, "plan")
+    hang = read_hang_reports(run_dir, since=launch)
     return {
         "run": run_dir.name,
         "run_dir": str(run_dir),
@@ -346,7 +327,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "restarts": restarts_summary(read_events(run_dir)),  # in-job restarts (run/restart.py), or None
         "launches": manifest_read.launches,
         "first_launch": record_time(manifest[0]) if manifest and manifest_read.whole else None,
-        "resume_from": Path(r).name if manifest and isinstance(r := manifest[-1].get("resume"), str) else None,
+        "resume_from": Path(r).name if isinstance(r := (launch.record or {}).get("resume"), str) else None,
         "plan_hash": plan.get("hash") if isinstance(plan.get("hash"), str) else None,
         "node_logs": {str(n): p.name for n, p in logs.items()},
         "unreadable": problems,

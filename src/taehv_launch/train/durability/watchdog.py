@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import Callable
 
 from ...errors import EXIT_FAILED, LaunchError
-from ...files import disk_error_message, write_atomic
+from ...files import disk_error_message
 from ...rundir.hanglimits import KINDS, HangLimits, combine, derived_line, hang_limits_path, read_hang_limits
 from ...rundir.hanglimits import write_hang_limits
-from ...rundir.heartbeat import HANG_SUFFIX, read_heartbeat, read_hang_reports, stacks_dir
+from ...rundir.heartbeat import HANG_SUFFIX, read_heartbeat, read_hang_reports, stacks_dir, write_heartbeat
 from .hang import dump_stacks, dumps_since, hang_line, job_limit, name_culprits, process_state, rank_view
 from .hang import unsettled, wait_for_dumps
 from .progress import PROGRESS, Progress
@@ -125,7 +125,7 @@ class Watchdog:
         info = {"rank": self.rank, "node": self.node, "host": socket.gethostname(), "pid": self.pid}
         info["pidns"] = self.pidns
         info |= {**self.progress.snapshot(), "time": round(time.time(), 3)}
-        write_atomic(self._path(self.rank), json.dumps(info))
+        write_heartbeat(self._path(self.rank), info)
 
     def _fs_now(self) -> float:
         """The filesystem's time: the mtime of our own heartbeat (rewritten every period_s)."""
@@ -267,7 +267,7 @@ class Watchdog:
             "time": time.time(),
         }
         path = self._path(self.rank, HANG_SUFFIX)
-        write_atomic(path, json.dumps(report))
+        write_heartbeat(path, report)
         report["mtime"] = path.stat().st_mtime
         return report
 
@@ -295,7 +295,7 @@ class Watchdog:
             report = {**report, "dumps": dumps_since(self.run_dir, since), "missing": missing}
             report.pop("mtime", None)
             try:
-                write_atomic(self._path(self.rank, HANG_SUFFIX), json.dumps(report))
+                write_heartbeat(self._path(self.rank, HANG_SUFFIX), report)
             except OSError:
                 pass
         self.on_hang(report, decided)

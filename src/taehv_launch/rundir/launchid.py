@@ -1,0 +1,65 @@
+"""The launch id: which launch of a run wrote a record.
+
+Each `taehv-launch` invocation that starts a job (run/start.py) makes one (`begin_launch`: the UTC time and
+8 random hex digits, `20261126T101502Z-3f9a2c1b`) and puts it in its own environment as TAEHV_LAUNCH_ID;
+`accelerate launch`, torchrun and every rank inherit it. `launch_id()` is the one place a process reads
+it. Every record the run directory's writers write carries it as "launch_id" (`stamped`, called by each
+writer in rundir/): events.jsonl lines, progress.json, validation.json, exit_status[.node<k>].json,
+manifest[.node<k>].jsonl, heartbeat/rank<r> and its .hang report, hang_limits.json, requeue.json (when the
+requeue check runs inside a launch, which it does not today) and the launcher's .lock[.node<k>]. A
+process with no launch id (a trainer started by hand, a test) writes records without one, as every
+version before #40 did.
+
+One id per invocation, not per restart attempt: `taehv-launch status` and `diff` tell launches apart,
+and within a launch the restart in place (run/supervise.py) tells its attempts apart itself (each rank
+removes its own earlier files when it starts, the launcher removes the exit status before each attempt,
+the restart records number the attempts).
+
+On several nodes each node's launcher is its own invocation with its own id: a reader knows node k's
+current one from node k's .lock or newest manifest record (rundir/launches.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+
+from .records import Field, Kind
+
+LAUNCH_ID_ENV = "TAEHV_LAUNCH_ID"
+LAUNCH_ID = "launch_id"  # the field every record carries
+ID_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z._:-]{0,79}")  # ours, or one a person or a scheduler set by hand
+
+
+def valid(value: object) -> str | None:
+    """A launch id as written, else None (another type, empty, a control character: not ours)."""
+    return value if isinstance(value, str) and ID_RE.fullmatch(value) else None
+
+
+# A record type's field: a damaged id reads as none (a record is never unusable for it, strict or not)
+LAUNCH = Field(LAUNCH_ID, Kind("a launch id", valid))
+
+
+def new_launch_id() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+def begin_launch() -> str:
+    """The launcher, once per invocation: a new launch id, set in this process's environment so that
+    everything it starts inherits it (an id inherited from the caller's environment is replaced)."""
+    os.environ[LAUNCH_ID_ENV] = lid = new_launch_id()
+    return lid
+
+
+def launch_id() -> str | None:
+    """This process's launch id (TAEHV_LAUNCH_ID, set by its launcher), or None."""
+    return valid(os.environ.get(LAUNCH_ID_ENV))
+
+
+def stamped(record: dict) -> dict:
+    """`record` with this process's launch id as "launch_id" (a copy; the record itself unchanged). Every
+    record writer of the run directory calls it; without a launch id the record is written as it is."""
+    lid = launch_id()
+    return {**record, LAUNCH_ID: lid} if lid else dict(record)
