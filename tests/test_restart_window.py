@@ -14,14 +14,13 @@ import fcntl
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 
 import psutil
 import pytest
 
-from conftest import CLI, clean_env, free_port
+from conftest import CLI, clean_env, free_port, start
 from taehv_launch.errors import EXIT_ABORTED, EXIT_FAILED, EXIT_RESUMABLE
 from taehv_launch.run.restart import first_new_step, fs_now, wait_lock_free
 from taehv_launch.run.supervise import catching_stops
@@ -210,7 +209,7 @@ def test_a_sigterm_while_the_restart_window_is_held_open_ends_with_75_and_the_re
     argv = [*CLI, "1", "cpu", "--run-name", "w", "--master-port", str(free_port())]
     argv += ["--set", f"output_dir='{tmp_path / 'output'}'", *FAST, "--set", "max_restarts=2"]
     argv += ["--set", "max_train_steps=40", "--set", "validation_steps=100"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    proc = start(argv, env=env, cwd=tmp_path)  # pipes, text
     run = tmp_path / "output" / "w"
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(iter(proc.stderr.readline, "")), daemon=True)

@@ -24,6 +24,7 @@ import time
 import psutil
 import pytest
 
+from conftest import start
 from taehv_launch.files import write_atomic
 from taehv_launch.rundir.heartbeat import read_hang_reports, stack_path
 from taehv_launch.train.durability.progress import Progress
@@ -42,7 +43,7 @@ def stuck(step: int, phase: str, collectives: int) -> Progress:
 
 
 def gone_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child = start([sys.executable, "-c", "pass"], capture=False)
     child.wait()  # reaped: its pid names no process here
     return child.pid
 
@@ -157,8 +158,9 @@ def test_a_real_peer_in_a_pid_namespace_of_its_own_is_reported_dead_once_killed(
     still a process here (this namespace's init): looked up by hostname it was frozen for ever."""
     if not _unshare_works():
         pytest.skip("unshare -Urpf (a user and PID namespace) is not allowed on this machine")
-    peer = subprocess.Popen(
+    peer = start(
         ["unshare", "-Urpf", "--mount-proc", sys.executable, "-c", PEER, str(tmp_path)],
+        capture=False,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
