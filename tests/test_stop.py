@@ -134,8 +134,10 @@ def test_relay_never_counts_as_a_second_signal(sequence, gap, code):
     if code == 0:
         assert "stopping once True" in out
     else:
-        name = signal.Signals(sequence[-1]).name
-        assert f"second signal ({name}): exiting without a checkpoint" in err
+        # signals pending together (5 ms apart on a loaded machine) are handled in signal-number order, so
+        # SIGINT can be handled before a SIGTERM sent first: the second handled is named
+        names = {signal.Signals(s).name for s in (sequence if gap < 0.05 else sequence[-1:])}
+        assert any(f"second signal ({n}): exiting without a checkpoint" in err for n in names), err
 
 
 def test_counts_once_rule():
