@@ -25,21 +25,12 @@ import psutil
 import pytest
 
 from conftest import start
+from test_hang import stuck
 from taehv_launch.files import write_atomic
 from taehv_launch.rundir.heartbeat import read_hang_reports, stack_path
-from taehv_launch.train.durability.progress import Progress
 from taehv_launch.train.durability.watchdog import Watchdog, pid_namespace
 
 ELSEWHERE = "0f0f0f0f-another-kernel/pid:[4026532999]"  # another machine's (or container's) PID namespace
-
-
-def stuck(step: int, phase: str, collectives: int) -> Progress:
-    p = Progress()
-    for s in range(1, step + 1):
-        p.set_step(s)
-    p.set_phase(phase)
-    p.collectives = collectives
-    return p
 
 
 def gone_pid() -> int:
