@@ -135,6 +135,24 @@ def test_status_tells_an_earlier_launchs_records_by_their_id_not_their_times(tmp
     assert "hang       this hang" in text and "exit 76 (hung)" in text, text
 
 
+def test_status_counts_the_restarts_of_this_launch_only(tmp_path):
+    """A job that restarted twice, stopped and was requeued: the new launch has not restarted yet (review of
+    #40 step 6: status counted every launch's restart records in events.jsonl)."""
+    now = time.time()
+    run = earlier_and_current(tmp_path, now)
+    with open(run / EVENTS_FILE, "w") as out:
+        for e in (
+            {"event": "restart", "time": now - 90, "reason": "exit 1", "count": 1, LAUNCH_ID: A},
+            {"event": "restart", "time": now - 80, "reason": "exit 1", "count": 2, LAUNCH_ID: A},
+            {"event": "restart_stop", "time": now - 70, "reason": "stopped by SIGTERM", LAUNCH_ID: A},
+        ):
+            out.write(json.dumps(e) + "\n")
+    assert collect(run, now)["restarts"] is None
+    append_event(run, {"event": "restart", "time": now - 10, "reason": "exit 1", "count": 1, LAUNCH_ID: B})
+    got = collect(run, now)["restarts"]
+    assert got["count"] == 1 and got["ended"] is None, got
+
+
 def test_a_run_directory_from_before_launch_ids_is_read_by_the_times_its_records_were_written(tmp_path):
     """The one fallback: no record carries an id (nor the lock): a record is this launch's when it was
     written at or after the launch began: progress.json by its own start time against the newest

@@ -324,7 +324,10 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "requeues": _requeues(run_dir),
         "requeue_marker": guard(REQUEUE, lambda: (run_dir / REQUEUE).exists(), False),
         "rollbacks": _rollbacks(run_dir),
-        "restarts": restarts_summary(read_events(run_dir)),  # in-job restarts (run/restart.py), or None
+        # in-job restarts (run/restart.py) of this launch only: an earlier launch's ended with it; or None
+        "restarts": restarts_summary(
+            [e for e in read_events(run_dir) if launch.holds(e, started=timestamp(e.get("time")))]
+        ),
         "launches": manifest_read.launches,
         "first_launch": record_time(manifest[0]) if manifest and manifest_read.whole else None,
         "resume_from": Path(r).name if isinstance(r := (launch.record or {}).get("resume"), str) else None,
