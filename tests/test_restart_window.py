@@ -183,6 +183,45 @@ def test_on_several_nodes_a_stop_between_attempts_ends_every_node_as_stopped(tmp
         other.sync.close()
 
 
+def test_a_stop_on_one_node_after_it_said_ready_stops_the_attempt_node_0_already_restarted(tmp_path):
+    """Review finding: node 1 reported "ready" for a restart, node 0's gather returned and it decided to restart;
+    then only node 1's launcher got SIGTERM (a pod eviction). Node 1 ends with 75 and says no to the next attempt
+    as a failure of it (g1.failed): node 0's PeerWatch stops that attempt and its lead ends the job as stopped."""
+    from taehv_launch.run.supervise import Ended
+    from taehv_launch.run.together import PeerWatch
+
+    lead, other = _supervisor(tmp_path, 0), _supervisor(tmp_path, 1)
+    try:
+        lead.sync.decide(0, {"restart": True, "line": "exit 1", "code": 1, "node": 1, "count": 1})  # already decided
+
+        def ready_then_stopped() -> bool:  # the SIGTERM lands after node 1's "ready" report is written
+            other.stops.append(signal.SIGTERM)
+            return True
+
+        other.wait_old_ranks = ready_then_stopped
+        assert other.after_nodes(Ended(EXIT_FAILED, {"message": "boom"}, 1.0, True, False)) == EXIT_RESUMABLE
+        failed = json.loads(other.sync.failed_path(1).read_text())
+        assert failed["node"] == 1 and failed["stopped"] and failed["restartable"] is False
+        watch = PeerWatch(lead.sync, 1)  # node 0's watch over the attempt it restarted
+        try:
+            deadline = time.monotonic() + 10
+            while watch.fired is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert watch.fired is not None and watch.fired["node"] == 1
+        finally:
+            watch.end()
+        lead.count = 1
+        assert lead.after_nodes(Ended(137, {}, 2.0, True, False, peer=watch.fired)) == EXIT_RESUMABLE
+        assert json.loads(lead.sync.decision_path(1).read_text())["stopped"] is True
+        # killed for a peer while its own relay had caught a stop too: stopped, not the kill's code
+        lead.count = other.count = 2
+        other.sync.report(2, {"node": 1, "code": 1, "restartable": True, "ready": True, "stopped": False})
+        assert lead.after_nodes(Ended(137, {}, 3.0, True, True, peer={"node": 1, "code": 1})) == EXIT_RESUMABLE
+    finally:
+        lead.sync.close()
+        other.sync.close()
+
+
 # ---------------------------------------------------------------- a real launcher (slow: it starts a trainer)
 
 

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EXIT_OK, EXIT_RESUMABLE, LaunchError
+from ..errors import EXIT_ABORTED, EXIT_OK, EXIT_RESUMABLE, LaunchError
 from .restart import (
     LOCK_WAIT_S,
     NOT_RESTARTED,
@@ -265,6 +265,8 @@ class Supervisor:
         rec |= {"repeats": bool(e.recorded.get("repeats")), "stop_requested": e.stop_requested}
         rec |= {"failed_at": e.failed_at, "peer": e.peer.get("node") if e.peer else None, "time": time.time()}
         rec |= {"restartable": v.restart, "line": v.line, "ready": False, "stopped": False}
+        if e.peer is not None and e.stop_requested:  # killed for a peer while our relay had caught a stop too
+            rec["stopped"] = True
         if bool(e.not_started and self.count) or (v.restart and self.stops):  # a stop between attempts
             rec |= {"restartable": False, "line": "the launcher was asked to stop", "stopped": True}
         if not sync.report(gen, rec):
@@ -286,7 +288,12 @@ class Supervisor:
             return self.end(e.code, rec["line"], quiet=bool(e.recorded.get("repeats")))
         d = self.lead(gen) if sync.leader else sync.wait_decision(gen, lambda: bool(self.stops))
         if self.stops and not sync.leader and not d.get("restart"):
-            sync.report(gen, {**rec, "restartable": False, "line": "the launcher was asked to stop", "stopped": True})
+            asked = {**rec, "restartable": False, "line": "the launcher was asked to stop", "stopped": True}
+            sync.report(gen, asked)
+            # node 0 may have decided to restart already (its gather returned on our "ready"): our "no" on the
+            # next attempt too, as a failure of it, so that node 0's PeerWatch stops that attempt and its lead
+            # ends the job as stopped (75 everywhere), instead of its ranks waiting for ours until a timeout
+            sync.report(gen + 1, asked | {"code": EXIT_ABORTED, "peer": None, "ready": False})
         if not d.get("restart"):
             # a stop between attempts, on another node (node 0's "stopped") or here (wait_decision's own "no",
             # which names no failed node): the job ends as a stopped job ends
