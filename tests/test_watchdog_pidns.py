@@ -175,3 +175,16 @@ def test_a_real_peer_in_a_pid_namespace_of_its_own_is_reported_dead_once_killed(
     finally:
         peer.kill()
         peer.wait()
+
+
+def test_status_and_the_freeze_watch_look_up_a_pid_only_in_its_own_namespace():
+    """The watchdog's rule in the readers too (rundir/heartbeat.process_state, used by `status`'s rank rows and the
+    launcher's freeze watch): a heartbeat of our hostname whose pidns is another's names no process of ours; one
+    from before pidns was recorded is looked up by hostname as before."""
+    from taehv_launch.rundir.heartbeat import process_state
+
+    here, me = socket.gethostname(), os.getpid()
+    assert process_state(here, me, pid_namespace()) in ("R", "S", "D")
+    assert process_state(here, me) in ("R", "S", "D")  # an older heartbeat: no pidns
+    assert process_state(here, me, ELSEWHERE) is None  # a container with our hostname: its pid is not ours
+    assert process_state("another-host", me, pid_namespace()) is None

@@ -183,7 +183,7 @@ class NodeWatch:
             if hb["mtime"] >= self.started - 1 and not heartbeat_path(self.run_dir, rank, ".done").exists():
                 beats[rank] = hb
                 hb["beat_age_s"] = now - hb["mtime"]
-                hb["state"] = process_state(hb.get("host"), hb.get("pid"))  # None on another host
+                hb["state"] = process_state(hb.get("host"), hb.get("pid"), hb.get("pidns"))  # None elsewhere
                 hb["silent"] = hb["beat_age_s"] > SILENT_S or hb["state"] in STOPPED
         peers_here = any(not hb["silent"] and hb.get("host") == here for hb in beats.values())
         limits = read_hang_limits(self.run_dir, self.started - 1, self.hang_timeout, self.slow)

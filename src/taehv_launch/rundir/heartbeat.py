@@ -135,11 +135,25 @@ def read_hang_reports(run_dir: Path, since: ThisLaunch | float | None = None) ->
     return out
 
 
-def process_state(host: object, pid: object) -> str | None:
+def pid_namespace() -> str | None:
+    """Where this process's pid can be looked up: "<kernel boot id>/<PID namespace>" (the namespace's number
+    repeats across machines, the boot id does not), or None where /proc does not say (no peer's pid is then
+    looked up by it). Every heartbeat records its writer's as "pidns"."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}" if boot else None
+    except OSError:
+        return None
+
+
+def process_state(host: object, pid: object, pidns: object = None) -> str | None:
     """The state letter of process `pid` if it runs on this host (R, S, D, T stopped, t traced, ...),
     "?" when it exists but its state is unreadable, None when it does not exist here (gone, a zombie,
-    or on another host: then nothing can be told)."""
+    or on another host: then nothing can be told). `pidns`: the writer's pid_namespace() when its record
+    says it: a pid of another namespace (a container with our hostname) is not looked up here either."""
     if host != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    if isinstance(pidns, str) and pidns != pid_namespace():
         return None
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -202,7 +216,7 @@ def rank_rows(
     if limits and limits[0] > 0:
         for hb in beats.values():  # a process on this host: its state; elsewhere, or fresh: "?" (unknown)
             late = now - hb["mtime"] > SILENT_S or hb.get("host") == here
-            hb["state"] = process_state(hb.get("host"), hb.get("pid")) if late else "?"
+            hb["state"] = process_state(hb.get("host"), hb.get("pid"), hb.get("pidns")) if late else "?"
         judged = read_hang_limits(run_dir, launch, *limits)
         limit = silence_limit([hb for r, hb in beats.items() if r not in done], judged)[0]
         if any(v is not None for v in judged.measured.values()):

@@ -52,7 +52,8 @@ from ...errors import EXIT_FAILED, LaunchError
 from ...files import disk_error_message
 from ...rundir.hanglimits import KINDS, HangLimits, combine, derived_line, hang_limits_path, read_hang_limits
 from ...rundir.hanglimits import write_hang_limits
-from ...rundir.heartbeat import HANG_SUFFIX, read_heartbeat, read_hang_reports, stacks_dir, write_heartbeat
+from ...rundir.heartbeat import HANG_SUFFIX, pid_namespace, read_heartbeat, read_hang_reports, stacks_dir
+from ...rundir.heartbeat import write_heartbeat
 from .hang import dump_stacks, dumps_since, hang_line, job_limit, name_culprits, process_state, rank_view
 from .hang import unsettled, wait_for_dumps
 from .progress import PROGRESS, Progress
@@ -341,17 +342,6 @@ class Watchdog:
                 self._path(self.rank, ".done").write_text("ok")
             except OSError:
                 pass
-
-
-def pid_namespace() -> str | None:
-    """Where this process's pid can be looked up: "<kernel boot id>/<PID namespace>" (the namespace's number
-    repeats across machines, the boot id does not), or None where /proc does not say (no peer's pid is then
-    looked up)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return f"{boot}/{os.readlink('/proc/self/ns/pid')}" if boot else None
-    except OSError:
-        return None
 
 
 def setup_problem(run_dir: Path, exc: OSError) -> str:
