@@ -221,8 +221,10 @@ class Supervisor:
         self.argv = restart_argv(self.rendered.argv, newest)
         self.started_from = newest.name if newest else self.started_from
         after = (checkpoint_step(newest) or 0) if newest else 0
-        if self.node == 0:  # several nodes: every old rank has exited (all reported ready): no slack for them
-            since = fs_now(self.run_dir, self.node) - (1 if node is None else 0)
+        if self.node == 0:  # every old rank has exited (wait_old_ranks; on several nodes all reported ready), and
+            # `since` is on the clock of the heartbeats' mtimes: no slack, or an old rank's last beat past the
+            # checkpoint, written just before, would count as the first new step
+            since = fs_now(self.run_dir, self.node)
             self.watch = FirstStepWatch(self.run_dir, self.count, after, e["failed_at"], since=since)
 
     def after_one_node(self, e: Ended) -> int | None:
