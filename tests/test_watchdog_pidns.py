@@ -39,6 +39,19 @@ def gone_pid() -> int:
     return child.pid
 
 
+def reported_dead(run, progress, **kw) -> str:
+    """Rank 0's watchdog over a 2-rank job until it reports rank 1 dead: that line."""
+    deads: list[str] = []
+    w0 = Watchdog(run, 0, 2, 0, deads.append, period_s=0.1, stale_s=0.5, hang_timeout=600.0,
+                  on_hang=lambda r, d: None, progress=progress, **kw)  # fmt: skip
+    w0.start()
+    try:
+        assert wait_until(lambda: deads, timeout=30)
+        return deads[0]
+    finally:
+        w0.stop(clean=False)
+
+
 def wait_until(what, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not what() and time.monotonic() < deadline:
@@ -93,16 +106,9 @@ def test_a_dead_peer_of_another_pid_namespace_whose_pid_is_a_process_here_is_rep
     """Its heartbeat stopped; its pid number happens to be a live process of ours. Judged by the hostname it was
     "frozen, not dead" and waited for the hang limit (here 600 s); it is a silent rank elsewhere: dead after
     stale_s."""
-    deads = []
-    w0 = Watchdog(tmp_path, 0, 2, 0, deads.append, period_s=0.1, stale_s=0.5, hang_timeout=600.0,
-                  hang_timeout_slow=600.0, on_hang=lambda r, d: None, progress=stuck(5, "backward", 9))  # fmt: skip
     peer_beat(tmp_path, os.getpid(), ELSEWHERE)  # its last beat
-    w0.start()
-    try:
-        assert wait_until(lambda: deads, timeout=30)
-        assert deads[0].startswith(f"rank 1 (node 0, host {socket.gethostname()}, pid {os.getpid()}) stopped ")
-    finally:
-        w0.stop(clean=False)
+    dead = reported_dead(tmp_path, stuck(5, "backward", 9), hang_timeout_slow=600.0)
+    assert dead.startswith(f"rank 1 (node 0, host {socket.gethostname()}, pid {os.getpid()}) stopped ")
 
 
 def test_in_our_own_pid_namespace_the_pid_still_tells_frozen_from_dead(tmp_path):
@@ -156,7 +162,6 @@ def test_a_real_peer_in_a_pid_namespace_of_its_own_is_reported_dead_once_killed(
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
-    deads = []
     try:
         assert peer.stdout.readline() == "beating\n"
         beat = json.loads((tmp_path / "heartbeat" / "rank1").read_text())
@@ -164,14 +169,8 @@ def test_a_real_peer_in_a_pid_namespace_of_its_own_is_reported_dead_once_killed(
         assert psutil.pid_exists(beat["pid"])  # its pid in its namespace is a live process in ours too
         for p in psutil.Process(peer.pid).children(recursive=True):
             p.send_signal(signal.SIGKILL)  # the rank, inside the namespace
-        w0 = Watchdog(tmp_path, 0, 2, 0, deads.append, period_s=0.1, stale_s=0.5, hang_timeout=600.0,
-                      on_hang=lambda r, d: None, progress=stuck(4, "backward", 9))  # fmt: skip
-        w0.start()
-        try:
-            assert wait_until(lambda: deads, timeout=30)
-            assert deads[0].startswith(f"rank 1 (node 0, host {socket.gethostname()}, pid {beat['pid']}) stopped")
-        finally:
-            w0.stop(clean=False)
+        dead = reported_dead(tmp_path, stuck(4, "backward", 9))
+        assert dead.startswith(f"rank 1 (node 0, host {socket.gethostname()}, pid {beat['pid']}) stopped")
     finally:
         peer.kill()
         peer.wait()

@@ -40,6 +40,7 @@ status` says the run is hung.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -135,6 +136,7 @@ def read_hang_reports(run_dir: Path, since: ThisLaunch | float | None = None) ->
     return out
 
 
+@functools.cache  # fixed for a process's life: read /proc once, not at every process_state of a poll
 def pid_namespace() -> str | None:
     """Where this process's pid can be looked up: "<kernel boot id>/<PID namespace>" (the namespace's number
     repeats across machines, the boot id does not), or None where /proc does not say (no peer's pid is then
