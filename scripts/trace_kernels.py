@@ -1,0 +1,113 @@
+"""Where the GPU's time goes in a `--profile` trace (issue #38 item 3): kernels by kind and by name, and the
+GPU's idle time inside the traced steps.
+
+    python scripts/trace_kernels.py RUN_DIR/logs/profile/*.pt.trace.json [--top 25]
+
+Reads the Chrome trace torch.profiler's tensorboard_trace_handler writes (the trainer's --profile). Over the
+traced steps (the "ProfilerStep#N" spans): wall time, the time at least one kernel or copy runs on the GPU
+(the union of their spans: busy), idle = wall - busy, and kernel time summed by kind (convolution through
+cuDNN/CUTLASS, Triton from Inductor, GEMM, reduction/norm, copies, other) and by name. Plain JSON in, a
+Markdown report out: no torch needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+KINDS = [  # first match wins: (kind, pattern on the kernel's name)
+    ("convolution (cuDNN/CUTLASS)", r"conv|fprop|dgrad|wgrad|implicit|xmma_fprop|cudnn|nhwc|sm\d+_xmma"),
+    ("GEMM", r"gemm|cutlass|matmul|sm\d+_"),
+    ("Triton (Inductor fused)", r"^triton_"),
+    ("reduction / norm", r"reduce|norm|softmax"),
+    ("optimizer (fused AdamW)", r"adam|multi_tensor"),
+    ("elementwise (ATen)", r"elementwise|vectorized|unrolled"),
+]
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, pat in KINDS:
+        if re.search(pat, low):
+            return kind
+    return "other"
+
+
+def load(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def report(events: list[dict], top: int) -> str:
+    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not steps:
+        return "no ProfilerStep spans in the trace: was it written by --profile?"
+    t0 = min(e["ts"] for e in steps)
+    t1 = max(e["ts"] + e["dur"] for e in steps)
+    wall = t1 - t0
+    inside = [e for e in gpu if e["ts"] < t1 and e["ts"] + e["dur"] > t0]
+    busy = union([(max(e["ts"], t0), min(e["ts"] + e["dur"], t1)) for e in inside])
+    by_kind: dict[str, float] = defaultdict(float)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in inside:
+        name = str(e.get("name", "?"))
+        kind = "copy / memset" if e["cat"] != "kernel" else kind_of(name)
+        by_kind[kind] += e["dur"]
+        by_name[name][0] += e["dur"]
+        by_name[name][1] += 1
+    summed = sum(by_kind.values()) or 1.0
+    n = len(steps)
+    lines = [
+        f"{n} traced steps: {wall / 1e3 / n:.1f} ms per step; GPU busy {busy / 1e3 / n:.1f} ms "
+        f"({100 * busy / wall:.1f}%), idle {(wall - busy) / 1e3 / n:.1f} ms ({100 * (wall - busy) / wall:.1f}%); "
+        f"{len(inside) / n:.0f} kernels and copies per step",
+        "",
+        "| kind | ms per step | share of kernel time |",
+        "|---|---|---|",
+    ]
+    for kind, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {kind} | {us / 1e3 / n:.1f} | {100 * us / summed:.1f}% |")
+    lines += ["", f"| top {top} kernels | kind | calls per step | ms per step | share |", "|---|---|---|---|---|"]
+    for name, (us, calls) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
+        short = name if len(name) <= 90 else name[:87] + "..."
+        lines.append(
+            f"| `{short}` | {kind_of(name)} | {calls / n:.0f} | {us / 1e3 / n:.2f} | {100 * us / summed:.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=Path, nargs="+")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args(argv)
+    for path in args.trace:
+        try:
+            events = load(path)
+        except (OSError, ValueError, KeyError) as err:
+            print(f"error: cannot read {path} as a Chrome trace: {err}", file=sys.stderr)
+            return 2
+        print(f"## {path.name}\n\n{report(events, args.top)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
