@@ -85,7 +85,6 @@ args.compile = 'all'  # torch.compile on GPU: the reference VAE encoder, or it a
 args.compile_mode = 'default'  # torch.compile's mode for TAEHV (with compile='all'): default; max-autotune-no-cudagraphs (Triton autotuning, minutes more warm-up); reduce-overhead and max-autotune add CUDA graphs (docs/guide.md). The reference encoder keeps the default
 args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
 args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)
-args.cudnn_benchmark = False  # cuDNN times its convolution algorithms at the first steps and keeps the fastest (GPU only)
 args.channels_last = True  # compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout transposes (only with compile='all' on GPU)
 args.ref_channels_last = True  # the compiled reference encoder keeps its activations channels-last (NDHWC, 8-18% faster encode measured for all three families; only with compile on GPU)
 args.output_dir = 'output'  # parent of run directories

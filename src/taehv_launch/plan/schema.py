@@ -246,9 +246,6 @@ KEYS: dict[str, Key] = {
     ),
     "compile_cache_dir": Key("", str, "Inductor cache kept across restarts (default: <output_dir>/.compile-cache)"),
     "fused_optimizer": Key(True, bool, "AdamW's fused CUDA kernel (ignored on CPU)"),
-    "cudnn_benchmark": Key(
-        False, bool, "cuDNN times its convolution algorithms at the first steps and keeps the fastest (GPU only)"
-    ),
     "channels_last": Key(
         True,
         bool,

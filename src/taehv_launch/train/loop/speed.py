@@ -81,14 +81,6 @@ def compile_reference(ref, channels_last: bool = False, replicate_pad: bool = Tr
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that add CUDA graphs
 
 
-def cudnn_autotune(on: bool, device: torch.device) -> bool:
-    """cudnn_benchmark: cuDNN times its convolution algorithms once per shape and keeps the fastest (the
-    trainer's shapes are fixed), instead of choosing by heuristics. Returns whether the device is a GPU."""
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = on
-    return device.type == "cuda"
-
-
 def compile_taehv(taehv: torch.nn.Module, channels_last: bool = True, mode: str = "default") -> bool:
     """Compile TAEHV's two entry points in place; DDP/DeepSpeed still see the same parameters.
     Returns whether the compiled code runs as CUDA graphs (the loop then marks each micro-batch).

@@ -27,7 +27,7 @@ from ...plan.families import get_family
 from ...plan.schema import Config, config_dict, global_batch
 from ...plan.trainable import check_trains_something
 from ...rundir.layout import REQUEUE
-from . import build, speed
+from . import build
 from ...rundir.checkpoint import rotate
 from ..durability.checkpoint import TrainState, export_meta, export_model, load_checkpoint, save_checkpoint
 from ..durability.progress import PROGRESS
@@ -38,7 +38,7 @@ from ..model.seraena import seraena_crop
 from ..reference.latentscale import for_run
 from .guard import Guard, Rollback, lr_at
 from .instrument import Marks, timed
-from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, cudagraph_step, cudnn_autotune
+from .speed import AsyncVote, Prefetcher, Window, compile_reference, compile_taehv, cudagraph_step, enable_compile_cache
 from ..durability.stop import StopFlag
 from .stragglers import StepClock, Stragglers, gather_window
 from .timing import PhaseTimer, ProgressFile, SpeedLog, progress_bar, window_line
@@ -125,9 +125,9 @@ class Trainer:
     def _compile(self, taehv) -> None:
         """torch.compile where it measured faster (docs/benchmarks.md): GPU only, after the EMA copy."""
         self.cudagraphs = False  # TAEHV as CUDA graphs (compile_mode): each micro-batch marks a graph step
-        if not cudnn_autotune(self.cfg.cudnn_benchmark, self.device) or self.cfg.compile == "none":
+        if self.cfg.compile == "none" or self.device.type != "cuda":
             return
-        cache = speed.enable_compile_cache(self.cfg)
+        cache = enable_compile_cache(self.cfg)
         what = []
         if self.ref is not None:
             compile_reference(self.ref, self.cfg.ref_channels_last)
