@@ -114,10 +114,28 @@ def test_the_loop_compiles_taehv_in_the_mode_and_knows_when_it_runs_as_cuda_grap
     assert trainer.cudagraphs is graphs
     assert "encode_video" in vars(taehv) and "decode_video" in vars(taehv)
     (line,) = [x for x in logs if x.startswith("compile: ")]
-    assert f"TAEHV encode/decode (channels-last), mode {mode}{' (CUDA graphs)' if graphs else ''} (first" in line
+    layout = cfg.compile_layout
+    assert (
+        f"TAEHV encode/decode (channels-last, layout {layout}), mode {mode}{' (CUDA graphs)' * graphs} (first" in line
+    )
     hooked = {name: bool(p._backward_hooks) for name, p in taehv.named_parameters()}
     assert not any(v for k, v in hooked.items() if k.startswith("encoder."))
     assert all(v for k, v in hooked.items() if k.startswith("decoder.")) is graphs
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compile_layout_force_keeps_the_mode_and_forces_inductors_layout_optimisation(mode):
+    """compile_layout='force' passes Inductor's force_layout_optimization with the mode's own options (torch.compile
+    takes a mode or options, not both); 'auto' passes the mode alone, as before the key."""
+    from taehv_launch.compat import compile_options
+
+    assert compile_options(mode, False) == ({} if mode == "default" else {"mode": mode})
+    forced = compile_options(mode, True)["options"]
+    assert forced.pop("force_layout_optimization") is True
+    assert forced == torch._inductor.list_mode_options(mode)
+    if mode != "default":
+        assert forced, mode  # each other mode's own settings are kept
+    torch.compile(torch.nn.Linear(2, 2), **compile_options(mode, True))  # accepted (built at the first call)
 
 
 def test_train_step_marks_a_cuda_graph_step_before_anything_else():

@@ -208,3 +208,15 @@ def on_compile(started: Callable[[], None], ended: Callable[[], None]) -> bool:
     except AttributeError:
         return False
     return True
+
+
+def compile_options(mode: str, force_layout: bool) -> dict[str, Any]:
+    """torch.compile's keyword arguments for `mode`, with Inductor's channels-last layout optimisation
+    forced when asked (the `force_layout_optimization` option; torch.compile takes a mode or options,
+    not both, so the mode's own options come from `torch._inductor.list_mode_options`, private; checked
+    on torch 2.11-2.13). Without it the layout is Inductor's own choice."""
+    if not force_layout:
+        return {} if mode == "default" else {"mode": mode}
+    import torch._inductor
+
+    return {"options": {**torch._inductor.list_mode_options(mode), "force_layout_optimization": True}}

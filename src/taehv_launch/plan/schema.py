@@ -252,6 +252,14 @@ KEYS: dict[str, Key] = {
         "compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout "
         "transposes (only with compile='all' on GPU)",
     ),
+    "compile_layout": Key(
+        "auto",
+        str,
+        "compiled TAEHV's activation layout between kernels: force keeps channels-last through the whole "
+        "graph (Inductor's layout optimisation forced: no cuDNN layout transposes around each convolution); "
+        "auto leaves it to Inductor, whose heuristic declines it for TAEHV's 128->64-channel convolutions",
+        ("auto", "force"),
+    ),
     "ref_channels_last": Key(
         True,
         bool,

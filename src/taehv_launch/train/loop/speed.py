@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ...compat import uncompiled
+from ...compat import compile_options, uncompiled
 from ...plan.scaling import measured_on
 from ...plan.schema import Config
 from .. import faults
@@ -81,7 +81,9 @@ def compile_reference(ref, channels_last: bool = False, replicate_pad: bool = Tr
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that add CUDA graphs
 
 
-def compile_taehv(taehv: torch.nn.Module, channels_last: bool = True, mode: str = "default") -> bool:
+def compile_taehv(
+    taehv: torch.nn.Module, channels_last: bool = True, mode: str = "default", layout: str = "auto"
+) -> bool:
     """Compile TAEHV's two entry points in place; DDP/DeepSpeed still see the same parameters.
     Returns whether the compiled code runs as CUDA graphs (the loop then marks each micro-batch).
 
@@ -90,6 +92,11 @@ def compile_taehv(taehv: torch.nn.Module, channels_last: bool = True, mode: str 
     keep their layout (checkpoints and DeepSpeed's flat buffers are unchanged). Eager, the same
     layout measured slower (the reshapes between blocks copy), so only the compiled model uses it.
 
+    layout: the compile_layout key. Inductor's own heuristic declines its channels-last layout
+    optimisation for graphs with a convolution of twice as many input as output channels (TAEHV's
+    128->64 MemBlocks): its kernels then write NCHW and cuDNN transposes around every convolution.
+    "force" keeps the frames NHWC through the graph.
+
     mode: torch.compile's (the compile_mode key). Both entry points trace as one graph each (no graph
     breaks: tests/test_compile_mode.py), so every mode sees the whole encoder and decoder. With CUDA
     graphs (reduce-overhead, max-autotune) the outputs of a replay live in the graphs' memory pool until
@@ -97,7 +104,7 @@ def compile_taehv(taehv: torch.nn.Module, channels_last: bool = True, mode: str 
     parameter's gradient is cloned out of the pool before autograd stores it in .grad, so gradient
     accumulation over micro-batches keeps every micro-batch's share (PyTorch issue 169545)."""
     taehv.channels_last = channels_last
-    extra = {} if mode == "default" else {"mode": mode}
+    extra = compile_options(mode, force_layout=channels_last and layout == "force")
     taehv.encode_video = torch.compile(taehv.encode_video, dynamic=False, **extra)
     taehv.decode_video = torch.compile(taehv.decode_video, dynamic=False, **extra)
     graphs = mode in CUDAGRAPH_MODES

@@ -135,11 +135,10 @@ class Trainer:
         if self.cfg.compile == "all" and self.zero == 3:  # compiled under ZeRO-3's hooks: measured no faster
             self.log("compile: TAEHV stays eager under ZeRO-3 (compiled it measured no faster: docs/benchmarks.md)")
         elif self.cfg.compile == "all":
-            self.cudagraphs = compile_taehv(taehv, self.cfg.channels_last, self.cfg.compile_mode)
-            what.append(
-                f"TAEHV encode/decode{' (channels-last)' if self.cfg.channels_last else ''}, mode {self.cfg.compile_mode}"
-                + (" (CUDA graphs)" if self.cudagraphs else "")
-            )
+            c = self.cfg
+            self.cudagraphs = compile_taehv(taehv, c.channels_last, c.compile_mode, c.compile_layout)
+            layout = f" (channels-last, layout {c.compile_layout})" if c.channels_last else ""
+            what.append(f"TAEHV encode/decode{layout}, mode {c.compile_mode}" + " (CUDA graphs)" * self.cudagraphs)
         if what:
             self.log(f"compile: {' and '.join(what)} (first steps are slow while kernels are built; cache {cache})")
 
