@@ -86,7 +86,7 @@ args.compile_mode = 'default'  # torch.compile's mode for TAEHV (with compile='a
 args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
 args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)
 args.channels_last = True  # compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout transposes (only with compile='all' on GPU)
-args.compile_layout = 'auto'  # compiled TAEHV's activation layout between kernels: force keeps channels-last through the whole graph (Inductor's layout optimisation forced: no cuDNN layout transposes around each convolution); auto leaves it to Inductor, whose heuristic declines it for TAEHV's 128->64-channel convolutions
+args.compile_layout = 'force'  # compiled TAEHV's activation layout between kernels: force keeps channels-last through the whole graph (Inductor's layout optimisation forced: no cuDNN layout transposes around each convolution); auto leaves it to Inductor, whose heuristic declines it for TAEHV's 128->64-channel convolutions
 args.ref_channels_last = True  # the compiled reference encoder keeps its activations channels-last (NDHWC, 8-18% faster encode measured for all three families; only with compile on GPU)
 args.output_dir = 'output'  # parent of run directories
 args.trackers = 'tensorboard'  # where scalars and validation clips go, comma-separated: tensorboard, wandb, mlflow, swanlab (all but tensorboard need their extra: pip install 'taehv-launch[wandb]')

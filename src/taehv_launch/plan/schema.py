@@ -253,7 +253,7 @@ KEYS: dict[str, Key] = {
         "transposes (only with compile='all' on GPU)",
     ),
     "compile_layout": Key(
-        "auto",
+        "force",
         str,
         "compiled TAEHV's activation layout between kernels: force keeps channels-last through the whole "
         "graph (Inductor's layout optimisation forced: no cuDNN layout transposes around each convolution); "
