@@ -28,9 +28,9 @@ for layout in ("force", "auto"):
         print(f"| {layout} | not measured: {err} | | | |"); continue
     naive = next(r for r in rows if r["what"] == "naive")
     ours = next((r for r in rows if r["what"].startswith("ours")), {})
-    c = ours.get("clips_per_s")
-    print(f"| {layout} | {naive['clips_per_s']:.2f} | {c if c is None else f'{c:.2f}'} | "
-          f"{'-' if c is None else f'{c / naive['clips_per_s']:.2f}x'} | {ours.get('peak_allocated_gib', '-')} |")
+    c, n = ours.get("clips_per_s"), naive["clips_per_s"]
+    rate, ratio = ("-", "-") if c is None else (f"{c:.2f}", f"{c / n:.2f}x")
+    print(f"| {layout} | {n:.2f} | {rate} | {ratio} | {ours.get('peak_allocated_gib', '-')} |")
 PY
 tar -czf /tmp/online_logs.tgz -C "$W" $(cd "$W" && ls *.log 2>/dev/null) && mv /tmp/online_logs.tgz "$OUT/"
 OUT="$OUT" python3 scripts/scrub_paths.py "$OUT" > /dev/null 2>&1
