@@ -82,7 +82,7 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes tha
 
 
 def compile_taehv(
-    taehv: torch.nn.Module, channels_last: bool = True, mode: str = "default", layout: str = "auto"
+    taehv: torch.nn.Module, channels_last: bool = True, mode: str = "default", layout: str = "force"
 ) -> bool:
     """Compile TAEHV's two entry points in place; DDP/DeepSpeed still see the same parameters.
     Returns whether the compiled code runs as CUDA graphs (the loop then marks each micro-batch).
