@@ -108,10 +108,16 @@ def earlier_and_current(root: Path, now: float) -> Path:
 def test_status_tells_an_earlier_launchs_records_by_their_id_not_their_times(tmp_path):
     now = time.time()
     run = earlier_and_current(tmp_path, now)
-    f = collect(run, now)
+    # launch B holds the lock but wrote no manifest record (yet, on another host): launch A is shown, and B
+    # named (tests/test_current_launch.py)
+    assert collect(run, now)["unstarted"][LAUNCH_ID] == B
+    new = {"time": now - 1000, "launch": 2, "plan": {"hash": "hash-b"}, "resume": "/x/checkpoint-20", LAUNCH_ID: B}
+    with open(run / "manifest.jsonl", "a") as out:
+        out.write(json.dumps(new) + "\n")
+    f = collect(run, now)  # B got going: A's records are not B's, however new their times
     assert f["progress_of"] == "previous launch" and f["eta_s"] is None and f["clips_per_s"] is None, f
     assert f["heartbeat_ranks"] == [] and f["hang"] is None and f["exit"] == [] and f["exit_code"] is None
-    assert f["plan_hash"] is None and f["resume_from"] is None  # launch B wrote no manifest record (yet)
+    assert f["unstarted"] is None
     # launch B's records count, however old their times look (another host's clock, behind)
     (run / PROGRESS_FILE).write_text(
         json.dumps({"step": 3, "total": 30, "eta_s": 9.0, "time": now - 500, "started": now - 900, LAUNCH_ID: B})
@@ -122,9 +128,6 @@ def test_status_tells_an_earlier_launchs_records_by_their_id_not_their_times(tmp
     (run / "exit_status.json").write_text(json.dumps({"code": 76, "message": "hung", LAUNCH_ID: B}))
     for name in (PROGRESS_FILE, "heartbeat/rank0", "heartbeat/rank0.hang", "exit_status.json", HANG_LIMITS_FILE):
         os.utime(run / name, (now - 900, now - 900))  # written before the lock, by the filesystem's clock
-    new = {"time": now - 1000, "launch": 2, "plan": {"hash": "hash-b"}, "resume": "/x/checkpoint-20", LAUNCH_ID: B}
-    with open(run / "manifest.jsonl", "a") as out:
-        out.write(json.dumps(new) + "\n")
     f = collect(run, now)
     assert f["progress_of"] == "this launch" and f["step"] == 3 and f["total"] == 30, f
     assert [r["rank"] for r in f["heartbeat_ranks"]] == [0] and f["hang"] == "this hang"
@@ -140,6 +143,8 @@ def test_status_counts_the_restarts_of_this_launch_only(tmp_path):
     #40 step 6: status counted every launch's restart records in events.jsonl)."""
     now = time.time()
     run = earlier_and_current(tmp_path, now)
+    with open(run / "manifest.jsonl", "a") as out:  # launch B got going
+        out.write(json.dumps({"time": now - 60, "launch": 2, LAUNCH_ID: B}) + "\n")
     with open(run / EVENTS_FILE, "w") as out:
         for e in (
             {"event": "restart", "time": now - 90, "reason": "exit 1", "count": 1, LAUNCH_ID: A},
@@ -208,6 +213,8 @@ def test_each_node_has_its_own_id_and_a_node_outside_this_launch_is_left_out(tmp
         (run / "heartbeat" / f"rank{rank}").write_text(json.dumps(hb))
     (run / "exit_status.node1.json").write_text(json.dumps({"code": 0, "message": "ok", LAUNCH_ID: B1}))
     (run / "exit_status.node2.json").write_text(json.dumps({"code": 1, "message": "old", LAUNCH_ID: "old-node-2"}))
+    # the trainer's first collective gathered every rank's launch id; rank 0 names them (rundir/launches.py)
+    (run / PROGRESS_FILE).write_text(json.dumps({"step": 3, "total": 20, LAUNCH_ID: B, "launch_ids": [B, B1]}))
     launch_ = current_launch(run, [json.loads(x) for x in (run / "manifest.jsonl").read_text().splitlines()], False)
     assert launch_.ids == {0: B, 1: B1} and launch_.nodes == (0, 1) and launch_.id == B
     f = collect(run, now)

@@ -148,6 +148,9 @@ def test_a_sigkilled_rank_is_restarted_in_place_and_the_curve_joins(tmp_path):
     assert [e["restart"] for e in events if e["event"] == "restarted"] == [1]
     start = int(restarts[0]["checkpoint"].split("-")[1])
     first = next(e for e in events if e["event"] == "restarted")["first_step_at"]
+    # the restarted trainer's records carry its attempt (1) beside the launch id (rundir/launchid.py)
+    written = [json.loads(p.read_text()) for p in (run / "progress.json", *(run / "heartbeat").glob("rank[01]"))]
+    assert [(r.get("attempt"), r.get("launch_id")) for r in written] == [(1, written[0]["launch_id"])] * 3
     print(f"\nCPU, 2 ranks: SIGKILL of rank 1 to the first new step: {first - killed_at:.1f} s")
 
     a = dict(scalars(tmp_path / "output" / "full")["train/loss"])

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import Proc, clean_env, free_port, overrides, run_cli, start, start_cli
 from taehv_launch.errors import EXIT_FAILED, EXIT_RESUMABLE
+from taehv_launch.rundir.launches import read_lock
+from taehv_launch.rundir.launchid import LAUNCH_ID
 from taehv_launch.run.together import BEACON_STALE_S, Nodes, PeerWatch, root_failure
 from test_restart import rank_pid
 from trainrun import FAST
@@ -174,7 +176,12 @@ def test_a_sigkilled_rank_on_node_1_restarts_both_nodes_together(tmp_path):
     print(f"\nCPU, 2 nodes x 1 rank: SIGKILL of node 1's rank to the first new step: {first[0] - killed_at:.1f} s")
     for log in ("launch.log", "launch.node1.log"):  # both nodes resumed the same checkpoint
         assert f"--resume {run / ckpt}" in (run / log).read_text(), log
-    assert json.loads((run / "progress.json").read_text())["step"] == 4
+    prog = json.loads((run / "progress.json").read_text())
+    ids = [read_lock(run, k)[LAUNCH_ID] for k in (0, 1)]  # each node's launcher's own launch id
+    assert prog["step"] == 4 and prog["attempt"] == 1, prog  # written by the restarted attempt (its number)
+    assert None not in ids and ids[0] != ids[1] and prog["launch_ids"] == sorted(ids), (prog, ids)
+    doc = json.loads(run_cli("status", "--json", str(run), timeout=120).stdout)["runs"][0]
+    assert sorted(r["node"] for r in doc["heartbeat_ranks"]) == [0, 1], doc["heartbeat_ranks"]  # node 1 named
 
     status = run_cli("status", str(run), timeout=120)
     assert status.returncode == 0, status.stderr

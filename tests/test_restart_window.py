@@ -5,7 +5,7 @@ was caught, the job ended with the failure's code. Now catching_stops is held ac
 what it caught to the next launch.run: a stop between attempts starts no attempt, and the job ends as a
 stopped job ends (exit 75, REQUEUE, the exit status saying why).
 
-Also the restart's clock (fs_now, first_new_step: the filesystem's, one clock) and the first-wins g<g>.failed
+Also the restart's clock (fs_now, first_new_step's times: the filesystem's, one clock) and the first-wins g<g>.failed
 of several nodes (run/together.py)."""
 
 from __future__ import annotations
@@ -83,25 +83,24 @@ def test_the_wait_for_the_old_ranks_ends_at_once_on_a_stop(tmp_path):
     assert wait_lock_free(lock, timeout_s=5, poll_s=0.05, stopped=lambda: False)
 
 
-def test_a_restarts_times_are_all_on_the_filesystems_clock(tmp_path):
-    """failed_at (the exit status's mtime, or fs_now), since and the first new step are file times: progress.json's
-    own "time" field (its writer's clock, here an hour off) is not mixed in."""
+def test_a_restarts_times_are_all_on_the_filesystems_clock(tmp_path, monkeypatch):
+    """failed_at (the exit status's mtime, or fs_now) and the first new step are file times: progress.json's
+    own "time" field (its writer's clock, here an hour off) is not mixed in. Which records are the new
+    attempt's is their attempt number's to say (tests/test_attempt_id.py), not these times."""
+    monkeypatch.delenv("TAEHV_LAUNCH_ID", raising=False)
     (tmp_path / "heartbeat").mkdir()
     now = fs_now(tmp_path, 0)
     assert now == (tmp_path / ".lock.trainer").stat().st_mtime  # the node's trainer lock file, touched
     assert fs_now(tmp_path, 1) == (tmp_path / ".lock.node1.trainer").stat().st_mtime
-    (tmp_path / "progress.json").write_text(json.dumps({"step": 5, "time": now - 3600}))
-    old = now - 100
-    os.utime(tmp_path / "progress.json", (old, old))
-    assert first_new_step(tmp_path, 4, since=now - 10) is None  # the file is older than `since`
+    (tmp_path / "progress.json").write_text(json.dumps({"step": 5, "time": now - 3600, "attempt": 1}))
     at = now - 5
     os.utime(tmp_path / "progress.json", (at, at))
-    assert first_new_step(tmp_path, 4, since=now - 10) == at  # its mtime, not its writer's "time"
-    assert first_new_step(tmp_path, 5, since=now - 10) is None  # no step past the checkpoint's
-    (tmp_path / "heartbeat" / "rank1").write_text(json.dumps({"rank": 1, "step": 6}))
+    assert first_new_step(tmp_path, 4, 1) == at  # its mtime, not its writer's "time"
+    assert first_new_step(tmp_path, 5, 1) is None  # no step past the checkpoint's
+    (tmp_path / "heartbeat" / "rank1").write_text(json.dumps({"rank": 1, "step": 6, "attempt": 1}))
     beat = now - 7
     os.utime(tmp_path / "heartbeat" / "rank1", (beat, beat))
-    assert first_new_step(tmp_path, 5, since=now - 10) == beat
+    assert first_new_step(tmp_path, 5, 1) == beat
 
 
 def test_the_first_failure_report_of_an_attempt_stands_and_a_second_is_said(tmp_path):

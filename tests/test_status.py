@@ -63,6 +63,7 @@ FIELDS = {  # `status --json`: stable names (docs/watching.md lists them)
     "node_logs",
     "unreadable",
     "validation",
+    "unstarted",
 }
 
 

@@ -48,6 +48,7 @@ from .render import TRAINER_SCRIPT, Rendered
 from ..plan.resolve import Plan
 from .runs import point_latest
 from ..rundir.checkpoint import WRITING_PREFIX
+from ..rundir.launchid import ATTEMPT_ENV
 from ..rundir.layout import REQUEUE
 from ..rundir.signals import REPEAT_WINDOW_S, RELAY_SIGNAL, STOP_SIGNALS, counts_once
 from ..rundir.exitstatus import read_exit_status, exit_status_path, write_exit_status
@@ -265,6 +266,7 @@ def run(
     outcome: dict | None = None,
     on_start: Callable[[int, Callable[[str], None]], None] | None = None,
     held: list[int] | None = None,
+    attempt: int | None = None,
 ) -> int:
     """Start the launch (`argv`: rendered.argv, or a restart's, run/supervise.py), tee its output into
     launch.log, return the trainer's exit code; outcome["stop_requested"]: we were signalled to stop,
@@ -273,12 +275,16 @@ def run(
     writer (run/together.py's PeerWatch stops this node's ranks when another node's failed).
     held: where the caller's stop handler (run/supervise.py's catching_stops) notes signals: one noted before
     the start starts nothing (EXIT_ABORTED, "not_started"; the caller says why); one noted after that last
-    look, before the relay's handler is in, is handed to the relay at once: no stop meets a default handler."""
+    look, before the relay's handler is in, is handed to the relay at once: no stop meets a default handler.
+    attempt: the restart attempt this is in the launch (0, 1, ...), put in the trainer's environment: its records
+    carry it (rundir/launchid.py)."""
     argv = list(rendered.argv if argv is None else argv)
     log_path = run_dir / f"launch{rendered.node_suffix}.log"
     exit_file = exit_status_path(run_dir, plan.topology.machine_rank)
     exit_file.unlink(missing_ok=True)
     env = {**os.environ, **rendered.exported(), LAUNCHER_ENV: f"{os.getpid()} {start_time()} {log_path.resolve()}"}
+    if attempt is not None:
+        env[ATTEMPT_ENV] = str(attempt)
     if sys.stdout.isatty():
         env["TAEHV_TTY"] = "1"  # the trainer shows a progress bar only for a person at a terminal
     with open(log_path, "ab") as log:

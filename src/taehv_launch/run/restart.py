@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EXIT_ABORTED, EXIT_HUNG, EXIT_OK, EXIT_RESUMABLE, EXIT_USAGE
+from ..rundir.launchid import ATTEMPT, LAUNCH_ID, launch_id, valid_attempt
 
 LOCK_WAIT_S = 60.0  # for the old ranks (and their DataLoader workers) to exit before a restart
 OOM_WORDS = ("out of memory", "outofmemoryerror")
@@ -144,7 +145,7 @@ def wait_lock_free(
 
 def fs_now(run_dir: Path, node: int) -> float:
     """The clock of the run directory's filesystem, now: the mtime of node `node`'s trainer lock file, touched
-    (as run/freeze.py reads it). A restart's times (failed_at, since, first_step_at, recovery_s) are all on
+    (as run/freeze.py reads it). A restart's times (failed_at, first_step_at, recovery_s) are all on
     this one clock: on several nodes the failure is seen on one node and the first new step on node 0, and
     the shared filesystem is the one clock both see (NFS stamps a write with the server's time); the
     heartbeats, progress.json and the exit status are files whose mtimes are that clock already. On a local
@@ -162,29 +163,41 @@ def fs_now(run_dir: Path, node: int) -> float:
         return time.time()
 
 
-def progress_at(run_dir: Path) -> tuple[int, float] | None:
-    """(the step progress.json holds, its mtime: the filesystem's clock), or None."""
+def of_attempt(record: object, number: int) -> bool:
+    """Whether `record` (a heartbeat or progress.json as read) was written by attempt `number` (restarts so far)
+    of this launcher's launch: by its "attempt" and "launch_id" (rundir/launchid.py: the launcher puts both in
+    its trainer's environment), never by a file's time. Not: the failed attempt's last heartbeat, an earlier
+    launch's leftover file, a record with no attempt (a trainer started by hand); on several nodes the other
+    nodes' ranks (their launchers' own launch ids): node 0's ranks and progress.json tell the step."""
+    if not isinstance(record, dict) or valid_attempt(record.get(ATTEMPT)) != number:
+        return False
+    lid = launch_id()
+    return lid is None or record.get(LAUNCH_ID) == lid
+
+
+def progress_at(run_dir: Path, number: int) -> tuple[int, float] | None:
+    """(the step progress.json holds, its mtime: the filesystem's clock) when attempt `number` wrote it, else None."""
     from ..rundir.progress import PROGRESS_FILE, read_progress
 
     prog = read_progress(run_dir)
     try:
-        return (prog["step"], (Path(run_dir) / PROGRESS_FILE).stat().st_mtime) if prog else None
+        return (prog["step"], (Path(run_dir) / PROGRESS_FILE).stat().st_mtime) if of_attempt(prog, number) else None
     except OSError:
         return None
 
 
-def first_new_step(run_dir: Path, after_step: int, since: float) -> float | None:
-    """When the ranks first logged a step past `after_step` at or after `since` (the filesystem's clock,
-    fs_now): progress.json's or a heartbeat's mtime; None: not yet."""
+def first_new_step(run_dir: Path, after_step: int, number: int) -> float | None:
+    """When attempt `number`'s ranks first logged a step past `after_step` (of_attempt tells their records):
+    progress.json's or a heartbeat's mtime (the filesystem's clock, as failed_at: fs_now); None: not yet."""
     from ..rundir.heartbeat import read_heartbeats
 
     times = []
-    prog = progress_at(run_dir)
-    if prog and prog[0] > after_step and prog[1] >= since:
+    prog = progress_at(run_dir, number)
+    if prog and prog[0] > after_step:
         times.append(prog[1])
     for hb in read_heartbeats(run_dir).values():
         step = hb.get("step")
-        if isinstance(step, int) and not isinstance(step, bool) and step > after_step and hb["mtime"] >= since:
+        if isinstance(step, int) and not isinstance(step, bool) and step > after_step and of_attempt(hb, number):
             times.append(hb["mtime"])
     return min(times) if times else None
 
@@ -193,19 +206,19 @@ class FirstStepWatch:
     """A thread that records {"event": "restarted", "restart", "first_step_at", "recovery_s"} in
     events.jsonl once the restarted ranks log a step past the checkpoint they resumed."""
 
-    def __init__(self, run_dir: Path, number: int, after_step: int, failed_at: float, since: float) -> None:
+    def __init__(self, run_dir: Path, number: int, after_step: int, failed_at: float) -> None:
         import threading
 
-        self.args = (run_dir, number, after_step, failed_at, since)
+        self.args = (run_dir, number, after_step, failed_at)
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, name="taehv-restart-watch", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        run_dir, number, after_step, failed_at, since = self.args
+        run_dir, number, after_step, failed_at = self.args
         while not self._ended.wait(0.5):
             try:
-                at = first_new_step(run_dir, after_step, since)
+                at = first_new_step(run_dir, after_step, number)
             except (OSError, ValueError, TypeError):
                 continue
             if at is not None:

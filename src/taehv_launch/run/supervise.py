@@ -117,17 +117,16 @@ class Supervisor:
         from .restart import progress_at
 
         outcome: dict = {}
-        t0 = fs_now(self.run_dir, self.node)  # every time of a restart is on the filesystem's clock: fs_now says why
         peer = PeerWatch(self.sync, self.count) if self.sync is not None else None
         try:
             code = edge.run(
                 self.plan, self.rendered, self.run_dir, argv=self.argv, outcome=outcome,
-                on_start=peer.attach if peer is not None else None, held=self.stops,
+                on_start=peer.attach if peer is not None else None, held=self.stops, attempt=self.count,
             )  # fmt: skip
         finally:
             if peer is not None:
                 peer.end()
-        ended_at = fs_now(self.run_dir, self.node)
+        ended_at = fs_now(self.run_dir, self.node)  # every time of a restart is on the filesystem's clock: fs_now
         if self.watch is not None:
             self.watch.end()
             self.watch = None
@@ -135,9 +134,9 @@ class Supervisor:
             failed_at = min(ended_at, exit_status_path(self.run_dir, self.node).stat().st_mtime)
         except OSError:
             failed_at = ended_at
-        prog = progress_at(self.run_dir)
+        prog = progress_at(self.run_dir, self.count)  # this attempt's progress.json (its attempt number), or None
         start_step = checkpoint_step(Path(self.started_from)) if self.started_from else 0
-        stepped = bool(prog and prog[0] > (start_step or 0) and prog[1] >= t0)
+        stepped = bool(prog and prog[0] > (start_step or 0))
         recorded = edge.node_exit_status(self.run_dir, self.node) or {}
         if outcome.get("not_started") and not recorded:  # launch.run started nothing: recorded as its relay would
             what = "trainer" if self.plan.options.task == "train" else "cache job"
@@ -221,11 +220,8 @@ class Supervisor:
         self.argv = restart_argv(self.rendered.argv, newest)
         self.started_from = newest.name if newest else self.started_from
         after = (checkpoint_step(newest) or 0) if newest else 0
-        if self.node == 0:  # every old rank has exited (wait_old_ranks; on several nodes all reported ready), and
-            # `since` is on the clock of the heartbeats' mtimes: no slack, or an old rank's last beat past the
-            # checkpoint, written just before, would count as the first new step
-            since = fs_now(self.run_dir, self.node)
-            self.watch = FirstStepWatch(self.run_dir, self.count, after, e["failed_at"], since=since)
+        if self.node == 0:  # the new attempt's records carry its number (self.count): the failed one's never count
+            self.watch = FirstStepWatch(self.run_dir, self.count, after, e["failed_at"])
 
     def after_one_node(self, e: Ended) -> int | None:
         """One node: decide, wait for the old ranks, restart (None) or end (the exit code)."""

@@ -1,11 +1,20 @@
 """Which launch of a run a reader looks at (`taehv-launch status`, `diff`), and whether a record is of it.
 
 The current launch is the newest: on node 0 its id is the one in node 0's .lock (each launch rewrites it
-as it starts, run/lock.py), else the one of node 0's newest manifest.jsonl record; node k's (a launch on
-several nodes: each node's launcher is its own invocation with its own id, rundir/launchid.py) is in
-.lock.node<k>, else manifest.node<k>.jsonl, for the nodes of the current launch (num_machines of node 0's
-record; every node that left a lock or a manifest when that is not known). A record that carries a
-launch id (every record written since #40) is this launch's when its id is one of these.
+as it starts, run/lock.py), else the one of node 0's newest manifest.jsonl record. A launch whose .lock
+names it but that wrote no manifest record (it ended before it started: a refusal or an error between
+taking the lock and writing its record, run/start.py) while its launcher is not running here is not the
+current launch: the newest launch with a manifest record is, and ThisLaunch.unstarted names the one that
+never got going (its id, host, start time: status says so).
+
+On several nodes each node's launcher is its own invocation with its own id (rundir/launchid.py): node
+k's is in .lock.node<k>, else manifest.node<k>.jsonl, for the nodes of the current launch (num_machines of
+node 0's record; every node that left a lock or a manifest when that is not known). Node k's id counts
+only when node 0's launch names it: its ranks meet node 0's in the trainer's first collective, which
+gathers every rank's launch id, and rank 0 writes them in progress.json ("launch_ids"). A node k lock or
+record of an earlier launch (node k of this one not started yet) is so never read as this launch's; until
+the trainer's first log line no node k is. A record that carries a launch id (every record written since
+#40) is this launch's when its id is one of these.
 
 Fallback, for run directories written before #40 (a record without an id, or no current id known): a
 record is this launch's when it was written at or after the launch began, by the writer's clock (a
@@ -21,6 +30,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..files import read_json_or_none
 from .launchid import LAUNCH, LAUNCH_ID, valid
 from .layout import launcher_lock_path
 from .manifest import manifest_nodes, part, read_manifest, record_time
@@ -66,6 +76,7 @@ class ThisLaunch:
     nodes: tuple[int, ...] = (0,)
     began: float | None = None
     began_fs: float | None = None
+    unstarted: dict | None = None  # a newer launch that never started: "launch_id", "host", "since", "ended"
 
     @property
     def id(self) -> str | None:
@@ -109,15 +120,33 @@ def current_launch(run_dir: Path, manifest: list[dict], live: bool) -> ThisLaunc
     launcher runs on this host (launcher_alive)."""
     run_dir = Path(run_dir)
     lid, record = _current(run_dir, 0, manifest)
+    lock, unstarted = _mtime(launcher_lock_path(run_dir, 0)), None
+    if lid is not None and record is None and not live:  # its .lock, no manifest record: it never started
+        held = read_lock(run_dir)
+        unstarted = {LAUNCH_ID: lid, "host": held["host"], "since": held["since"]}
+        unstarted["ended"] = True if held["host"] == socket.gethostname() else None  # elsewhere: still starting?
+        if manifest:  # the launch before it is the one whose records there are
+            lid, record, lock = valid(manifest[-1].get(LAUNCH_ID)), manifest[-1], None
     ids = {0: lid} if lid else {}
     nodes = count(part(record, "plan").get("num_machines")) if record else None
     others = range(1, nodes) if nodes else [k for k in _lock_nodes(run_dir) | set(manifest_nodes(run_dir)) if k]
+    linked = _linked(run_dir, lid) if lid else set()
     for k in sorted(others):
-        if (kid := _current(run_dir, k, read_manifest(run_dir, k))[0]) is not None:
+        kid = _current(run_dir, k, read_manifest(run_dir, k))[0]
+        if kid is not None and (lid is None or kid in linked):  # no id on node 0: a run dir from before #40
             ids[k] = kid
-    at, lock = (record_time(manifest[-1]) if manifest else None), _mtime(launcher_lock_path(run_dir, 0))
+    at = record_time(manifest[-1]) if manifest else None
     began = lock if live and lock else at or lock
-    return ThisLaunch(ids, record, (0, *sorted(others)), began, lock or at)
+    return ThisLaunch(ids, record, (0, *sorted(others)), began, lock or at, unstarted)
+
+
+def _linked(run_dir: Path, lid: str) -> set[str]:
+    """The launch ids that launch `lid`'s trainer gathered from every rank (progress.json's "launch_ids",
+    written by rank 0 when its launch id is `lid`): its nodes' launchers'. Empty until then."""
+    rec = read_json_or_none(Path(run_dir) / "progress.json")
+    if rec is None or valid(rec.get(LAUNCH_ID)) != lid or not isinstance(rec.get("launch_ids"), list):
+        return set()
+    return {x for x in map(valid, rec["launch_ids"]) if x is not None}
 
 
 def _lock_nodes(run_dir: Path) -> set[int]:
@@ -130,11 +159,11 @@ def _lock_nodes(run_dir: Path) -> set[int]:
 
 
 def node_record(run_dir: Path, launch: ThisLaunch, node: int) -> dict | None:
-    """Node `node`'s manifest record of this launch: the one with its launch id, else (no id recorded)
-    its newest."""
+    """Node `node`'s manifest record of this launch: the one with its launch id; None when node 0's launch
+    does not name this node's (current_launch); its newest in a run directory from before #40."""
     if node == 0 and launch.record is not None:
         return launch.record
     records = read_manifest(run_dir, node)
     if node in launch.ids:
         return next((r for r in reversed(records) if r.get(LAUNCH_ID) == launch.ids[node]), None)
-    return records[-1] if records else None
+    return records[-1] if records and launch.id is None else None  # a launch id, but not this node's: none

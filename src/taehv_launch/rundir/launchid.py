@@ -10,10 +10,14 @@ requeue check runs inside a launch, which it does not today) and the launcher's 
 process with no launch id (a trainer started by hand, a test) writes records without one, as every
 version before #40 did.
 
-One id per invocation, not per restart attempt: `taehv-launch status` and `diff` tell launches apart,
-and within a launch the restart in place (run/supervise.py) tells its attempts apart itself (each rank
-removes its own earlier files when it starts, the launcher removes the exit status before each attempt,
-the restart records number the attempts).
+One id per invocation, not per restart attempt: `taehv-launch status` and `diff` tell launches apart by
+it. Within a launch the restart in place (run/supervise.py) starts the trainer again; the launcher puts
+the attempt's number (0, then 1, 2, ...: the restarts so far in the launch, the same on every node) in
+the trainer's environment as TAEHV_LAUNCH_ATTEMPT (run/launch.py), and every record the trainer writes
+carries it as "attempt" beside "launch_id" (`stamped`): the launcher tells the new attempt's heartbeats
+and progress.json from the failed one's by it (run/restart.py `of_attempt`), never by a file's time (times
+only measure: the recovery time). The launcher's own records carry none (begin_launch drops an inherited
+one).
 
 On several nodes each node's launcher is its own invocation with its own id: a reader knows node k's
 current one from node k's .lock or newest manifest record (rundir/launches.py).
@@ -30,6 +34,8 @@ from .records import Field, Kind
 
 LAUNCH_ID_ENV = "TAEHV_LAUNCH_ID"
 LAUNCH_ID = "launch_id"  # the field every record carries
+ATTEMPT_ENV = "TAEHV_LAUNCH_ATTEMPT"
+ATTEMPT = "attempt"  # the field every record a trainer of a launch writes carries: its attempt in the launch
 ID_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z._:-]{0,79}")  # ours, or one a person or a scheduler set by hand
 
 
@@ -38,8 +44,14 @@ def valid(value: object) -> str | None:
     return value if isinstance(value, str) and ID_RE.fullmatch(value) else None
 
 
+def valid_attempt(value: object) -> int | None:
+    """An attempt number as written (a whole number >= 0, not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None
+
+
 # A record type's field: a damaged id reads as none (a record is never unusable for it, strict or not)
 LAUNCH = Field(LAUNCH_ID, Kind("a launch id", valid))
+ATTEMPT_FIELD = Field(ATTEMPT, Kind("an attempt number", valid_attempt))
 
 
 def new_launch_id() -> str:
@@ -48,8 +60,10 @@ def new_launch_id() -> str:
 
 def begin_launch() -> str:
     """The launcher, once per invocation: a new launch id, set in this process's environment so that
-    everything it starts inherits it (an id inherited from the caller's environment is replaced)."""
+    everything it starts inherits it (an id inherited from the caller's environment is replaced, and an
+    attempt number inherited is dropped: run/launch.py sets one for each attempt's trainer)."""
     os.environ[LAUNCH_ID_ENV] = lid = new_launch_id()
+    os.environ.pop(ATTEMPT_ENV, None)
     return lid
 
 
@@ -58,8 +72,19 @@ def launch_id() -> str | None:
     return valid(os.environ.get(LAUNCH_ID_ENV))
 
 
+def attempt() -> int | None:
+    """This process's attempt in its launch (TAEHV_LAUNCH_ATTEMPT, set by the launcher for its trainer), or
+    None (the launcher itself, a trainer started by hand)."""
+    raw = os.environ.get(ATTEMPT_ENV, "")
+    return valid_attempt(int(raw)) if raw.isdigit() and len(raw) < 10 else None
+
+
 def stamped(record: dict) -> dict:
-    """`record` with this process's launch id as "launch_id" (a copy; the record itself unchanged). Every
-    record writer of the run directory calls it; without a launch id the record is written as it is."""
+    """`record` with this process's launch id as "launch_id" and, in a launch's trainer, its attempt as
+    "attempt" (a copy; the record itself unchanged). Every record writer of the run directory calls it;
+    without a launch id the record is written as it is."""
     lid = launch_id()
-    return {**record, LAUNCH_ID: lid} if lid else dict(record)
+    if not lid:
+        return dict(record)
+    n = attempt()
+    return {**record, LAUNCH_ID: lid} | ({ATTEMPT: n} if n is not None else {})

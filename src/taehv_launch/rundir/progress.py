@@ -7,7 +7,8 @@ results, rewritten by rank 0 after each validation (format below, VALIDATION_FIL
  and where the trainer counted its FLOPs (plan/flops.py), over this log window: "tflops_per_gpu", "mfu"
  (0-1; null without a peak), "peak_tflops_per_gpu" (null: a CPU or a GPU not in the table), "mfu_note"
  (why there is no MFU), "launch_id" (the launch that wrote it, rundir/launchid.py: `status` tells this
-launch's progress from an earlier one's by it)}
+launch's progress from an earlier one's by it), "attempt" (the restart attempt in that launch that wrote it), "launch_ids" (every rank's launch id, one per
+node's launcher, gathered at the trainer's start: which nodes' records are this launch's, rundir/launches.py)}
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ..files import read_json_or_none, write_atomic
 from .launches import ThisLaunch
-from .launchid import LAUNCH, stamped
+from .launchid import ATTEMPT_FIELD, LAUNCH, stamped
 from .records import LONGEST_S, TIME, Field, Number, Record, Text, Whole, number
 
 PROGRESS_FILE = "progress.json"
@@ -42,6 +43,7 @@ PROGRESS = Record(
         Field("time", TIME),
         Field("started", TIME),
         LAUNCH,
+        ATTEMPT_FIELD,
     ),
 )
 # where the trainer counted its FLOPs, over the log window; none: an older trainer

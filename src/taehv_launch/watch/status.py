@@ -54,6 +54,7 @@ FIELDS = (  # collect()'s keys: `status --json` (docs/watching.md lists them)
     "launch_started", "flops", "checkpoint", "nodes", "processes", "heartbeat_nodes", "heartbeat_ranks",
     "heartbeat_age_s", "log_age_s", "exit", "last_error", "hang", "requeues", "requeue_marker", "rollbacks",
     "launches", "first_launch", "resume_from", "plan_hash", "node_logs", "unreadable", "restarts", "validation",
+    "unstarted",
 )  # fmt: skip
 
 
@@ -329,6 +330,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             [e for e in read_events(run_dir) if launch.holds(e, started=timestamp(e.get("time")))]
         ),
         "launches": manifest_read.launches,
+        "unstarted": launch.unstarted,  # a newer launch that ended before writing its manifest record, or None
         "first_launch": record_time(manifest[0]) if manifest and manifest_read.whole else None,
         "resume_from": Path(r).name if isinstance(r := (launch.record or {}).get("resume"), str) else None,
         "plan_hash": plan.get("hash") if isinstance(plan.get("hash"), str) else None,

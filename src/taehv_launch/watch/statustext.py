@@ -131,6 +131,16 @@ def run_block(f: dict[str, Any]) -> list[str]:
     out = [f"run {shown(f['run'])}  {shown(f['run_dir'])}", f"  state      {state_text(f)}"]
     if f["state"] == "unreadable":
         return out
+    if u := f.get("unstarted"):  # its .lock, no manifest record (rundir/launches.py): what follows is the one before
+        how = (
+            "it ended before it started"
+            if u.get("ended")
+            else f"it ended before it started, or is starting on {shown(u.get('host'))}"
+        )
+        before = "shown: the launch before it" if f["launches"] else "no launch before it"
+        out.append(
+            f"  newest     launch {shown(u.get('launch_id'))} (since {shown(u.get('since'))}) wrote no manifest record: {how} (launch.log says why); {before}"
+        )
     if f["hang"]:
         out.append(f"  hang       {text(f['hang'])}")
     if f["step"] is None and f["total"]:

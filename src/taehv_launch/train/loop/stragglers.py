@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import faults
+from ...rundir.launchid import launch_id
 from ..durability.progress import PROGRESS
 
 FIELDS = ("busy", "forward", "data", "wait")  # per step, seconds
@@ -165,6 +166,7 @@ class Stragglers:
         self.threshold, self.rank, self.world, self.log, self.scalar = threshold, rank, world, log, scalar
         self.forward = device.type == "cuda"  # CPU ranks share the cores: their forward times are noise
         self.hosts = [socket.gethostname()] * world
+        self.launch_ids = [lid] if (lid := launch_id()) else []  # every rank's launcher's (one per node), sorted
         self.restart(0)
 
     def restart(self, step: int) -> None:
@@ -172,15 +174,19 @@ class Stragglers:
         every window ending within 2 steps (DDP's second iteration rebuilds its buckets with a collective)."""
         self.skip, self.quiet_until = 1, step + 2
 
-    def start(self, step: int) -> None:
-        """Collective, once: every rank's hostname."""
+    def start(self, step: int) -> list[str]:
+        """Collective, once: every rank's hostname and launch id (on several nodes each node's launcher has its
+        own: rank 0 records them in progress.json, and `status` knows which nodes' records are this launch's,
+        rundir/launches.py); returns the launch ids."""
         self.restart(step)
         if self.world > 1:
             hosts: list = [None] * self.world
             with PROGRESS.phase("collective"):
                 PROGRESS.count_collective()
-                dist.all_gather_object(hosts, socket.gethostname())
-            self.hosts = [str(h) for h in hosts]
+                dist.all_gather_object(hosts, (socket.gethostname(), launch_id()))
+            self.hosts = [str(h[0]) for h in hosts]
+            self.launch_ids = sorted({h[1] for h in hosts if h[1]})
+        return self.launch_ids
 
     def report(self, ranks: list[tuple[float, ...]], step: int) -> list[int]:
         if self.world < 2:

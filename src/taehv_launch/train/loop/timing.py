@@ -246,9 +246,10 @@ class ProgressFile:
     """<run>/progress.json (rundir/progress.py), rewritten by rank 0 at each log line: one small file, no
     sync. `started` and samples_per_s_avg count from the start of this launch's training loop."""
 
-    def __init__(self, run_dir: Path, main: bool, global_batch: int):
+    def __init__(self, run_dir: Path, main: bool, global_batch: int, launch_ids: list[str] | None = None):
         self.run_dir, self.main, self.global_batch = run_dir, main, global_batch
         self.started, self.t0, self.samples = time.time(), time.perf_counter(), 0
+        self.launch_ids = launch_ids or []  # every node's launcher's launch id (Stragglers.start gathers them)
 
     def write(self, step: int, total: int, samples_per_s: float, samples: int) -> float:
         """Adds the window's samples; returns the ETA in seconds (at the window's rate, as the log line)."""
@@ -265,6 +266,8 @@ class ProgressFile:
                 "time": time.time(),
                 "started": self.started,
             }
+            if self.launch_ids:
+                record["launch_ids"] = self.launch_ids
             if (rate := current_rate()) is not None:  # tflops_per_gpu, mfu (null without a peak), ...
                 record |= rate.record(samples_per_s)
             with contextlib.suppress(OSError):  # a full disk is said once, by the next checkpoint

@@ -258,8 +258,8 @@ class Trainer:
         self.data_iter = Prefetcher(self.batches, self.device)
         vote = AsyncVote(self.device) if self.world > 1 else None
         self.speed.start(st.step)
-        self.progress = ProgressFile(self.run_dir, self.acc.is_main_process, global_batch(cfg, self.world))
-        self.stragglers.start(st.step)  # the ranks' hostnames, once
+        ids = self.stragglers.start(st.step)  # the ranks' hostnames and launch ids (in progress.json), once
+        self.progress = ProgressFile(self.run_dir, self.acc.is_main_process, global_batch(cfg, self.world), ids)
         self.bar = bar = progress_bar(self.acc.is_main_process and not self.debug, st.step, total)
         if cfg.validation_at_start and st.step == 0:
             self.validate()
