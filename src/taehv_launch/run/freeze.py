@@ -18,6 +18,22 @@ alive beside the trainer on every node).
   killed. A stopped process cannot dump its own stacks (the line says so); a running one whose threads
   are blocked is sent STACKS_SIGNAL first, and its faulthandler prints every thread's Python stack into
   the launch log.
+
+Which records are this attempt's (run/launch.py passes the attempt's number, `attempt`; the launcher's
+launch id is TAEHV_LAUNCH_ID, rundir/launchid.py): never by a file's time (its time only measures a beat's
+age), by the ids its trainer stamps: a heartbeat of this node's ranks carries this launcher's launch id and
+this attempt's number. Another node's ranks (they count for the job's limit and as live peers) carry their
+own launcher's id: one of those counts when its attempt is this attempt's and its id is one of
+progress.json's "launch_ids" (every node's launcher's, gathered by the trainer's first collective,
+train/loop/stragglers.py) while progress.json is this attempt's (its "attempt", with this launcher's id
+among its "launch_ids"). Until it is (the trainer's first log line of the attempt) no other node's rank
+counts: the job's limit is then hang_timeout_slow (fewer than `world` ranks have a heartbeat), so a frozen
+rank is reported later, never earlier, and another node's hang report is not seen yet (this watch may
+then report its own frozen rank beside it: the ranks stop with 76 either way). hang_limits.json (rank 0's,
+node 0's launch id) and the hang reports (a rank's, or a launcher's: it writes its attempt's number into
+its own) are told by the same rule. Without an attempt number or a launch id (a caller that passes none:
+the trainer's records then carry none) the watch falls back to the file's time: written at or after its
+start.
 """
 
 from __future__ import annotations
@@ -31,7 +47,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EXIT_HUNG
-from ..rundir.hanglimits import limit_text, read_hang_limits
+from ..files import read_json_or_none
+from ..rundir.hanglimits import HangLimits, clean_measured, hang_limits_path, limit_text, read_hang_limits
 from ..rundir.heartbeat import (
     HANG_SUFFIX,
     HEARTBEAT_PERIOD_S,
@@ -46,7 +63,9 @@ from ..rundir.heartbeat import (
     stacks_dir,
     write_heartbeat,
 )
+from ..rundir.launchid import ATTEMPT, LAUNCH_ID, launch_id, valid, valid_attempt
 from ..rundir.layout import trainer_lock_path
+from ..rundir.progress import PROGRESS_FILE
 from ..rundir.records import LONGEST_S, number
 from ..rundir.exitstatus import write_exit_status
 
@@ -112,8 +131,9 @@ def freeze_line(frozen: dict[int, dict], limit: tuple[float, str], node: int, st
 
 class NodeWatch:
     """Started (`start()`) with the launch, ended (`end()`) once it has exited. `kill()` kills every
-    process of the launch; `note(text)` writes a line into the launch log. Heartbeats older than its
-    start (`started`, the filesystem's time) are an earlier launch's."""
+    process of the launch; `note(text)` writes a line into the launch log. `attempt`: the attempt's number
+    in the launch (the restarts so far): its records are told by it and the launch ids (`ours`); None: by
+    the file's time, at or after its start (`started`, the filesystem's time)."""
 
     def __init__(
         self,
@@ -126,12 +146,15 @@ class NodeWatch:
         hang_timeout: float = 0.0,
         hang_timeout_slow: float = 0.0,
         poll_s: float = POLL_S,
+        attempt: int | None = None,
     ) -> None:
         self.run_dir, self.node, self.world, self.exit_file = Path(run_dir), node, world, exit_file
         self.kill, self.note, self.poll_s = kill, note, poll_s
         self.hang_timeout, self.slow = float(hang_timeout or 0), float(hang_timeout_slow or 0)
         self.clock = trainer_lock_path(self.run_dir, node)  # touched for the filesystem's time
         self.started = self.fs_now()
+        self.attempt = valid_attempt(attempt)
+        self.launch = launch_id() if self.attempt is not None else None  # None: told by the file's time
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, name="taehv-node-watch", daemon=True)
 
@@ -174,20 +197,50 @@ class NodeWatch:
         )
         self.kill()
 
+    def linked(self) -> set[str]:
+        """Every node's launcher's launch id of this launch, from progress.json when this attempt wrote it
+        (its attempt, this launcher's id among its "launch_ids"); else none."""
+        rec = read_json_or_none(self.run_dir / PROGRESS_FILE)
+        if not isinstance(rec, dict) or valid_attempt(rec.get(ATTEMPT)) != self.attempt:
+            return set()
+        got = rec.get("launch_ids")
+        ids = {x for x in map(valid, got) if x is not None} if isinstance(got, list) else set()
+        return ids if self.launch in ids else set()
+
+    def ours(self) -> Callable[[object, float], bool]:
+        """For one poll: whether a record (as read) of a file of that mtime is this attempt's."""
+        if self.launch is None:
+            since = self.started - 1
+            return lambda record, mtime: mtime >= since
+        ids = {self.launch} | self.linked()
+        return lambda record, mtime: (
+            isinstance(record, dict)
+            and valid_attempt(record.get(ATTEMPT)) == self.attempt
+            and valid(record.get(LAUNCH_ID)) in ids
+        )
+
+    def limits(self, ours: Callable[[object, float], bool]) -> HangLimits:
+        """The configured limits, with hang_limits.json's measured times when it is this attempt's."""
+        if self.launch is None:
+            return read_hang_limits(self.run_dir, self.started - 1, self.hang_timeout, self.slow)
+        record = read_json_or_none(hang_limits_path(self.run_dir)) if self.hang_timeout else None
+        if not ours(record, 0.0):
+            return HangLimits(self.hang_timeout, self.slow)
+        return HangLimits(self.hang_timeout, self.slow, clean_measured(record.get("measured")))
+
     def find_frozen(self) -> tuple[dict[int, dict], tuple[float, str]] | None:
         """(this node's silent ranks past the limit, the limit), or None: nothing to report (yet), or
         the trainer has reported or recorded an exit itself."""
-        now, here = self.fs_now(), socket.gethostname()
+        now, here, ours = self.fs_now(), socket.gethostname(), self.ours()
         beats = {}
         for rank, hb in read_heartbeats(self.run_dir).items():
-            if hb["mtime"] >= self.started - 1 and not heartbeat_path(self.run_dir, rank, ".done").exists():
+            if ours(hb, hb["mtime"]) and not heartbeat_path(self.run_dir, rank, ".done").exists():
                 beats[rank] = hb
                 hb["beat_age_s"] = now - hb["mtime"]
                 hb["state"] = process_state(hb.get("host"), hb.get("pid"), hb.get("pidns"))  # None elsewhere
                 hb["silent"] = hb["beat_age_s"] > SILENT_S or hb["state"] in STOPPED
         peers_here = any(not hb["silent"] and hb.get("host") == here for hb in beats.values())
-        limits = read_hang_limits(self.run_dir, self.started - 1, self.hang_timeout, self.slow)
-        limit = silence_limit(list(beats.values()), limits, self.world)
+        limit = silence_limit(list(beats.values()), self.limits(ours), self.world)
         frozen = {}
         for rank, hb in beats.items():
             if hb.get("node") != self.node or hb.get("host") != here or not hb["silent"]:
@@ -206,7 +259,9 @@ class NodeWatch:
                     "host": here,
                     "node": self.node,
                 }
-        if not frozen or read_hang_reports(self.run_dir, since=self.started - 1) or recorded_code(self.exit_file):
+        if not frozen or recorded_code(self.exit_file):
+            return None
+        if any(ours(r, r["mtime"]) for r in read_hang_reports(self.run_dir).values()):
             return None
         return frozen, limit
 
@@ -230,7 +285,7 @@ class NodeWatch:
             "dumps": [],
             "missing": sorted(frozen),
             "time": time.time(),
-        }
+        } | ({ATTEMPT: self.attempt} if self.attempt is not None else {})  # stamped() adds the launch id
         culprit = min(frozen)
         try:  # the other ranks of the job (every node) read it, dump their stacks and stop with 76
             stacks_dir(self.run_dir).mkdir(parents=True, exist_ok=True)

@@ -327,6 +327,7 @@ def run(
             note=console.note,
             hang_timeout=c.get("hang_timeout", 0) if plan.options.task == "train" else 0,
             hang_timeout_slow=c.get("hang_timeout_slow", 0),
+            attempt=attempt,  # its records are told by it and the launch ids, not by their files' times
         ).start()
         try:
             _tee(child, console, exit_file)

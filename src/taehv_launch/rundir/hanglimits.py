@@ -28,7 +28,8 @@ Every rank measures its own times (train/durability/progress.py) and carries the
 writes this file and prints the limits (`derived_line`). The readers compute the limits from the file's
 measured times with the same function and their own configured bounds, so a hand-edited file cannot
 set a limit outside them. A launch's rank 0 removes the file when it starts, and readers ignore one of
-an earlier launch (`status`: another launch id; a watchdog or freeze watch: older than its own start):
+an earlier launch (`status`: another launch id; a watchdog: older than its own start; the launcher's
+freeze watch: another attempt's or launch's ids, run/freeze.py):
 a restarted or resumed run is judged by the configured values until it has measured itself again.
 
 Format: {"measured": {"step_s", "steps", "checkpoint_s", "validation_s"} (seconds; null: not measured
