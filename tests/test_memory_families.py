@@ -33,8 +33,9 @@ def test_the_super_decoder_is_counted_and_can_stop_a_row_from_fitting():
     sup = plan_for(1, "h100", decoder_arch="super").memory
     assert base.fits and base.best_micro == 8
     step = memory.STEP_FIT[False][0] + memory.STEP_FIT[False][1] * 8
+    # the base step's compile_layout saving (measured on the base decoder only) is not counted for Super
     assert sup.predicted_gib - base.predicted_gib == pytest.approx(
-        step * (memory.SUPER_STEP_RATIO[False] - 1), abs=0.01
+        step * (memory.SUPER_STEP_RATIO[False] - 1) + memory.LAYOUT_FORCE_SAVED_GIB, abs=0.01
     )
     assert sup.fits is False and sup.best_micro is not None and sup.best_micro < 8  # 8 x 8.6 GiB does not fit 72
     assert "micro_batch_size=" in sup.detail

@@ -21,7 +21,7 @@ chose ran at 0.91 of 480p; at 8 it ran at 0.975 (2026-11-27). This fit reads low
 threads (35 clips/s against 54.8 measured on 1080p, a keyframe every 60): it errs towards more threads.
 
 The choice is the fewest threads, never under BASE_THREADS (the default before; enough for 480p), that
-reach twice the fastest consumer measured (training from the latent cache on one H100: 20.63 clips/s
+reach twice the fastest consumer measured (training from the latent cache on one H100: 28.59 clips/s
 at 12 x 480x720, issue 38; scaled by the clip's pixels) with MODEL_MARGIN to spare, capped at
 SESSIONS_PER_ENGINE sessions per NVDEC engine of the GPU (BASE_THREADS on a GPU whose engines are not in
 NVDEC_ENGINES), by the GPU memory the plan leaves (thread_gib each: more for sources above 1080p), by
@@ -40,7 +40,8 @@ BASE_THREADS = 4  # memory.decode_gib counts these for video_decode_threads=0
 MAX_THREADS = 32  # the key's upper bound (resolve.check_config)
 CLIP_OVERHEAD_S = 0.0345  # per clip and thread: open/reconfigure, seek, conversion, crop and resize (fitted)
 SESSION_PIXELS_PER_S = 1174e6  # decoded pixels per second of one NVDEC session (fitted)
-CONSUMER_CLIPS_PER_S = 20.63  # the fastest consumer measured: from the latent cache, one H100, 12 x 480x720
+CONSUMER_CLIPS_PER_S = 28.59  # the fastest consumer measured: from the latent cache, one H100, 12 x 480x720
+# (compile_layout='force', 2026-11-27, docs/benchmarks.md "Where the step's time went"; 20.63 before it)
 LOADER_MARGIN = 2.0  # the loader should give twice what the consumer takes
 MODEL_MARGIN = 1.2  # the rate a thread gives varies with the count (see above): threads for 1.2x the target
 CORES_PER_THREAD = 0.25  # measured 0.15-0.25 cores per NVDEC thread at 1-4 threads (docs/benchmarks.md)

@@ -48,6 +48,13 @@ REF_EXTRA_CLIP_SHARE = (26.58 - 7.32) / 3 / 7.32
 # master weights and AdamW moments, EMA, the Seraena replay buffer, the reference VAE's weights.
 TRAINER_OVERHEAD_GIB = 54.1 - 50.78
 CUDA_CONTEXT_GIB = 1.1  # total - free after CUDA init, single process
+# compile_layout='force' (compiled TAEHV kept channels-last): the trainer's peak allocated fell by 7.1 GiB at
+# micro 8 (52.4 -> 45.3 from the latent cache, 52.8 -> 45.7 online) and at micro 9 (58.0 -> 50.9), one H100,
+# 2026-11-27 (docs/benchmarks.md "Where the step's time went"). Counted as that amount, at most the share of the
+# step it was at micro 8, so a smaller step is not credited with more than it measured; only for the base step
+# it was measured on (STEP_FIT's shape, no gradient checkpointing, the base decoder): other families' own fits not.
+LAYOUT_FORCE_SAVED_GIB = 52.4 - 45.3
+LAYOUT_FORCE_SAVED_SHARE = LAYOUT_FORCE_SAVED_GIB / (0.281 + 6.312 * 8)
 # NVDEC per decoding thread: its sessions' surfaces and the float working frames of the conversion and
 # resize. Measured on the H100 with 4 threads (scripts/gpu_decode_check.py, docs/benchmarks.md issue 23):
 # the process grew 5.9 GiB beyond its CUDA context at 1080p and 7.8 GiB more with 2160p sources.
@@ -80,6 +87,16 @@ def step_fit(cfg: dict, checkpointing: bool) -> tuple[float, float, int] | None:
     return None
 
 
+def layout_forced(cfg: dict | None) -> bool:
+    """TAEHV compiled with compile_layout='force' (compile 'all', not under ZeRO-3, where it stays eager)."""
+    return (
+        bool(cfg)
+        and cfg.get("compile") == "all"
+        and cfg.get("compile_layout") == "force"
+        and cfg.get("zero_stage") != 3
+    )
+
+
 def predict_gib(
     micro: int,
     n_frames: int,
@@ -100,6 +117,8 @@ def predict_gib(
     step = (fixed + per_clip * micro * n_frames * height * width / pixels) * (
         SUPER_STEP_RATIO[checkpointing] if decoder_arch == "super" else 1.0
     )
+    if layout_forced(cfg) and fit[:2] == STEP_FIT[False] and not checkpointing and decoder_arch == "base":
+        step -= min(LAYOUT_FORCE_SAVED_GIB, LAYOUT_FORCE_SAVED_SHARE * step)  # only where it was measured
     ref = 0.0
     if use_ref_vae:
         one = family.encode_gib
