@@ -718,6 +718,7 @@ def test_a_rank_sleeping_inside_a_collective_is_named_and_every_rank_dumps(tmp_p
     assert {"rank0.txt", "rank1.txt", "fr_trace_rank_0", "fr_trace_rank_1"} <= set(report["dumps"])
     status = json.loads((run.run / "exit_status.json").read_text())
     assert status.pop("launch_id")  # the launch's, inherited by the trainer (rundir/launchid.py)
+    assert status.pop("attempt") == 0  # the launch's first attempt (restarts so far), inherited too
     assert status == {"code": 76, "message": line.removeprefix("error: ")}
 
 

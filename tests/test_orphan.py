@@ -257,6 +257,7 @@ def test_the_trainer_of_a_sigkilled_launcher_saves_stops_and_the_run_continues(t
     assert all(gone(p.pid) for p in procs), [p.pid for p in procs if not gone(p.pid)]
     status = json.loads((launch.run / "exit_status.json").read_text())
     assert status.pop("launch_id")  # the launch's, inherited by the trainer (rundir/launchid.py)
+    assert status.pop("attempt") == 0  # the launch's first attempt (restarts so far), inherited too
     why = f"taehv-launch (pid {launch.proc.pid}) ended while the trainer ran (killed?)"
     assert status == {"code": 75, "message": f"{why}: the trainer saved a checkpoint and stopped"}
     saved = complete(launch.run)[-1]
