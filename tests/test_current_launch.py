@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import time
 from pathlib import Path
 
-from conftest import run_cli_here
+from conftest import run_cli_here, start
 from taehv_launch.rundir.launches import current_launch
 from taehv_launch.rundir.launchid import LAUNCH_ID
 from taehv_launch.rundir.layout import launcher_lock_path
@@ -28,7 +27,7 @@ A, B, B1, OLD1 = "20261126T100000Z-aaaaaaaa", "20261127T110000Z-bbbbbbbb", "2026
 
 
 def dead_pid() -> int:
-    p = subprocess.Popen(["true"])
+    p = start(["true"], capture=False)
     p.wait()
     return p.pid
 

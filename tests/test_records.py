@@ -84,6 +84,7 @@ def test_progress_and_validation_read_as_before(tmp_path):
         "time": 1.7e9,
         "started": None,
         "launch_id": None,  # none written: a record of a trainer started without a launcher (rundir/launchid.py)
+        "attempt": None,  # the same: no launcher, no restart attempt
         "flops": {"tflops_per_gpu": 3.0, "mfu": None, "peak_tflops_per_gpu": None, "mfu_note": "n" * 200},
     }
     (tmp_path / "progress.json").write_text('{"step": 3.0}')
