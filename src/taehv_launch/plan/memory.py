@@ -54,7 +54,7 @@ CUDA_CONTEXT_GIB = 1.1  # total - free after CUDA init, single process
 # step it was at micro 8, so a smaller step is not credited with more than it measured; only for the base step
 # it was measured on (STEP_FIT's shape, no gradient checkpointing, the base decoder): other families' own fits not.
 LAYOUT_FORCE_SAVED_GIB = 52.4 - 45.3
-LAYOUT_FORCE_SAVED_SHARE = LAYOUT_FORCE_SAVED_GIB / (0.281 + 6.312 * 8)
+LAYOUT_FORCE_SAVED_SHARE = LAYOUT_FORCE_SAVED_GIB / (STEP_FIT[False][0] + STEP_FIT[False][1] * 8)
 # NVDEC per decoding thread: its sessions' surfaces and the float working frames of the conversion and
 # resize. Measured on the H100 with 4 threads (scripts/gpu_decode_check.py, docs/benchmarks.md issue 23):
 # the process grew 5.9 GiB beyond its CUDA context at 1080p and 7.8 GiB more with 2160p sources.
@@ -93,6 +93,7 @@ def layout_forced(cfg: dict | None) -> bool:
         bool(cfg)
         and cfg.get("compile") == "all"
         and cfg.get("compile_layout") == "force"
+        and cfg.get("channels_last", True)  # compile_taehv forces the layout only for channels-last frames
         and cfg.get("zero_stage") != 3
     )
 
