@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,15 +37,23 @@ def train(tmp: Path, name: str, cache: Path, *args: str):
 
 
 def test_training_from_the_cache_equals_online_training_on_the_same_views(tmp_path):
+    """The float32 cache job first; then, side by side (each run's start-up is mostly single-threaded
+    imports), the bfloat16 cache job and the runs from the float32 cache and online, and the run from
+    the bfloat16 cache once its job is done."""
     f32, bf16 = tmp_path / "f32", tmp_path / "bf16"
-    for out, dtype in ((f32, "float32"), (bf16, "bfloat16")):
+
+    def job(out: Path, dtype: str) -> None:
         proc = cache_job(
             tmp_path, out, "--views", "1", *overrides(f"latent_cache_dtype={dtype!r}", "ref_vae_dtype='float32'")
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cached = train(tmp_path, "cached", f32)
-    online = train(tmp_path, "online", f32, "--set", "latent_cache_encode='always'")
-    rounded = train(tmp_path, "bf16", bf16)
+
+    job(f32, "float32")
+    with ThreadPoolExecutor(3) as pool:
+        rounded = pool.submit(lambda: (job(bf16, "bfloat16"), train(tmp_path, "bf16", bf16))[1])
+        cached = pool.submit(train, tmp_path, "cached", f32)
+        online = pool.submit(train, tmp_path, "online", f32, "--set", "latent_cache_encode='always'")
+        cached, online, rounded = cached.result(), online.result(), rounded.result()
     assert len(cached) == len(online) == 4
     for a, b, c in zip(cached, online, rounded):
         assert abs(a - b) <= 1e-4 * abs(b), (cached, online)  # the same views, the same latents

@@ -106,10 +106,11 @@ def test_restarts_summary():
     assert (s["count"], s["last_reason"], s["lost_s"], s["ended"]) == (2, "hang (exit 76)", 42.5, None)
 
 
-def _launch(tmp: Path, name: str, *extra: str) -> Proc:
-    """`taehv-launch 2 cpu` (FAST, restarts on) in the background, its output in pipes; the demo data under tmp."""
+def _launch(tmp: Path, name: str, *extra: str, **kw) -> Proc:
+    """`taehv-launch 2 cpu` (FAST, restarts on) in the background, its output in pipes (or start_launch's
+    out/err files in kw); the demo data under tmp."""
     env = clean_env(TAEHV_CACHE=str(tmp / "taehv-cache"), OMP_NUM_THREADS="1")
-    return start_launch(tmp, 2, "--set", "max_restarts=3", *extra, run_name=name, env=env)
+    return start_launch(tmp, 2, "--set", "max_restarts=3", *extra, run_name=name, env=env, **kw)
 
 
 def rank_pid(run: Path, rank: int, min_step: int, timeout: float = 300, checkpoint: str | None = "checkpoint-2") -> int:
@@ -130,16 +131,20 @@ def rank_pid(run: Path, rank: int, min_step: int, timeout: float = 300, checkpoi
 @pytest.mark.slow
 def test_a_sigkilled_rank_is_restarted_in_place_and_the_curve_joins(tmp_path):
     common = overrides("max_train_steps=8 validation_steps=100")
-    full = _launch(tmp_path, "full", *common)
-    out, err = full.communicate(timeout=600)
-    assert full.returncode == 0, err[-3000:]
-
+    # the uninterrupted curve, run beside the killed one (output into files: nobody reads a pipe meanwhile)
+    full = _launch(tmp_path, "full", *common, out=tmp_path / "full.out", err=tmp_path / "full.err")
     part = _launch(tmp_path, "part", *common)
     run = tmp_path / "output" / "part"
-    os.kill(rank_pid(run, 1, 3), signal.SIGKILL)
-    killed_at = time.time()
-    out, err = part.communicate(timeout=600)
-    assert part.returncode == 0, (out[-3000:], err[-3000:])
+    try:
+        os.kill(rank_pid(run, 1, 3), signal.SIGKILL)
+        killed_at = time.time()
+        out, err = part.communicate(timeout=600)
+        assert part.returncode == 0, (out[-3000:], err[-3000:])
+        assert full.finish(600) == 0, full.text()[-6000:]
+    finally:
+        for proc in (full, part):
+            if proc.poll() is None:
+                proc.kill_tree()
     assert "taehv-launch: restart 1 of 3 after" in err
 
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]

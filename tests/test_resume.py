@@ -12,7 +12,7 @@ import torch
 from taehv_launch.errors import CheckpointError
 from taehv_launch.rundir.checkpoint import COMPLETE, newest_complete
 from taehv_launch.run.runs import resolve_resume
-from trainrun import launch, ok, scalars, trainer_state
+from trainrun import launch, ok, scalars, start_launch, trainer_state
 from conftest import overrides
 
 
@@ -62,14 +62,20 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     """Same seed, same data: the losses after the resume point match an uninterrupted run
     (sampler position, RNGs, EMA and Seraena with its replay buffer restored)."""
     common = overrides("checkpointing_steps=3 validation_steps=100")
-    proc, full = launch(tmp_path, 1, *common, "--set", "max_train_steps=6", run_name="full")
-    ok(proc)
-    proc, part = launch(tmp_path, 1, *common, "--set", "max_train_steps=3", run_name="part")
-    ok(proc)
-    state = trainer_state(part / "checkpoint-3")
-    assert state["step"] == 3
-    proc, _ = launch(tmp_path, 1, *common, "--set", "max_train_steps=6", "--resume", "auto", run_name="part")
-    ok(proc)
+    # the uninterrupted run goes beside the other two (output into files: nobody reads a pipe meanwhile)
+    ref = start_launch(tmp_path, 1, *common, "--set", "max_train_steps=6", run_name="full", out=tmp_path / "full.out")
+    try:
+        proc, part = launch(tmp_path, 1, *common, "--set", "max_train_steps=3", run_name="part")
+        ok(proc)
+        state = trainer_state(part / "checkpoint-3")
+        assert state["step"] == 3
+        proc, _ = launch(tmp_path, 1, *common, "--set", "max_train_steps=6", "--resume", "auto", run_name="part")
+        ok(proc)
+        assert ref.finish(600) == 0, ref.text()[-6000:]
+    finally:
+        if ref.poll() is None:
+            ref.kill_tree()
+    full = ref.run
     a, b = scalars(full)["train/loss"], scalars(part)["train/loss"]
     assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4, 5, 6]
     for (sa, va), (_sb, vb) in zip(a, b):
@@ -79,15 +85,24 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
 @pytest.mark.slow
 def test_same_seed_same_curve_other_seed_differs(tmp_path):
     runs = {}
-    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
-        proc, run = launch(
+    procs = {  # side by side: each run's start-up is mostly single-threaded imports
+        name: start_launch(
             tmp_path,
             1,
             *overrides("max_train_steps=3", f"seed={seed}", "validation_steps=100 checkpointing_steps=100"),
             run_name=name,
+            out=tmp_path / f"{name}.out",
         )
-        ok(proc)
-        runs[name] = [v for _, v in scalars(run)["train/loss"]]
+        for name, seed in (("a", 7), ("b", 7), ("c", 8))
+    }
+    try:
+        for name, proc in procs.items():
+            assert proc.finish(600) == 0, proc.text()[-6000:]
+            runs[name] = [v for _, v in scalars(proc.run)["train/loss"]]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill_tree()
     assert runs["a"] == pytest.approx(runs["b"], rel=1e-5)
     assert runs["a"] != pytest.approx(runs["c"], rel=1e-3)
 
@@ -202,14 +217,24 @@ def test_zero_stage_change_continues_the_same_curve(tmp_path):
     """Same 2 ranks, ZeRO-2 for steps 1-2 then ZeRO-3 for 3-4: the same losses as ZeRO-2 throughout
     (the stage-3 partitions, padded on the last rank, are filled from the portable state)."""
     common = overrides("checkpointing_steps=2 validation_steps=100")
-    proc, full = launch(tmp_path, 2, *common, *overrides("max_train_steps=4 zero_stage=2"), run_name="full")
-    ok(proc)
-    proc, part = launch(tmp_path, 2, *common, *overrides("max_train_steps=2 zero_stage=2"), run_name="part")
-    ok(proc)
-    proc, _ = launch(
-        tmp_path, 2, *common, *overrides("max_train_steps=4 zero_stage=3"), "--resume", "auto", run_name="part"
+    # the uninterrupted run goes beside the other two (their start-up is mostly single-threaded imports);
+    # its output into files: nobody reads a pipe meanwhile
+    argv = overrides("max_train_steps=4 zero_stage=2")
+    ref = start_launch(
+        tmp_path, 2, *common, *argv, run_name="full", out=tmp_path / "full.out", err=tmp_path / "full.err"
     )
-    ok(proc)
+    try:
+        proc, part = launch(tmp_path, 2, *common, *overrides("max_train_steps=2 zero_stage=2"), run_name="part")
+        ok(proc)
+        proc, _ = launch(
+            tmp_path, 2, *common, *overrides("max_train_steps=4 zero_stage=3"), "--resume", "auto", run_name="part"
+        )
+        ok(proc)
+        assert ref.finish(600) == 0, ref.text()[-6000:]
+    finally:
+        if ref.poll() is None:
+            ref.kill_tree()
+    full = ref.run
     assert "ZeRO-2, this run has 2 process(es) with ZeRO-3" in proc.stdout
     a, b = scalars(full)["train/loss"], scalars(part)["train/loss"]
     assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4]
