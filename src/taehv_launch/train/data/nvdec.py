@@ -17,7 +17,6 @@ another clip of that batch and reported like any broken video.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 from ...plan.decodeplan import NVDEC_CODECS
-from . import nvdec_skip
 from .clips import Crop, Ticket
 from .probe import choose_threads
 
@@ -36,7 +34,6 @@ DECODER_CACHE = 2  # NVDEC sessions PyNvVideoCodec keeps per thread (one per str
 # NVDEC_CODECS: H.264 was checked frame for frame against a decode from frame 0 on the H100
 # (docs/benchmarks.md). HEVC gave wrong frames for some clips, so it and every codec not checked yet
 # (VP8/VP9/AV1, ...) are decoded on the CPU.
-SKIP_NONREF = os.environ.get("TAEHV_NVDEC_SKIP", "1") != "0"  # nvdec_skip's path; "0" for side-by-side benchmarks
 RUN_CONFIG: dict[str, Any] = {}  # device -> the run's config, noted by choose() for the thread choice
 FETCH_FAILURES = 3  # failed frame fetches after which a file goes to the CPU for good (HEVC fails on a
 # few clips of a file that NVDEC otherwise decodes: docs/benchmarks.md)
@@ -95,33 +92,9 @@ class NvdecDecoder:
         self.nvc, self.device = nvc, device
         self.stream = torch.cuda.Stream(device)
         self.dec = None
-        self.skip = None  # nvdec_skip.SkipSeek, made on the first file it takes
 
     def frames(self, path: str, indices: tuple[int, ...]) -> torch.Tensor:
         """uint8 (T, 3, H, W) RGB frames at `indices` (clip order), on self.stream's device."""
-        wanted = sorted(set(indices))
-        planes, size = self._skipping(path, tuple(wanted)) or (self._simple(path, wanted), None)
-        if self.output != "rgbp" and planes and planes[0].ndim == 2:
-            if size is None:
-                meta = self.dec.get_stream_metadata()
-                size = (int(meta.height), int(meta.width))
-            h, w = size
-            if planes[0].dtype != torch.uint8 or planes[0].shape[0] < h * 3 // 2 or planes[0].shape[1] != w:
-                raise DecodeRefused(
-                    "NVDEC's surfaces are not 8-bit 4:2:0 here",
-                    f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}",
-                )
-            planes = [yuv420_to_rgb(p, h, w) for p in planes]
-        if len(planes) != len(wanted) or any(p.ndim != 3 or p.shape[0] != 3 for p in planes):
-            raise DecodeRefused(
-                "NVDEC returned frames of an unexpected layout",
-                f"{len(planes)} of {len(wanted)}, shape {tuple(planes[0].shape) if planes else ()}",
-            )
-        at = {k: n for n, k in enumerate(wanted)}
-        return torch.stack([planes[at[k]] for k in indices])  # copies out of the decoder's surfaces
-
-    def _simple(self, path: str, wanted: list[int]) -> list[torch.Tensor]:
-        """The frames through PyNvVideoCodec's SimpleDecoder: every frame from the keyframe before the clip."""
         try:
             if self.dec is None:
                 colour = self.nvc.OutputColorType.RGBP if self.output == "rgbp" else self.nvc.OutputColorType.NATIVE
@@ -139,38 +112,31 @@ class NvdecDecoder:
         except Exception as err:
             self.dec = None  # a failed session is not reused
             raise DecodeRefused("NVDEC cannot open the stream", _first_line(err)) from None
+        wanted = sorted(set(indices))
         if total and wanted[-1] >= total:
             raise DecodeRefused("the frame count NVDEC reads differs from the header's", f"{total} frames")
         try:
-            return [torch.from_dlpack(f) for f in self.dec.get_batch_frames_by_index(wanted)]
+            got = self.dec.get_batch_frames_by_index(wanted)
+            planes = [torch.from_dlpack(f) for f in got]
         except Exception as err:
             self.dec = None
             raise DecodeRefused("NVDEC failed to decode frames", _first_line(err), for_good=False) from None
-
-    def _skipping(self, path: str, wanted: tuple[int, ...]):
-        """(NV12 planes, (h, w)) through nvdec_skip (non-reference pictures outside the clip left out), or None
-        where that path does not take this file or clip (too large, not H.264, timestamps that number no frames)."""
-        if not SKIP_NONREF or self.output == "rgbp":
-            return None
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return None
-        if stat.st_size > nvdec_skip.MAX_BYTES:
-            return None
-        if self.skip is None:
-            self.skip = nvdec_skip.SkipSeek(self.nvc, self.device.index or 0, self.stream)
-        try:
-            table = self.skip.table(path, stat)
-        except Exception:
-            return None  # the demuxer cannot read it whole: SimpleDecoder says why, if it fails too
-        if table is None or path in self.skip.failed:
-            return None
-        try:
-            return self.skip.planes(path, table, wanted)
-        except Exception as err:  # this file goes through SimpleDecoder from now on (it decides about the CPU)
-            self.skip.failed[path] = _first_line(err)
-            return None
+        if self.output != "rgbp" and planes and planes[0].ndim == 2:
+            meta = self.dec.get_stream_metadata()
+            h, w = int(meta.height), int(meta.width)
+            if planes[0].dtype != torch.uint8 or planes[0].shape[0] < h * 3 // 2 or planes[0].shape[1] != w:
+                raise DecodeRefused(
+                    "NVDEC's surfaces are not 8-bit 4:2:0 here",
+                    f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}",
+                )
+            planes = [yuv420_to_rgb(p, h, w) for p in planes]
+        if len(planes) != len(wanted) or any(p.ndim != 3 or p.shape[0] != 3 for p in planes):
+            raise DecodeRefused(
+                "NVDEC returned frames of an unexpected layout",
+                f"{len(planes)} of {len(wanted)}, shape {tuple(planes[0].shape) if planes else ()}",
+            )
+        at = {k: n for n, k in enumerate(wanted)}
+        return torch.stack([planes[at[k]] for k in indices])  # copies out of the decoder's surfaces
 
 
 class OpenCVFrames:
