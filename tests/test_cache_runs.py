@@ -90,35 +90,39 @@ def _wait_for_shards(out: Path, proc: Proc, n: int) -> None:
 
 
 def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
-    whole = tmp_path / "whole"
-    proc = _start(tmp_path, whole)
-    assert proc.wait(timeout=600) == 0, proc.communicate()
-    expected = (whole / lc.MANIFEST).read_text()
-    n_shards = len(json.loads(expected)["shards"])
+    """Side by side (each job's start-up is mostly single-threaded imports): the whole job, one killed
+    (SIGKILL to every process, no chance to clean up) and one stopped (SIGTERM to the launcher: it stops
+    between shards, exit 75); then the two resumed side by side, each ending with the whole job's manifest."""
+    whole, killed, stopped = tmp_path / "whole", tmp_path / "killed", tmp_path / "stopped"
+    jobs = {out: _start(tmp_path, out) for out in (whole, killed, stopped)}
+    try:
+        _wait_for_shards(stopped, jobs[stopped], 1)
+        jobs[stopped].send_signal(signal.SIGTERM)
+        _wait_for_shards(killed, jobs[killed], 2)
+        jobs[killed].kill_tree(wait=30)  # the launcher and every process under it (accelerate, the rank, its workers)
+        jobs[killed].wait()
+        done = len(list((killed / lc.SHARDS).glob("*.json")))
+        out, err = jobs[stopped].communicate(timeout=300)
+        assert jobs[stopped].returncode == 75, (out, err)
+        assert "Traceback" not in out + err and "run the same command to continue" in out
+        out, err = jobs[whole].communicate(timeout=600)
+        assert jobs[whole].returncode == 0, (out, err)
+        expected = (whole / lc.MANIFEST).read_text()
+        n_shards = len(json.loads(expected)["shards"])
+        assert not (killed / lc.MANIFEST).exists() and done < n_shards
 
-    killed = tmp_path / "killed"  # SIGKILL to every process: no chance to clean up
-    proc = _start(tmp_path, killed)
-    _wait_for_shards(killed, proc, 2)
-    proc.kill_tree(wait=30)  # the launcher and every process under it (accelerate, the rank, its workers)
-    proc.wait()
-    done = len(list((killed / lc.SHARDS).glob("*.json")))
-    assert not (killed / lc.MANIFEST).exists() and done < n_shards
-    again = _start(tmp_path, killed)
-    out, err = again.communicate(timeout=600)
-    assert again.returncode == 0, (out, err)
-    assert f"{done} of {n_shards} shards already complete" in out
-    assert (killed / lc.MANIFEST).read_text() == expected
-
-    stopped = tmp_path / "stopped"  # SIGTERM to the launcher: stops between shards, exit 75
-    proc = _start(tmp_path, stopped)
-    _wait_for_shards(stopped, proc, 1)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 75, (out, err)
-    assert "Traceback" not in out + err and "run the same command to continue" in out
-    again = _start(tmp_path, stopped)
-    assert again.wait(timeout=600) == 0
-    assert (stopped / lc.MANIFEST).read_text() == expected
+        jobs = {out: _start(tmp_path, out) for out in (killed, stopped)}
+        out, err = jobs[killed].communicate(timeout=600)
+        assert jobs[killed].returncode == 0, (out, err)
+        assert f"{done} of {n_shards} shards already complete" in out
+        assert (killed / lc.MANIFEST).read_text() == expected
+        out, err = jobs[stopped].communicate(timeout=600)
+        assert jobs[stopped].returncode == 0, (out, err)
+        assert (stopped / lc.MANIFEST).read_text() == expected
+    finally:
+        for job in jobs.values():
+            if job.poll() is None:
+                job.kill_tree()
 
 
 def test_two_ranks_share_the_shards_without_overlap_and_write_the_same_cache(tmp_path):

@@ -171,25 +171,35 @@ def test_signal_matrix(tmp_path, workers, ranks):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (step, a, b)
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_second_signal_aborts_at_once(tmp_path, ranks):
+def test_second_signal_aborts_at_once(tmp_path):
+    """SIGTERM then SIGINT to the launcher: exit 130 at once, nothing of the launch left running; at 1 and
+    2 ranks, the two launches side by side (their start-up is mostly single-threaded imports)."""
     import psutil
 
-    launch = Launch(tmp_path, "abort", ranks, 2, "--set", f"max_train_steps={BIG}")
-    launch.wait_for("checkpoint: checkpoint-2")
-    pids = launch.processes()
-    launch.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    launch.proc.send_signal(signal.SIGINT)  # a person's Ctrl-C after the scheduler's SIGTERM
-    t0 = time.time()
-    assert launch.finish(timeout=60) == 130, launch.text()
-    assert time.time() - t0 < 15
-    assert (
-        "error: stopped at once by a second signal, nothing more was saved; --resume auto continues" in launch.text()[1]
-    ), launch.text()[1]
-    time.sleep(1)
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"processes of the launch left running: {alive}"  # ranks and workers too
+    launches = {
+        ranks: Launch(tmp_path, f"abort{ranks}", ranks, 2, "--set", f"max_train_steps={BIG}") for ranks in (1, 2)
+    }
+    try:
+        for ranks, launch in launches.items():
+            launch.wait_for("checkpoint: checkpoint-2")
+            pids = launch.processes()
+            launch.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            launch.proc.send_signal(signal.SIGINT)  # a person's Ctrl-C after the scheduler's SIGTERM
+            t0 = time.time()
+            assert launch.finish(timeout=60) == 130, (ranks, launch.text())
+            assert time.time() - t0 < 15, ranks
+            assert (
+                "error: stopped at once by a second signal, nothing more was saved; --resume auto continues"
+                in launch.text()[1]
+            ), (ranks, launch.text()[1])
+            time.sleep(1)
+            alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            assert not alive, f"processes of the {ranks}-rank launch left running: {alive}"  # ranks and workers too
+    finally:
+        for launch in launches.values():
+            if launch.proc.poll() is None:
+                launch.kill()
 
 
 def test_a_worker_killed_for_another_reason_is_one_error_line(tmp_path):

@@ -151,13 +151,18 @@ def test_two_ranks_ddp_and_zero2_then_resume(tmp_path, zero):
 
 @pytest.mark.slow  # ~1 min of trainer runs: the slow job
 def test_profile_and_debug_and_accumulation(tmp_path):
-    proc, run = launch(
-        tmp_path,
-        1,
-        "--profile",
-        *overrides("max_train_steps=4 profile_steps=2 gradient_accumulation_steps=2 seraena_crop=32"),
-        run_name="prof",
-    )
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:  # the two runs side by side: their start-up is mostly single-threaded imports
+        dbg = pool.submit(launch, tmp_path, 1, "--debug", "--set", "max_train_steps=2", run_name="dbg")
+        proc, run = launch(
+            tmp_path,
+            1,
+            "--profile",
+            *overrides("max_train_steps=4 profile_steps=2 gradient_accumulation_steps=2 seraena_crop=32"),
+            run_name="prof",
+        )
+        dbg = dbg.result()
     ok(proc)
     speed = json.loads((run / "speed.json").read_text())  # steady-state throughput, for bench --compare
     assert speed["steps"] == 2 and speed["from_step"] == 2 and speed["clips_per_s"] > 0, speed
@@ -173,7 +178,7 @@ def test_profile_and_debug_and_accumulation(tmp_path):
     lrs = [v for _, v in scalars(run)["train/learning_rate"]]
     assert lrs[0] == pytest.approx(1e-4) and lrs[1] == pytest.approx(2e-4)  # warmup 5 at 5e-4, per optimizer step
 
-    proc, run = launch(tmp_path, 1, "--debug", "--set", "max_train_steps=2", run_name="dbg")
+    proc, run = dbg
     ok(proc)
     assert "[rank 0] step 1/2" in proc.stdout  # per-rank verbose logs
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in proc.stdout
