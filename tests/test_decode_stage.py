@@ -245,28 +245,6 @@ def test_nv12_conversion_matches_opencv(videos):
     assert np.abs(got - want).max() <= 2 and np.abs(got - want).mean() < 0.2
 
 
-def test_nv12_conversion_of_a_stack_gives_each_frames_bytes(videos):
-    """The decoder converts a clip's frames in one stack (fewer kernels): byte for byte what one frame at a time
-    gives, padded surfaces (rows past h * 3 / 2) included."""
-    import cv2
-    import numpy as np
-
-    from taehv_launch.train.data.decode import read_prefix
-
-    frames = read_prefix(str(videos / "chaplin.mp4"), 5)
-    h, w = frames[0].shape[:2]
-    nv12 = []
-    for bgr in frames:
-        i420 = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420)
-        u = i420[h : h + h // 4].reshape(h // 2, w // 2)
-        v = i420[h + h // 4 :].reshape(h // 2, w // 2)
-        surface = np.concatenate([i420[:h], np.stack([u, v], -1).reshape(h // 2, w), np.full((8, w), 77, np.uint8)])
-        nv12.append(torch.from_numpy(surface))
-    one = torch.stack([nvdec.yuv420_to_rgb(f, h, w) for f in nv12])
-    stacked = nvdec.yuv420_to_rgb(torch.stack([f[: h * 3 // 2] for f in nv12]), h, w)
-    assert stacked.shape == (5, 3, h, w) and torch.equal(one, stacked)
-
-
 def test_codecs_nvdec_is_not_checked_on_go_to_the_cpu(videos):
     """The stage sends a ticket whose codec NVDEC is not used for straight to the CPU, logged once."""
     Refusing.calls = []

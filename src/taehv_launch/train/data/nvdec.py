@@ -69,17 +69,13 @@ def nvdec_version() -> str:
 
 def yuv420_to_rgb(frame: torch.Tensor, h: int, w: int) -> torch.Tensor:
     """An NV12 frame ((h * 3 / 2) x w uint8: Y rows, then interleaved U/V rows) -> uint8 (3, h, w) RGB with
-    the BT.601 limited-range matrix, as OpenCV's FFmpeg backend converts (so both paths give one colour).
-    A stack of frames (T x (h * 3 / 2) x w) gives (T, 3, h, w): the same bytes, one kernel per step for all."""
-    x = frame if frame.ndim == 3 else frame[None]
-    t = x.shape[0]
-    y = (x[:, :h].float() - 16.0) * (255.0 / 219.0)
-    uv = x[:, h : h + h // 2].reshape(t, h // 2, w // 2, 2).permute(0, 3, 1, 2).float()
-    uv = F.interpolate(uv, size=(h, w), mode="bilinear", align_corners=False).sub_(128.0).mul_(255.0 / 224.0)
-    u, v = uv[:, 0], uv[:, 1]
-    rgb = torch.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u], dim=1)
-    rgb = rgb.round_().clamp_(0, 255).to(torch.uint8)
-    return rgb if frame.ndim == 3 else rgb[0]
+    the BT.601 limited-range matrix, as OpenCV's FFmpeg backend converts (so both paths give one colour)."""
+    y = (frame[:h].float() - 16.0) * (255.0 / 219.0)
+    uv = frame[h : h + h // 2].reshape(h // 2, w // 2, 2).permute(2, 0, 1).float()
+    uv = F.interpolate(uv[None], size=(h, w), mode="bilinear", align_corners=False)[0].sub_(128.0).mul_(255.0 / 224.0)
+    u, v = uv[0], uv[1]
+    rgb = torch.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u])
+    return rgb.round_().clamp_(0, 255).to(torch.uint8)
 
 
 class NvdecDecoder:
@@ -133,12 +129,7 @@ class NvdecDecoder:
                     "NVDEC's surfaces are not 8-bit 4:2:0 here",
                     f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}",
                 )
-            step = max(1, CHUNK_BYTES // (3 * h * w * 4))  # float32 working memory bounded as in finish()
-            planes = [
-                f
-                for k in range(0, len(planes), step)
-                for f in yuv420_to_rgb(torch.stack([p[: h * 3 // 2] for p in planes[k : k + step]]), h, w)
-            ]
+            planes = [yuv420_to_rgb(p, h, w) for p in planes]
         if len(planes) != len(wanted) or any(p.ndim != 3 or p.shape[0] != 3 for p in planes):
             raise DecodeRefused(
                 "NVDEC returned frames of an unexpected layout",
