@@ -63,7 +63,7 @@ from ..rundir.heartbeat import (
     stacks_dir,
     write_heartbeat,
 )
-from ..rundir.launchid import ATTEMPT, LAUNCH_ID, launch_id, valid, valid_attempt
+from ..rundir.launchid import ATTEMPT, launch_id, valid, valid_attempt, written_by
 from ..rundir.layout import trainer_lock_path
 from ..rundir.progress import PROGRESS_FILE
 from ..rundir.records import LONGEST_S, number
@@ -213,11 +213,7 @@ class NodeWatch:
             since = self.started - 1
             return lambda record, mtime: mtime >= since
         ids = {self.launch} | self.linked()
-        return lambda record, mtime: (
-            isinstance(record, dict)
-            and valid_attempt(record.get(ATTEMPT)) == self.attempt
-            and valid(record.get(LAUNCH_ID)) in ids
-        )
+        return lambda record, mtime: written_by(record, self.attempt, ids)
 
     def limits(self, ours: Callable[[object, float], bool]) -> HangLimits:
         """The configured limits, with hang_limits.json's measured times when it is this attempt's."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EXIT_ABORTED, EXIT_HUNG, EXIT_OK, EXIT_RESUMABLE, EXIT_USAGE
-from ..rundir.launchid import ATTEMPT, LAUNCH_ID, launch_id, valid_attempt
+from ..rundir.launchid import launch_id, written_by
 
 LOCK_WAIT_S = 60.0  # for the old ranks (and their DataLoader workers) to exit before a restart
 OOM_WORDS = ("out of memory", "outofmemoryerror")
@@ -169,10 +169,8 @@ def of_attempt(record: object, number: int) -> bool:
     its trainer's environment), never by a file's time. Not: the failed attempt's last heartbeat, an earlier
     launch's leftover file, a record with no attempt (a trainer started by hand); on several nodes the other
     nodes' ranks (their launchers' own launch ids): node 0's ranks and progress.json tell the step."""
-    if not isinstance(record, dict) or valid_attempt(record.get(ATTEMPT)) != number:
-        return False
     lid = launch_id()
-    return lid is None or record.get(LAUNCH_ID) == lid
+    return written_by(record, number, None if lid is None else {lid})
 
 
 def progress_at(run_dir: Path, number: int) -> tuple[int, float] | None:

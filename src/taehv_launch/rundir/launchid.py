@@ -15,7 +15,7 @@ it. Within a launch the restart in place (run/supervise.py) starts the trainer a
 the attempt's number (0, then 1, 2, ...: the restarts so far in the launch, the same on every node) in
 the trainer's environment as TAEHV_LAUNCH_ATTEMPT (run/launch.py), and every record the trainer writes
 carries it as "attempt" beside "launch_id" (`stamped`): the launcher tells the new attempt's heartbeats
-and progress.json from the failed one's by it (run/restart.py `of_attempt`), never by a file's time (times
+and progress.json from the failed one's by it (`written_by`), never by a file's time (times
 only measure: the recovery time). The launcher's own records carry none (begin_launch drops an inherited
 one).
 
@@ -77,6 +77,15 @@ def attempt() -> int | None:
     None (the launcher itself, a trainer started by hand)."""
     raw = os.environ.get(ATTEMPT_ENV, "")
     return valid_attempt(int(raw)) if raw.isdigit() and len(raw) < 10 else None
+
+
+def written_by(record: object, number: int | None, ids: set[str] | None) -> bool:
+    """Whether `record` (a heartbeat, progress.json, ... as read) was written by attempt `number` of a launch
+    whose id is in `ids` (None: any launch id, or none): the launcher's restart (run/restart.py) and freeze
+    watch (run/freeze.py) tell their own trainer's records by it, never by a file's time."""
+    if not isinstance(record, dict) or valid_attempt(record.get(ATTEMPT)) != number:
+        return False
+    return ids is None or valid(record.get(LAUNCH_ID)) in ids
 
 
 def stamped(record: dict) -> dict:
