@@ -38,15 +38,18 @@ class Measured:
 # hunyuan and wan on any profile, the new families beside h100) gets no prediction rather than another
 # family's number (h3 online runs at 1/20 of cogvideox's).
 _FAMILIES_H100 = 'one H100, plain DDP, uncompiled, 2026-11-26 (docs/benchmarks.md "Families on one H100")'
-# the cogvideox rows predate compile_layout='force' (2026-11-27), which measured 1.35x from the cache and 1.10x
-# online in bench compare (docs/benchmarks.md "Where the step's time went"): their predictions are low
-_LAYOUT = "; before compile_layout='force' (1.35x cached, 1.10x online in bench compare): predicts low"
+# the online cogvideox h100 row predates compile_layout='force' (2026-11-27), which measured 1.10x online in bench
+# compare (docs/benchmarks.md "Where the step's time went"): its predictions are low
+_LAYOUT = "; before compile_layout='force' (1.10x online in bench compare): predicts low"
 MEASURED = {
     ("h100", "cogvideox", False): Measured(
         8.65, 8, 'one H100, plain DDP, compile all, 2026-11-24 (docs/benchmarks.md "Strategy per row")' + _LAYOUT
     ),
     ("h100", "cogvideox", True): Measured(
-        17.33, 8, 'one H100, plain DDP, compile all, 2026-11-26 (docs/benchmarks.md "Long-GOP rows", 480p)' + _LAYOUT
+        23.69,
+        8,
+        "one H100, plain DDP, compile all with compile_layout='force', 2026-11-27, the mean of 23.38 and 23.99 "
+        '(docs/benchmarks.md "What holds long-GOP 1080p back", 480p rows)',
     ),
     ("h200", "cogvideox", False): Measured(
         7.15, 16, 'one H200, ZeRO-2, compile reference, 2026-11-23 (docs/benchmarks.md "Two GPUs")'
