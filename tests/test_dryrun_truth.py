@@ -35,22 +35,29 @@ def assert_launch_did(plan: dict, run_dir: Path) -> None:
 
 
 def test_dry_run_equals_the_launch_for_demo_resume_and_real_data(tmp_path):
-    # a timestamped run's name is the second it starts, which a dry-run cannot know: name this one
-    first, first_dir = dry_then_launch(tmp_path, "--run-name", "first", "--set", "max_train_steps=2")  # demo data
-    assert_launch_did(first, first_dir)
-    demo = tmp_path / "taehv-cache" / "demo"
-    assert first["config"]["data_root"].startswith(str(demo)) and first["config"]["ref_vae_path"].startswith(str(demo))
-    assert (Path(first["config"]["data_root"]) / ".complete").is_file()  # the trainer built them where planned
+    from concurrent.futures import ThreadPoolExecutor
 
-    resumed, resumed_dir = dry_then_launch(tmp_path, "--resume", "auto", "--set", "max_train_steps=3")
-    assert resumed_dir == first_dir  # no --run-name: continues the run the checkpoint belongs to
-    assert resumed["resume"] == str(first_dir / "checkpoint-2")
-    assert "--resume" in resumed["command"] and str(first_dir / "checkpoint-2") in resumed["command"]
-    assert_launch_did(resumed, resumed_dir)
+    # the real-data launch goes beside the demo ones (start-up is mostly single-threaded imports), in a folder
+    # of its own: `--resume auto` below must find the demo run's checkpoint, not this run's
+    videos, elsewhere = str(videos_dir()), tmp_path / "real-data"
+    elsewhere.mkdir()
+    sets = overrides(f"data_root='{videos}'", "max_train_steps=1")
+    with ThreadPoolExecutor(1) as pool:
+        real_data = pool.submit(dry_then_launch, elsewhere, "--run-name", "real", *sets)
+        # a timestamped run's name is the second it starts, which a dry-run cannot know: name this one
+        first, first_dir = dry_then_launch(tmp_path, "--run-name", "first", "--set", "max_train_steps=2")  # demo data
+        assert_launch_did(first, first_dir)
+        demo = tmp_path / "taehv-cache" / "demo"
+        assert first["config"]["data_root"].startswith(str(demo))
+        assert first["config"]["ref_vae_path"].startswith(str(demo))
+        assert (Path(first["config"]["data_root"]) / ".complete").is_file()  # the trainer built them where planned
 
-    videos = str(videos_dir())
-    real, real_dir = dry_then_launch(
-        tmp_path, "--run-name", "real", *overrides(f"data_root='{videos}'", "max_train_steps=1")
-    )
+        resumed, resumed_dir = dry_then_launch(tmp_path, "--resume", "auto", "--set", "max_train_steps=3")
+        assert resumed_dir == first_dir  # no --run-name: continues the run the checkpoint belongs to
+        assert resumed["resume"] == str(first_dir / "checkpoint-2")
+        assert "--resume" in resumed["command"] and str(first_dir / "checkpoint-2") in resumed["command"]
+        assert_launch_did(resumed, resumed_dir)
+
+        real, real_dir = real_data.result()
     assert real["config"]["data_root"] == videos and real_dir.name == "real"
     assert_launch_did(real, real_dir)

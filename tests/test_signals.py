@@ -1,13 +1,15 @@
 """Preemption with real signals, as users run it: 2 DataLoader workers, 1 and 2 CPU ranks.
 
-The matrix: {SIGTERM to the launcher, SIGTERM to every process of the job (SLURM), SIGUSR1 to
-every process (SLURM's `--signal=USR1@120` without `B:`), SIGINT to the launcher's process group
-(Ctrl-C)}, all four at 2 ranks; at 1 rank the two paths the rank can take: a signal to every process
-(the rank and its workers signalled directly, and through the launcher) and a signal the launcher
-relays (Ctrl-C). Every cell must end with a new complete checkpoint, REQUEUE, exit 75 and no
-traceback, and `--resume auto` must continue at the saved step with the losses of an uninterrupted run.
-At 1 rank SIGTERM to the launcher is stopped and resumed 20 times by the "delivered twice" test below,
-and SIGUSR1 takes the rank's SIGTERM path (one handler for every stop signal) checked at 2 ranks.
+The signals: SIGTERM to the launcher, SIGTERM to every process of the job (SLURM), SIGUSR1 to every
+process (SLURM's `--signal=USR1@120` without `B:`), SIGINT to the launcher's process group (Ctrl-C).
+At 2 ranks: SIGTERM to the launcher, SIGTERM to every process and SIGINT to the group; at 1 rank:
+SIGUSR1 to every process and SIGINT to the group. Every cell must end with a new complete checkpoint,
+REQUEUE, exit 75 and no traceback, and `--resume auto` must continue at the saved step with the losses
+of an uninterrupted run. Where the other cells are (one rank handler and one worker guard for every
+stop signal; the rank count changes only the stop vote): SIGTERM to the launcher at 1 rank is stopped
+and resumed 20 times by the "delivered twice" test below; SIGTERM to every process at 1 rank takes
+the 2-rank cell's path; SIGUSR1 to every process at 2 ranks: the 1-rank cell here, and
+test_cluster_exec's two-node sbatch job (SIGUSR1 to every process of a 2-rank step, requeued, resumed).
 DataLoader workers 0 (no profile runs it) is not part of the matrix: the other slow tests' runs use it.
 
 To keep CI short the signal cells of one configuration form a chain: the `--resume auto` launch
@@ -35,8 +37,8 @@ pytestmark = pytest.mark.slow
 
 BIG = 100000
 # steps of the uninterrupted reference, per rank count: each cell adds a step or two (with several ranks the
-# stop vote is read one step later, no host sync per step); the 4-cell 2-rank chain has run up to 14 steps
-REF_STEPS = {1: 12, 2: 18}
+# stop vote is read one step later, no host sync per step); a 4-cell 2-rank chain has run up to 14 steps
+REF_STEPS = {1: 12, 2: 15}
 CELLS = [
     "SIGTERM to the launcher",
     "SIGTERM to every process",
@@ -44,7 +46,8 @@ CELLS = [
     "SIGINT to the process group",
 ]
 CONFIGS = [(2, 1), (2, 2)]  # (DataLoader workers, ranks)
-RANK_CELLS = {1: [CELLS[1], CELLS[3]], 2: CELLS}  # at 1 rank: a direct signal, and one the launcher relays
+# at 1 rank: a direct signal and one the launcher relays; at 2 ranks both kinds of direct SIGTERM too
+RANK_CELLS = {1: [CELLS[2], CELLS[3]], 2: [CELLS[0], CELLS[1], CELLS[3]]}
 
 
 def settings(workers: int) -> list[str]:
