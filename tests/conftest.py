@@ -199,6 +199,16 @@ def wait_for_text(
     raise AssertionError(f"{what!r} not in {path} in {timeout} s")
 
 
+@contextlib.contextmanager
+def reaped(*procs: subprocess.Popen):
+    """Runs the block; then every one of `procs` still running is killed with everything under it, so a test
+    that fails while runs go side by side leaves none of them behind."""
+    try:
+        yield
+    finally:
+        _kill_all([p for p in procs if p.poll() is None])
+
+
 def _kill_all(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if isinstance(p, Proc):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Proc, clean_env, overrides, run_cli
+from conftest import Proc, clean_env, overrides, reaped, run_cli
 from taehv_launch.errors import EXIT_ABORTED, EXIT_FAILED, EXIT_HUNG, EXIT_OK, EXIT_RESUMABLE, EXIT_USAGE
 from taehv_launch.rundir.events import restarts_summary
 from taehv_launch.run.restart import decide, restart_argv
@@ -135,16 +135,12 @@ def test_a_sigkilled_rank_is_restarted_in_place_and_the_curve_joins(tmp_path):
     full = _launch(tmp_path, "full", *common, out=tmp_path / "full.out", err=tmp_path / "full.err")
     part = _launch(tmp_path, "part", *common)
     run = tmp_path / "output" / "part"
-    try:
+    with reaped(full, part):
         os.kill(rank_pid(run, 1, 3), signal.SIGKILL)
         killed_at = time.time()
         out, err = part.communicate(timeout=600)
         assert part.returncode == 0, (out[-3000:], err[-3000:])
         assert full.finish(600) == 0, full.text()[-6000:]
-    finally:
-        for proc in (full, part):
-            if proc.poll() is None:
-                proc.kill_tree()
     assert "taehv-launch: restart 1 of 3 after" in err
 
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]

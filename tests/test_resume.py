@@ -13,7 +13,7 @@ from taehv_launch.errors import CheckpointError
 from taehv_launch.rundir.checkpoint import COMPLETE, newest_complete
 from taehv_launch.run.runs import resolve_resume
 from trainrun import launch, ok, scalars, start_launch, trainer_state
-from conftest import overrides
+from conftest import overrides, reaped
 
 
 def fake_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
@@ -64,7 +64,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     common = overrides("checkpointing_steps=3 validation_steps=100")
     # the uninterrupted run goes beside the other two (output into files: nobody reads a pipe meanwhile)
     ref = start_launch(tmp_path, 1, *common, "--set", "max_train_steps=6", run_name="full", out=tmp_path / "full.out")
-    try:
+    with reaped(ref):
         proc, part = launch(tmp_path, 1, *common, "--set", "max_train_steps=3", run_name="part")
         ok(proc)
         state = trainer_state(part / "checkpoint-3")
@@ -72,9 +72,6 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
         proc, _ = launch(tmp_path, 1, *common, "--set", "max_train_steps=6", "--resume", "auto", run_name="part")
         ok(proc)
         assert ref.finish(600) == 0, ref.text()[-6000:]
-    finally:
-        if ref.poll() is None:
-            ref.kill_tree()
     full = ref.run
     a, b = scalars(full)["train/loss"], scalars(part)["train/loss"]
     assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4, 5, 6]
@@ -95,14 +92,10 @@ def test_same_seed_same_curve_other_seed_differs(tmp_path):
         )
         for name, seed in (("a", 7), ("b", 7), ("c", 8))
     }
-    try:
+    with reaped(*procs.values()):
         for name, proc in procs.items():
             assert proc.finish(600) == 0, proc.text()[-6000:]
             runs[name] = [v for _, v in scalars(proc.run)["train/loss"]]
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill_tree()
     assert runs["a"] == pytest.approx(runs["b"], rel=1e-5)
     assert runs["a"] != pytest.approx(runs["c"], rel=1e-3)
 
@@ -223,7 +216,7 @@ def test_zero_stage_change_continues_the_same_curve(tmp_path):
     ref = start_launch(
         tmp_path, 2, *common, *argv, run_name="full", out=tmp_path / "full.out", err=tmp_path / "full.err"
     )
-    try:
+    with reaped(ref):
         proc, part = launch(tmp_path, 2, *common, *overrides("max_train_steps=2 zero_stage=2"), run_name="part")
         ok(proc)
         proc, _ = launch(
@@ -231,9 +224,6 @@ def test_zero_stage_change_continues_the_same_curve(tmp_path):
         )
         ok(proc)
         assert ref.finish(600) == 0, ref.text()[-6000:]
-    finally:
-        if ref.poll() is None:
-            ref.kill_tree()
     full = ref.run
     assert "ZeRO-2, this run has 2 process(es) with ZeRO-3" in proc.stdout
     a, b = scalars(full)["train/loss"], scalars(part)["train/loss"]
