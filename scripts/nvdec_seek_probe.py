@@ -149,6 +149,11 @@ class Simple:
         return [out[at[k]] for k in indices]
 
 
+def _fail(line: str) -> int:
+    print(f"error: {line}", file=sys.stderr)
+    return 2
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -157,10 +162,19 @@ def main() -> int:
     ap.add_argument("--check", type=int, default=24)
     ap.add_argument("--modes", default="simple,full,skip")
     a = ap.parse_args()
-    import PyNvVideoCodec as nvc
-    import torch
+    files = sorted(glob.glob(os.path.join(glob.escape(a.dir), "*.mp4")))
+    if not os.path.isdir(a.dir) or not files:
+        return _fail(f"{a.dir!r} is not a folder of .mp4 files: give the folder of H.264 videos to cut clips from")
+    try:
+        import PyNvVideoCodec as nvc
+        import torch
+    except ImportError as err:
+        return _fail(
+            f"{err}: run this on the GPU machine with PyNvVideoCodec installed (scripts/gpu_gop_limit.sh does)"
+        )
+    if not torch.cuda.is_available():
+        return _fail("no CUDA device: run this on the GPU machine")
 
-    files = sorted(glob.glob(os.path.join(a.dir, "*.mp4")))
     tabs = {p: table(nvc, p) for p in files}
     for p, (rows, _order) in tabs.items():
         refs = [r[2] for r in rows]
