@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ...plan.decodeplan import NVDEC_CODECS
 from .clips import Crop, Ticket
+from .nv12 import nv12_to_rgb, yuv420_to_rgb  # noqa: F401 (yuv420_to_rgb: the reference the tests name here)
 from .probe import choose_threads
 
 CHUNK_BYTES = 256 << 20  # float32 frames resized at a time: bounds the 4K crop's working memory
@@ -67,22 +68,11 @@ def nvdec_version() -> str:
         return "unknown"
 
 
-def yuv420_to_rgb(frame: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """An NV12 frame ((h * 3 / 2) x w uint8: Y rows, then interleaved U/V rows) -> uint8 (3, h, w) RGB with
-    the BT.601 limited-range matrix, as OpenCV's FFmpeg backend converts (so both paths give one colour)."""
-    y = (frame[:h].float() - 16.0) * (255.0 / 219.0)
-    uv = frame[h : h + h // 2].reshape(h // 2, w // 2, 2).permute(2, 0, 1).float()
-    uv = F.interpolate(uv[None], size=(h, w), mode="bilinear", align_corners=False)[0].sub_(128.0).mul_(255.0 / 224.0)
-    u, v = uv[0], uv[1]
-    rgb = torch.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u])
-    return rgb.round_().clamp_(0, 255).to(torch.uint8)
-
-
 class NvdecDecoder:
     """One thread's NVDEC: a PyNvVideoCodec SimpleDecoder reconfigured per file, on its own CUDA stream.
 
     output "nv12" (default) takes the decoder's native 8-bit 4:2:0 surfaces and converts them here
-    (yuv420_to_rgb); "rgbp" takes NVDEC's own RGB conversion, whose colours differ from OpenCV's."""
+    (nv12.nv12_to_rgb); "rgbp" takes NVDEC's own RGB conversion, whose colours differ from OpenCV's."""
 
     output = "nv12"
 
@@ -129,7 +119,7 @@ class NvdecDecoder:
                     "NVDEC's surfaces are not 8-bit 4:2:0 here",
                     f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}",
                 )
-            planes = [yuv420_to_rgb(p, h, w) for p in planes]
+            planes = [nv12_to_rgb(p, h, w) for p in planes]
         if len(planes) != len(wanted) or any(p.ndim != 3 or p.shape[0] != 3 for p in planes):
             raise DecodeRefused(
                 "NVDEC returned frames of an unexpected layout",

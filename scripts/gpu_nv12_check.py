@@ -1,0 +1,84 @@
+"""NV12 -> RGB on the GPU: the fused Triton kernel (train/data/nv12.py) against the torch reference, on real
+NVDEC surfaces (GPU machine, PyNvVideoCodec installed):
+
+    python3 scripts/gpu_nv12_check.py FOLDER [FOLDER ...]
+
+For each .mp4 of each folder: 12 frames spread over the file, decoded by NVDEC to native NV12, converted
+both ways and compared byte for byte. Then the GPU time of one 12-frame clip's conversion, both ways
+alternating (CUDA events, 40 rounds), on the first file of each size. One line per file and per size."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    folders = [Path(a) for a in argv]
+    if not folders or any(not f.is_dir() for f in folders):
+        print("usage: python3 scripts/gpu_nv12_check.py FOLDER [FOLDER ...] (folders of .mp4 files)", file=sys.stderr)
+        return 2
+    try:
+        import PyNvVideoCodec as nvc
+        import torch
+        import triton
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA device")
+    except Exception as err:
+        print(f"gpu_nv12_check: needs PyNvVideoCodec, Triton and a CUDA device ({err})", file=sys.stderr)
+        return 2
+    from taehv_launch.train.data import nv12
+
+    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
+    stream = torch.cuda.Stream()
+    frames_total = differ_total = 0
+    timed: set[tuple[int, int]] = set()
+    for path in sorted(p for f in folders for p in f.glob("*.mp4")):
+        try:
+            dec = nvc.SimpleDecoder(
+                str(path),
+                gpu_id=0,
+                cuda_stream=stream.cuda_stream,
+                use_device_memory=True,
+                output_color_type=nvc.OutputColorType.NATIVE,
+            )
+            n = len(dec)
+            meta = dec.get_stream_metadata()
+            h, w = int(meta.height), int(meta.width)
+            want = sorted({round(k * (n - 1) / 11) for k in range(12)})
+            planes = [torch.from_dlpack(f).clone() for f in dec.get_batch_frames_by_index(want)]
+        except Exception as err:
+            print(f"{path.name}: NVDEC cannot decode it ({str(err).strip().splitlines()[0][:120]})")
+            continue
+        torch.cuda.synchronize()
+        differ = 0
+        for p in planes:
+            a, b = nv12.yuv420_to_rgb(p, h, w), nv12.nv12_to_rgb(p, h, w)
+            differ += int((a != b).sum())
+        frames_total += len(planes)
+        differ_total += differ
+        print(f"{path.parent.name}/{path.name}: {w}x{h}, {len(planes)} frames, {differ} bytes differ")
+        if (h, w) not in timed:
+            timed.add((h, w))
+            ms = {"torch": [], "fused": []}
+            for _ in range(40):
+                for name, fn in (("torch", nv12.yuv420_to_rgb), ("fused", nv12.nv12_to_rgb)):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for p in planes:
+                        fn(p, h, w)
+                    end.record()
+                    end.synchronize()
+                    ms[name].append(start.elapsed_time(end))
+            t, f = sorted(ms["torch"])[20], sorted(ms["fused"])[20]
+            print(
+                f"  time {w}x{h}, {len(planes)} frames: torch {t:.3f} ms, fused {f:.3f} ms "
+                f"(medians of 40, alternating): {t / f:.1f}x"
+            )
+    print(f"total: {frames_total} frames, {differ_total} bytes differ")
+    return 0 if frames_total and not differ_total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,76 @@
+"""The fused NV12 -> RGB kernel (train/data/nv12.py) gives the torch reference's bytes.
+
+The kernel runs under Triton's interpreter on the CPU, in a subprocess (TRITON_INTERPRET must be set before
+Triton is imported). Triton is not in the CPU environment: CI installs it into a folder of its own and names
+it in TAEHV_TRITON_SITE (.ci/run); without it the kernel tests are skipped. On the GPU machine
+scripts/gpu_nv12_check.py compares the compiled kernel on real NVDEC surfaces."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from taehv_launch.train.data import nv12
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _triton_site() -> str | None:
+    site = os.environ.get("TAEHV_TRITON_SITE", "")
+    if site and (Path(site) / "triton").is_dir():
+        return site
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return None
+    return ""
+
+
+CHECK = r"""
+import torch
+from taehv_launch.train.data import nv12
+assert nv12._fused() is not None, "the kernel did not build"
+gen = torch.Generator().manual_seed(0)
+shapes = [(8, 6), (480, 720), (36, 1030), (2, 2), (6, 2050)]
+for h, w in shapes:
+    frame = torch.randint(0, 256, (h * 3 // 2, w), dtype=torch.uint8, generator=gen)
+    want, got = nv12.yuv420_to_rgb(frame, h, w), nv12.nv12_to_rgb(frame, h, w)
+    assert got.dtype == torch.uint8 and got.shape == (3, h, w), (got.dtype, got.shape)
+    assert torch.equal(want, got), (h, w, int((want != got).sum()))
+# a surface with a row pitch wider than the frame (as NVDEC hands them), and the extreme values
+pitched = torch.randint(0, 256, (12, 16), dtype=torch.uint8, generator=gen)[:, :10]
+assert torch.equal(nv12.yuv420_to_rgb(pitched, 8, 10), nv12.nv12_to_rgb(pitched, 8, 10))
+for value in (0, 16, 128, 235, 255):
+    flat = torch.full((12, 8), value, dtype=torch.uint8)
+    assert torch.equal(nv12.yuv420_to_rgb(flat, 8, 8), nv12.nv12_to_rgb(flat, 8, 8)), value
+print("ok", len(shapes))
+"""
+
+
+def test_fused_kernel_gives_the_reference_bytes():
+    site = _triton_site()
+    if site is None:
+        pytest.skip("Triton is not installed here (CI installs it for this test: TAEHV_TRITON_SITE)")
+    path = os.pathsep.join(p for p in (site, str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    env.pop("TAEHV_NV12", None)
+    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok 5" in done.stdout, done.stderr[-3000:]
+
+
+def test_cpu_frames_take_the_reference(monkeypatch):
+    """Off the GPU (and without the interpreter) the conversion is the torch reference, whatever is installed."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    frame = torch.randint(0, 256, (12, 8), dtype=torch.uint8)
+    assert torch.equal(nv12.nv12_to_rgb(frame, 8, 8), nv12.yuv420_to_rgb(frame, 8, 8))
+
+
+def test_switch_names_the_reference(monkeypatch):
+    """TAEHV_NV12=torch (the A/B switch of scripts/gpu_nv12_ab.sh) turns the kernel off."""
+    monkeypatch.setenv("TAEHV_NV12", "torch")
+    assert nv12._fused() is None
