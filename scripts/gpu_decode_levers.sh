@@ -5,6 +5,8 @@
 # scripts/gpu_decode_probe.py measures the GIL under 11 decode threads and finish()'s GPU time; then rows:
 # 6 decode threads, the interpreter's switch interval at 0.5 ms (TAEHV_SWITCH_INTERVAL, default 5 ms), the
 # defaults again, and (while the call has time, EXTRA_BY s, default 480) 6 threads again. Evidence in OUT.
+# TAEHV_SWITCH_INTERVAL was a measurement switch of commit df5f632, reverted after this call (no gain): run
+# the script at that commit to reproduce its row.
 set -uo pipefail
 SRC=${1:?usage: bash scripts/gpu_decode_levers.sh SRC_DIR}
 OUT=${OUT:-/tmp/gpu_levers}; W=${W:-/tmp/gop}; EXTRA_BY=${EXTRA_BY:-480}

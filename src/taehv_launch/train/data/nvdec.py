@@ -17,8 +17,6 @@ another clip of that batch and reported like any broken video.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -221,8 +219,6 @@ class DecodeStage:
             threads = choice.threads
             log(f"data: NVDEC decode threads: {choice.line()}")
         self.threads = threads
-        if os.environ.get("TAEHV_SWITCH_INTERVAL"):  # measurement switch (scripts/gpu_decode_levers.sh)
-            sys.setswitchinterval(float(os.environ["TAEHV_SWITCH_INTERVAL"]))
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="video-decode")
         self.local = threading.local()
         self.lock = threading.Lock()
