@@ -74,3 +74,35 @@ def test_switch_names_the_reference(monkeypatch):
     """TAEHV_NV12=torch (the A/B switch of scripts/gpu_nv12_ab.sh) turns the kernel off."""
     monkeypatch.setenv("TAEHV_NV12", "torch")
     assert nv12._fused() is None
+
+
+def test_a_kernel_that_fails_falls_back_once_with_one_line(monkeypatch):
+    """A Triton that cannot build or launch the kernel (an unusual GPU, a broken install) costs no clip: the
+    frame gets the reference's bytes, the kernel is off from then on, and one line says so."""
+
+    class Broken:
+        calls = 0
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                Broken.calls += 1
+                raise RuntimeError("PTX assembly failed\nmore detail")
+
+            return launch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel path for a CPU frame
+    monkeypatch.delenv("TAEHV_NV12", raising=False)
+    monkeypatch.setattr(nv12, "_state", {"kernel": Broken()})
+    frame = torch.randint(0, 256, (12, 8), dtype=torch.uint8)
+    want = nv12.yuv420_to_rgb(frame, 8, 8)
+    assert torch.equal(nv12.nv12_to_rgb(frame, 8, 8), want)
+    assert torch.equal(nv12.nv12_to_rgb(frame, 8, 8), want)
+    assert Broken.calls == 1 and nv12._fused() is None
+    note = nv12.take_note()
+    assert note.startswith("data: the NV12 colour kernel failed (RuntimeError: PTX assembly failed)"), note
+    assert nv12.take_note() == ""
+    assert nv12.how() == "colour in torch ops (the Triton kernel failed here)"
+    monkeypatch.setattr(nv12, "_state", {"kernel": None})
+    assert nv12.how() == "colour in torch ops (Triton is not installed)"
+    monkeypatch.setenv("TAEHV_NV12", "torch")
+    assert nv12.how() == "colour in torch ops (TAEHV_NV12=torch)"

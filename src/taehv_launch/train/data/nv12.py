@@ -44,21 +44,37 @@ def nv12_to_rgb(frame: torch.Tensor, h: int, w: int) -> torch.Tensor:
         return yuv420_to_rgb(frame, h, w)
     out = torch.empty((3, h, w), dtype=torch.uint8, device=frame.device)
     grid = (h, (w + BLOCK - 1) // BLOCK)
-    with _lock:
-        kernel[grid](
-            frame,
-            out,
-            h,
-            w,
-            frame.stride(0),
-            h // 2,
-            w // 2,
-            _scale(h // 2, h),
-            _scale(w // 2, w),
-            BLOCK=BLOCK,
-            enable_fp_fusion=False,
-        )
+    try:
+        with _lock:
+            kernel[grid](
+                frame, out, h, w, frame.stride(0), h // 2, w // 2, _scale(h // 2, h), _scale(w // 2, w),
+                BLOCK=BLOCK, enable_fp_fusion=False,
+            )  # fmt: skip
+    except Exception as err:  # Triton cannot build or launch it here: the reference from now on, said once
+        text = str(err).strip().splitlines()
+        with _lock:
+            _state["kernel"], _state["failed"] = None, True
+            _state.setdefault("note", f"{type(err).__name__}: {text[0][:160] if text else ''}")
+        return yuv420_to_rgb(frame, h, w)
     return out
+
+
+def how() -> str:
+    """One phrase for the run's log: how NVDEC's surfaces become RGB here."""
+    if os.environ.get("TAEHV_NV12", "") == "torch":
+        return "colour in torch ops (TAEHV_NV12=torch)"
+    if _state.get("failed"):
+        return "colour in torch ops (the Triton kernel failed here)"
+    return "colour in one Triton kernel" if _fused() is not None else "colour in torch ops (Triton is not installed)"
+
+
+def take_note() -> str:
+    """Once, after the kernel failed: the line saying so; else ''."""
+    with _lock:
+        note = _state.pop("note", "")
+    return (
+        f"data: the NV12 colour kernel failed ({note}); colour in torch ops from now on, the same bytes" if note else ""
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ...plan.decodeplan import NVDEC_CODECS
 from .clips import Crop, Ticket
+from . import nv12
 from .nv12 import nv12_to_rgb, yuv420_to_rgb  # noqa: F401 (yuv420_to_rgb: the reference the tests name here)
 from .probe import choose_threads
 
@@ -267,6 +268,10 @@ class DecodeStage:
                     )
                 if dec.stream is not None:
                     dec.stream.synchronize()  # this thread's stream only: the step's stream runs on
+                note = nv12.take_note()
+                if note:
+                    with self.lock:
+                        self.messages.append(note)
                 self._count("gpu")
                 return clip
             except DecodeRefused as err:
