@@ -4,8 +4,11 @@ NVDEC surfaces (GPU machine, PyNvVideoCodec installed):
     python3 scripts/gpu_nv12_check.py FOLDER [FOLDER ...]
 
 For each .mp4 of each folder: 12 frames spread over the file, decoded by NVDEC to native NV12, converted
-both ways and compared byte for byte. Then the GPU time of one 12-frame clip's conversion, both ways
-alternating (CUDA events, 40 rounds), on the first file of each size. One line per file and per size."""
+both ways and compared byte for byte, on NVDEC's own surfaces (as the trainer converts them: pitched where the
+decoder pitches) and on contiguous copies. Then the GPU time of one 12-frame clip's conversion, both ways
+alternating (CUDA events, 40 rounds), on the first file of each size; then random frames of even sizes up to
+3840x2160, contiguous and pitched. One line per file and per size. Exit 1 when bytes differ or the kernel did
+not run (no Triton, TAEHV_NV12=torch, a kernel that failed: the comparison would be the reference with itself)."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ def main(argv: list[str]) -> int:
         return 2
     from taehv_launch.train.data import nv12
 
-    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
+    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}, {nv12.how()}")
     stream = torch.cuda.Stream()
     frames_total = differ_total = 0
     timed: set[tuple[int, int]] = set()
@@ -47,18 +50,24 @@ def main(argv: list[str]) -> int:
             meta = dec.get_stream_metadata()
             h, w = int(meta.height), int(meta.width)
             want = sorted({round(k * (n - 1) / 11) for k in range(12)})
-            planes = [torch.from_dlpack(f).clone() for f in dec.get_batch_frames_by_index(want)]
+            surfaces = [torch.from_dlpack(f) for f in dec.get_batch_frames_by_index(want)]
         except Exception as err:
             print(f"{path.name}: NVDEC cannot decode it ({str(err).strip().splitlines()[0][:120]})")
             continue
         torch.cuda.synchronize()
         differ = 0
-        for p in planes:
+        for p in surfaces:
             a, b = nv12.yuv420_to_rgb(p, h, w), nv12.nv12_to_rgb(p, h, w)
             differ += int((a != b).sum())
+        planes = [p.clone() for p in surfaces]  # contiguous copies, also reused by the timing below
+        for p in planes:
+            differ += int((nv12.yuv420_to_rgb(p, h, w) != nv12.nv12_to_rgb(p, h, w)).sum())
         frames_total += len(planes)
         differ_total += differ
-        print(f"{path.parent.name}/{path.name}: {w}x{h}, {len(planes)} frames, {differ} bytes differ")
+        print(
+            f"{path.parent.name}/{path.name}: {w}x{h}, {len(planes)} frames (surface stride "
+            f"{tuple(surfaces[0].stride())}), {differ} bytes differ"
+        )
         if (h, w) not in timed:
             timed.add((h, w))
             ms = {"torch": [], "fused": []}
@@ -76,8 +85,20 @@ def main(argv: list[str]) -> int:
                 f"  time {w}x{h}, {len(planes)} frames: torch {t:.3f} ms, fused {f:.3f} ms "
                 f"(medians of 40, alternating): {t / f:.1f}x"
             )
-    print(f"total: {frames_total} frames, {differ_total} bytes differ")
-    return 0 if frames_total and not differ_total else 1
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for h, w in ((2160, 3840), (1080, 1920), (480, 720), (360, 640), (2, 2), (6, 2050)):
+        wide = torch.randint(0, 256, (h * 3 // 2, w + 64), dtype=torch.uint8, device="cuda", generator=gen)
+        differ = 0
+        for frame in (wide[:, :w].contiguous(), wide[:, :w]):  # contiguous, then pitched (w + 64)
+            differ += int((nv12.yuv420_to_rgb(frame, h, w) != nv12.nv12_to_rgb(frame, h, w)).sum())
+        frames_total += 2
+        differ_total += differ
+        print(f"random {w}x{h}, contiguous and pitched: {differ} bytes differ")
+    ran = nv12._fused() is not None and not nv12._state.get("failed")
+    print(f"total: {frames_total} frames, {differ_total} bytes differ; {nv12.how()}")
+    if not ran:
+        print("gpu_nv12_check: the kernel did not run, so nothing was compared with it", file=sys.stderr)
+    return 0 if frames_total and not differ_total and ran else 1
 
 
 if __name__ == "__main__":

@@ -270,3 +270,46 @@ def test_bench_loader_resolution_and_decoder_errors_are_one_line(videos):
     proc = run_cli("bench", "loader", "--data-root", str(videos), "--decoder", "nvdec")
     assert proc.returncode != 0 and "needs a GPU with PyNvVideoCodec" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+class ColourKernelFails(nvdec.OpenCVFrames):
+    """A decoder whose frames go through nv12.nv12_to_rgb with a colour kernel that fails at launch, as on a node
+    whose Triton cannot build it: every clip must still come, the note be logged once."""
+
+    def frames(self, path, indices):
+        from taehv_launch.train.data import nv12
+
+        rgb = super().frames(path, indices)
+        h, w = rgb.shape[-2:]
+        surface = torch.zeros((h // 2 * 3, w // 2 * 2), dtype=torch.uint8)  # stands for an NV12 surface
+        nv12.nv12_to_rgb(surface, h // 2 * 2, w // 2 * 2)
+        return rgb
+
+
+def test_a_failing_colour_kernel_costs_no_clip_and_is_said_once(videos, monkeypatch):
+    from taehv_launch.train.data import nv12
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("ptxas fatal: Unsupported .version")
+
+            return launch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # nv12 takes the kernel path for CPU frames
+    monkeypatch.delenv("TAEHV_NV12", raising=False)
+    monkeypatch.setattr(nv12, "_state", {"kernel": Broken()})
+    lines: list[str] = []
+    ds = _ds([videos / n for n in GOOD[:4]])
+    stage = _stage(ds, ColourKernelFails, log=lines.append)
+    try:
+        got = [next(stage) for _ in range(3)]
+    finally:
+        stage.close()
+    assert all(b["frames"].shape == (4, 12, 3, 64, 96) and not b["skipped"] for b in got)
+    said = [line for line in lines if "NV12 colour kernel failed" in line]
+    assert said == [
+        "data: the NV12 colour kernel failed (RuntimeError: ptxas fatal: Unsupported .version); colour in torch ops "
+        "from now on, the same bytes"
+    ], lines
+    assert stage.counts["gpu"] >= 12 and nv12.how() == "colour in torch ops (the Triton kernel failed here)"

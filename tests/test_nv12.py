@@ -48,6 +48,20 @@ assert torch.equal(nv12.yuv420_to_rgb(pitched, 8, 10), nv12.nv12_to_rgb(pitched,
 for value in (0, 16, 128, 235, 255):
     flat = torch.full((12, 8), value, dtype=torch.uint8)
     assert torch.equal(nv12.yuv420_to_rgb(flat, 8, 8), nv12.nv12_to_rgb(flat, 8, 8)), value
+# odd sizes take the reference (the kernel is checked on the GPU for even sizes only)
+odd = torch.randint(0, 256, (10, 8), dtype=torch.uint8, generator=gen)
+assert torch.equal(nv12.yuv420_to_rgb(odd, 7, 8), nv12.nv12_to_rgb(odd, 7, 8))
+# a Triton whose API this code does not know: no kernel, the reference, one note
+nv12._state.clear()
+def boom(triton, tl):
+    raise AttributeError("module 'triton' has no attribute 'jit'")
+nv12._define = boom
+assert nv12._fused() is None and nv12._fused() is None
+assert nv12.how() == "colour in torch ops (the Triton kernel failed here)", nv12.how()
+note = nv12.take_note()
+assert "AttributeError: module 'triton' has no attribute 'jit'" in note and nv12.take_note() == "", note
+frame = torch.randint(0, 256, (12, 8), dtype=torch.uint8, generator=gen)
+assert torch.equal(nv12.nv12_to_rgb(frame, 8, 8), nv12.yuv420_to_rgb(frame, 8, 8))
 print("ok", len(shapes))
 """
 

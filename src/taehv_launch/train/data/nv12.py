@@ -38,9 +38,11 @@ def yuv420_to_rgb(frame: torch.Tensor, h: int, w: int) -> torch.Tensor:
 
 
 def nv12_to_rgb(frame: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """yuv420_to_rgb's result, from the fused kernel where it runs (a CUDA frame, Triton installed)."""
+    """yuv420_to_rgb's result, from the fused kernel where it runs (a CUDA frame of even size, Triton installed)."""
     kernel = _fused() if frame.is_cuda or _interpreted() else None
-    if kernel is None or frame.stride(1) != 1 or h < 2 or w < 2:
+    if kernel is None or frame.stride(1) != 1 or h < 2 or w < 2 or h % 2 or w % 2:
+        # odd sizes: the chroma scale is not 0.5 there, and the kernel is checked against the reference on the
+        # GPU for even sizes only (what H.264 4:2:0 streams decode to)
         return yuv420_to_rgb(frame, h, w)
     out = torch.empty((3, h, w), dtype=torch.uint8, device=frame.device)
     grid = (h, (w + BLOCK - 1) // BLOCK)
@@ -99,12 +101,23 @@ def _fused():
 
 
 def _build():
+    """The kernel, or None: Triton missing (CPU wheels of torch), or failing to define it (its note said once).
+    Called with _lock held."""
     try:
         import triton
         import triton.language as tl
-    except Exception:  # not installed (CPU wheels of torch), or a broken install
+    except Exception:  # not installed, or a broken install
+        return None
+    try:
+        return _define(triton, tl)
+    except Exception as err:  # an API this code does not know, sources missing (a .pyc-only install), ...
+        text = str(err).strip().splitlines()
+        _state["failed"] = True
+        _state.setdefault("note", f"{type(err).__name__}: {text[0][:160] if text else ''}")
         return None
 
+
+def _define(triton, tl):
     @triton.jit(do_not_specialize=["h", "w", "pitch", "hc", "wc", "sh", "sw"])
     def nv12_rgb(src, dst, h, w, pitch, hc, wc, sh, sw, BLOCK: tl.constexpr):
         # literals, not module names: a Triton kernel reads no Python globals. 1.1643835616438356 = 255 / 219,
