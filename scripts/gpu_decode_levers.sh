@@ -10,28 +10,20 @@
 set -uo pipefail
 SRC=${1:?usage: bash scripts/gpu_decode_levers.sh SRC_DIR}
 OUT=${OUT:-/tmp/gpu_levers}; W=${W:-/tmp/gop}; EXTRA_BY=${EXTRA_BY:-480}
+. scripts/gpu_rows.sh
+work_lock gpu_decode_levers.sh "$SRC"
 mkdir -p "$OUT"; start=$(date +%s)
 LOADER=0 SETS="v1080" OUT="$OUT" W="$W" bash scripts/gpu_gop.sh "$SRC" 2>&1 | grep -E "clips/s|exit|total"
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 timeout 60 python3 scripts/gpu_decode_probe.py "$W/v1080" 11 > "$OUT/probe.txt" 2>&1
 echo "probe: exit $? after $(( $(date +%s) - start )) s"; cat "$OUT/probe.txt"
-row() {  # NAME SET [extra --set ...]; TAEHV_SWITCH_INTERVAL from the caller's environment
-  local name=$1 set=$2; shift 2
-  python3 -m taehv_launch.cli 1 h100 --run-name "$name" --set data_root="'$W/$set'" \
-    --set ref_vae_path="'$W/ref_vae_cogvideox_real_c16'" --set output_dir="'$W/output'" --set latent_cache="'$W/lc_$set'" \
-    --set max_train_steps=40 --set log_every=5 --set gradient_accumulation_steps=1 --set validation_steps=100000 \
-    --set checkpointing_steps=100000 --set lr_warmup_steps=1 "$@" > "$OUT/$name.log" 2>&1
-  echo "$name (TAEHV_SWITCH_INTERVAL=${TAEHV_SWITCH_INTERVAL:-}): exit $? after $(( $(date +%s) - start )) s"
-  cp "$W/output/$name/speed.json" "$OUT/$name.speed.json" 2>/dev/null
-}
+ROW_ENV=TAEHV_SWITCH_INTERVAL  # each row says the switch interval it ran with
 row cached_v1080_t6 v1080 --set video_decode_threads=6
 TAEHV_SWITCH_INTERVAL=0.0005 row cached_v1080_si v1080
 row cached_v1080_b v1080
 [ $(( $(date +%s) - start )) -lt "$EXTRA_BY" ] && row cached_v1080_t6_b v1080 --set video_decode_threads=6
 for n in cached_v1080 cached_v1080_t6 cached_v1080_si cached_v1080_b cached_v1080_t6_b; do
-  [ -f "$OUT/$n.speed.json" ] || continue
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('|', sys.argv[2], '|', round(d['clips_per_s'], 2), '|', \
-round(d['peak_reserved_gib'], 1), '|')" "$OUT/$n.speed.json" "$n" | tee -a "$OUT/rows.md"
+  row_line "$n"
 done
 echo "total $(( $(date +%s) - start )) s"
 OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"

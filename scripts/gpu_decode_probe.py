@@ -29,11 +29,15 @@ def spin(seconds: float) -> float:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or not Path(argv[0]).is_dir():
-        print("usage: python3 scripts/gpu_decode_probe.py FOLDER [THREADS] (a folder of .mp4 files)", file=sys.stderr)
+    threads = argv[1] if len(argv) > 1 else "11"
+    if not argv or not Path(argv[0]).is_dir() or not threads.isdigit() or not 1 <= int(threads) <= 64:
+        print(
+            "usage: python3 scripts/gpu_decode_probe.py FOLDER [THREADS] (a folder of .mp4 files; THREADS 1-64)",
+            file=sys.stderr,
+        )
         return 2
     files = sorted(str(p) for p in Path(argv[0]).glob("*.mp4"))
-    threads = int(argv[1]) if len(argv) > 1 else 11
+    threads = int(threads)
     try:
         import PyNvVideoCodec as nvc
         import torch

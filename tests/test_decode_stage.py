@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from taehv_launch.train import faults
+from taehv_launch.train.data import nv12 as nv12_ops
 from taehv_launch.train.data import nvdec
 from taehv_launch.train.data.clips import Crop, VideoClipDataset, collate
 from trainrun import launch, ok
@@ -241,7 +242,7 @@ def test_nv12_conversion_matches_opencv(videos):
     v = i420[h + h // 4 :].reshape(h // 2, w // 2)
     nv12 = np.concatenate([i420[:h], np.stack([u, v], -1).reshape(h // 2, w)], 0)
     want = cv2.cvtColor(nv12, cv2.COLOR_YUV2RGB_NV12).astype(np.int16)
-    got = nvdec.yuv420_to_rgb(torch.from_numpy(nv12), h, w).permute(1, 2, 0).numpy().astype(np.int16)
+    got = nv12_ops.yuv420_to_rgb(torch.from_numpy(nv12), h, w).permute(1, 2, 0).numpy().astype(np.int16)
     assert np.abs(got - want).max() <= 2 and np.abs(got - want).mean() < 0.2
 
 

@@ -53,10 +53,8 @@ def nv12_to_rgb(frame: torch.Tensor, h: int, w: int) -> torch.Tensor:
                 BLOCK=BLOCK, enable_fp_fusion=False,
             )  # fmt: skip
     except Exception as err:  # Triton cannot build or launch it here: the reference from now on, said once
-        text = str(err).strip().splitlines()
         with _lock:
-            _state["kernel"], _state["failed"] = None, True
-            _state.setdefault("note", f"{type(err).__name__}: {text[0][:160] if text else ''}")
+            _state["kernel"] = _failed(err)
         return yuv420_to_rgb(frame, h, w)
     return out
 
@@ -111,10 +109,14 @@ def _build():
     try:
         return _define(triton, tl)
     except Exception as err:  # an API this code does not know, sources missing (a .pyc-only install), ...
-        text = str(err).strip().splitlines()
-        _state["failed"] = True
-        _state.setdefault("note", f"{type(err).__name__}: {text[0][:160] if text else ''}")
-        return None
+        return _failed(err)
+
+
+def _failed(err: BaseException) -> None:
+    """Mark the kernel failed and keep the first failure's note for take_note(). Called with _lock held."""
+    text = str(err).strip().splitlines()
+    _state["failed"] = True
+    _state.setdefault("note", f"{type(err).__name__}: {text[0][:160] if text else ''}")
 
 
 def _define(triton, tl):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ...plan.decodeplan import NVDEC_CODECS
 from .clips import Crop, Ticket
 from . import nv12
-from .nv12 import nv12_to_rgb, yuv420_to_rgb  # noqa: F401 (yuv420_to_rgb: the reference the tests name here)
+from .nv12 import nv12_to_rgb
 from .probe import choose_threads
 
 CHUNK_BYTES = 256 << 20  # float32 frames resized at a time: bounds the 4K crop's working memory

@@ -1,0 +1,30 @@
+# Sourced by the GPU row scripts (gpu_gop_alt.sh, gpu_convert_ab.sh, gpu_nv12_ab.sh, gpu_decode_levers.sh): one
+# training row from a latent cache at the h100 defaults, and its line of the table. Needs W (work folder: sets,
+# caches, reference VAE, output), OUT (evidence folder) and start (the call's start, seconds since the epoch).
+# work_lock, first thing in a script: refuses a SRC_DIR that is not a folder and a second copy on the same W.
+
+row() {  # NAME SET [extra --set ...]: 40 steps at accumulation 1 from $W/lc_SET; ROW_ENV names a variable to echo
+  local name=$1 set=$2 rc; shift 2
+  python3 -m taehv_launch.cli 1 h100 --run-name "$name" --set data_root="'$W/$set'" \
+    --set ref_vae_path="'$W/ref_vae_cogvideox_real_c16'" --set output_dir="'$W/output'" --set latent_cache="'$W/lc_$set'" \
+    --set max_train_steps=40 --set log_every=5 --set gradient_accumulation_steps=1 --set validation_steps=100000 \
+    --set checkpointing_steps=100000 --set lr_warmup_steps=1 "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name${ROW_ENV:+ ($ROW_ENV=${!ROW_ENV:-})}: exit $rc after $(( $(date +%s) - start )) s"
+  cp "$W/output/$name/speed.json" "$OUT/$name.speed.json" 2>/dev/null
+}
+
+row_line() {  # NAME: "| NAME | clips/s | peak reserved GiB |" from its speed.json, also into rows.md; 1 when none
+  [ -f "$OUT/$1.speed.json" ] || return 1
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('|', sys.argv[2], '|', round(d['clips_per_s'], 2), '|', \
+round(d['peak_reserved_gib'], 1), '|')" "$OUT/$1.speed.json" "$1" | tee -a "$OUT/rows.md"
+}
+
+work_lock() {  # SCRIPT SRC: SRC a folder, and W taken by this call alone (a second copy would reuse its run names)
+  [ -d "$2" ] || { echo "error: $1: SRC_DIR ${2@Q} is not a folder: give the folder of sample videos" >&2; exit 2; }
+  mkdir -p "$W" || exit 2
+  exec 9> "$W/.rows.lock"
+  if command -v flock > /dev/null && ! flock -n 9; then
+    echo "error: $1: another call is using $W: wait for it, or give this one its own W=" >&2; exit 2
+  fi
+}
