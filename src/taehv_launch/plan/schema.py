@@ -244,6 +244,14 @@ KEYS: dict[str, Key] = {
         "The reference encoder keeps the default",
         ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     ),
+    "step_stream_priority": Key(
+        "high",
+        str,
+        "CUDA stream of the training step: high runs it on the highest-priority stream, so the NVDEC "
+        "decode threads' colour conversion and resize take only the SMs it leaves (long-GOP 1080p from the "
+        "cache, docs/benchmarks.md); default keeps the default stream",
+        ("high", "default"),
+    ),
     "compile_cache_dir": Key("", str, "Inductor cache kept across restarts (default: <output_dir>/.compile-cache)"),
     "fused_optimizer": Key(True, bool, "AdamW's fused CUDA kernel (ignored on CPU)"),
     "channels_last": Key(

@@ -50,6 +50,23 @@ def make_accelerator(cfg: Config, run_dir: Path | None = None):
     return Accelerator(**kwargs)
 
 
+def use_step_stream(priority: str, device: torch.device) -> str:
+    """step_stream_priority "high" on a GPU: this thread's CUDA work from here on (the whole step: forward,
+    backward, optimizer, the waits on collectives) runs on a stream of the device's highest priority, so the
+    blocks of other streams' kernels (the NVDEC decode threads' colour conversion and resize) are scheduled
+    only where the step's leave room. The current stream is per thread: the decode threads keep their own
+    streams, and every hand-over between them and the step waits on `torch.cuda.current_stream()` (nvdec.py,
+    speed.Prefetcher). Returns the model line's phrase ("; ..." or "")."""
+    if device.type != "cuda":
+        return ""
+    if priority != "high":
+        return "; the step on the default CUDA stream (step_stream_priority=default)"
+    torch.cuda.synchronize(device)  # what ran on the default stream so far is done before the switch
+    stream = torch.cuda.Stream(device, priority=-64)  # an out-of-range value maps to the highest priority
+    torch.cuda.set_stream(stream)
+    return f"; the step on a CUDA stream of the highest priority ({stream.priority}): decode kernels yield to it"
+
+
 def resolve_demo_paths(cfg: Config, device: torch.device, log) -> dict[str, Any]:
     """On CPU, the demo assets' paths (the launcher puts them in the config: plan/demo.py) or an
     empty data_root / ref_vae_path mean the built-in demo assets, made here on first use."""

@@ -50,6 +50,7 @@ class Trainer:
         self.run_dir, self.debug, self.profile = run_dir, debug, profile
         self.acc = build.make_accelerator(cfg, run_dir)  # with the trackers of cfg.trackers
         self.device = self.acc.device
+        stream = build.use_step_stream(cfg.step_stream_priority, self.device)  # before the step's CUDA work
         self.cfg = cfg = build.resolve_demo_paths(cfg, self.device, self.log)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
         self.zero = cfg.zero_stage if self.acc.state.deepspeed_plugin is not None else 0
@@ -72,7 +73,7 @@ class Trainer:
             f"{get_family(cfg.ref_vae_type).export_stem(cfg.decoder_arch)}.pth + .safetensors, "
             f"frames_to_trim {taehv.frames_to_trim}; trains {count_params(taehv, trainable_only=True) / 1e6:.2f}M "
             f"parameters: {trained.line()}; processes {self.world}, "
-            f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, device {self.device}"
+            f"{'DeepSpeed ZeRO-' + str(self.zero) if self.acc.state.deepspeed_plugin else 'DDP'}, device {self.device}{stream}"
         )
         self.ema = EMA(taehv, cfg.ema_decay, zero_stage=0)  # before partitioning: a full copy
         self.ema.model.to(self.device)
