@@ -4,7 +4,8 @@
 # First scripts/gpu_nv12_check.py on SRC_DIR's videos (NVDEC's pitched surfaces and random frames up to 4K against
 # the torch ops). Then scripts/gpu_gop.sh writes the 1080p set and trains from its cache at the defaults
 # (LOADER=0 SETS=v1080: 3 batches decoding ahead, the threads chosen); then 6 batches ahead (TAEHV_DECODE_DEPTH,
-# this commit's measurement switch), 8 decode threads, and (while the call has time, EXTRA_BY s, default 450) the
+# a measurement switch of commit 56adf80, reverted after this call: no gain; run the script there to reproduce
+# that row), 8 decode threads, and (while the call has time, EXTRA_BY s, default 450) the
 # defaults again. Evidence in OUT.
 set -uo pipefail
 SRC=${1:?usage: bash scripts/gpu_decode_depth.sh SRC_DIR}

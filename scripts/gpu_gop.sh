@@ -97,8 +97,8 @@ cached() {  # SET [THREADS]: a cache of SET (once), then training from it (threa
   python3 -c "import json,sys; print('$name', round(json.load(open(sys.argv[1]))['clips_per_s'], 2), 'clips/s')" \
     "$OUT/$name.speed.json" 2>/dev/null
 }
-cached v480
-cached v1080
+want v480 && cached v480  # only the sets this call wrote (a missing cache would be one error row)
+want v1080 && cached v1080
 for t in $THREADS_1080; do cached v1080 "$t"; done
 if ! want v2160; then :; elif [ $(( $(date +%s) - start )) -lt "$BUDGET" ]; then cached v2160; else echo "4K training skipped: past BUDGET=$BUDGET s"; fi
 

@@ -235,17 +235,8 @@ def batches(loader, decoding: Decoding, cfg: Config, device: torch.device, log):
         return loader
     from ..data.nvdec import DecodeStage
 
-    depth = int(os.environ.get("TAEHV_DECODE_DEPTH", "3"))  # measurement switch (#38 item 1): batches decoding ahead
     return DecodeStage(
-        loader,
-        loader.dataset,
-        device,
-        cfg.height,
-        cfg.width,
-        decoding.make,
-        threads=decoding.threads,
-        depth=depth,
-        log=log,
+        loader, loader.dataset, device, cfg.height, cfg.width, decoding.make, threads=decoding.threads, log=log
     )
 
 
