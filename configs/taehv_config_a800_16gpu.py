@@ -83,7 +83,7 @@ args.max_restarts = 3  # after a rank failure or a hang, the launcher restarts t
 args.max_restarts_without_progress = 2  # restarts in a row that get past no checkpoint newer than the one they started from before the job ends (0 = no limit)
 args.compile = 'all'  # torch.compile on GPU: the reference VAE encoder, or it and TAEHV (1-2 min warm-up, cached)
 args.compile_mode = 'default'  # torch.compile's mode for TAEHV (with compile='all'): default; max-autotune-no-cudagraphs (Triton autotuning, minutes more warm-up); reduce-overhead and max-autotune add CUDA graphs (docs/guide.md). The reference encoder keeps the default
-args.step_stream_priority = 'high'  # CUDA stream of the training step: high runs it on the highest-priority stream, so the NVDEC decode threads' colour conversion and resize take only the SMs it leaves (long-GOP 1080p from the cache, docs/benchmarks.md); default keeps the default stream
+args.step_stream_priority = 'high'  # CUDA stream of the training step when NVDEC cuts the clips: high runs it on the highest-priority stream, so the decode threads' colour conversion and resize take only the SMs it leaves (+8% at long-GOP 1080p from the cache on one H100, docs/benchmarks.md); default keeps the default stream (as do runs decoding on the CPU and ZeRO-3 with fp16)
 args.compile_cache_dir = ''  # Inductor cache kept across restarts (default: <output_dir>/.compile-cache)
 args.fused_optimizer = True  # AdamW's fused CUDA kernel (ignored on CPU)
 args.channels_last = True  # compiled TAEHV runs its frames channels-last (NHWC): no cuDNN layout transposes (only with compile='all' on GPU)

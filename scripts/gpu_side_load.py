@@ -32,8 +32,15 @@ def main(argv: list[str]) -> int:
         return 2
     folder, mode = argv[0], argv[1]
     files = sorted(str(p) for p in Path(folder).glob("*.mp4"))
-    import PyNvVideoCodec as nvc
-    import torch
+    try:
+        import PyNvVideoCodec as nvc
+        import torch
+
+        if not torch.cuda.is_available() or not files:
+            raise RuntimeError("no CUDA device" if files else f"no .mp4 files in {folder}")
+    except Exception as err:
+        print(f"gpu_side_load: needs PyNvVideoCodec, a CUDA device and .mp4 files ({err})", file=sys.stderr)
+        return 2
 
     from taehv_launch.train.data.clips import Crop
     from taehv_launch.train.data.nvdec import NvdecDecoder, finish

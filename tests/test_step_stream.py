@@ -37,10 +37,34 @@ def test_every_profile_runs_the_step_on_the_high_priority_stream_by_default():
 
 
 def test_on_the_cpu_the_switch_does_nothing_and_says_nothing():
+    from taehv_launch.plan.schema import make_config
     from taehv_launch.train.loop.build import use_step_stream
 
     for priority in ("high", "default"):
-        assert use_step_stream(priority, torch.device("cpu")) == ""
+        assert use_step_stream(make_config({"step_stream_priority": priority}), torch.device("cpu")) == ""
+
+
+@pytest.mark.parametrize(
+    "sets, nvdec, deepspeed, why",
+    [
+        ({}, True, False, ""),
+        ({}, True, True, ""),  # ZeRO-2 (the default stage) with bf16: measured on two H100s
+        ({"zero_stage": 3}, True, True, ""),  # bf16: DeepSpeed's fp16 overflow check does not run
+        ({"step_stream_priority": "default"}, True, False, "step_stream_priority=default"),
+        ({}, False, False, "no NVDEC decode threads to yield to"),
+        ({"zero_stage": 3, "mixed_precision": "fp16"}, True, True, "ZeRO-3 with fp16"),
+        ({"zero_stage": 3, "mixed_precision": "fp16"}, True, False, ""),  # no DeepSpeed engine: plain DDP
+    ],
+)
+def test_the_step_leaves_the_default_stream_only_where_it_pays_and_is_safe(sets, nvdec, deepspeed, why):
+    """NVDEC decode threads are what the step outranks (OpenCV decodes in the workers: nothing to yield to);
+    DeepSpeed's ZeRO-3 fp16 overflow check makes the default stream wait for its flag, then all-reduces it on
+    the current stream, so that combination keeps the default stream."""
+    from taehv_launch.plan.schema import make_config
+    from taehv_launch.train.loop.build import why_default_stream
+
+    got = why_default_stream(make_config(sets), nvdec, deepspeed)
+    assert got.startswith(why) and bool(got) == bool(why), got
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -48,12 +72,16 @@ def test_on_a_gpu_the_step_thread_alone_moves_to_the_highest_priority_stream():
     code = textwrap.dedent(
         """
         import threading, torch
+        from unittest import mock
+        from taehv_launch.plan.schema import make_config
         from taehv_launch.train.loop.build import use_step_stream
         dev = torch.device("cuda", 0)
         top = torch.cuda.Stream(dev, priority=-64).priority
-        assert use_step_stream("default", dev).startswith("; the step on the default CUDA stream")
+        high, default = make_config({}), make_config({"step_stream_priority": "default"})
+        assert use_step_stream(default, dev).startswith("; the step on the default CUDA stream")
         assert torch.cuda.current_stream(dev) == torch.cuda.default_stream(dev)
-        line = use_step_stream("high", dev)
+        with mock.patch("taehv_launch.train.data.nvdec.choose", return_value=("nvdec", "")):
+            line = use_step_stream(high, dev)
         assert torch.cuda.current_stream(dev).priority == top < 0, line
         assert f"highest priority ({top})" in line
         seen = []

@@ -247,9 +247,10 @@ KEYS: dict[str, Key] = {
     "step_stream_priority": Key(
         "high",
         str,
-        "CUDA stream of the training step: high runs it on the highest-priority stream, so the NVDEC "
-        "decode threads' colour conversion and resize take only the SMs it leaves (long-GOP 1080p from the "
-        "cache, docs/benchmarks.md); default keeps the default stream",
+        "CUDA stream of the training step when NVDEC cuts the clips: high runs it on the highest-priority "
+        "stream, so the decode threads' colour conversion and resize take only the SMs it leaves (+8% at "
+        "long-GOP 1080p from the cache on one H100, docs/benchmarks.md); default keeps the default stream "
+        "(as do runs decoding on the CPU and ZeRO-3 with fp16)",
         ("high", "default"),
     ),
     "compile_cache_dir": Key("", str, "Inductor cache kept across restarts (default: <output_dir>/.compile-cache)"),

@@ -134,10 +134,10 @@ class OpenCVFrames:
     """The same interface over OpenCV on the CPU (train/data/decode.py): the CPU tests' stand-in for NVDEC,
     and what a subclass refusing some files uses to exercise the fallback path."""
 
-    stream = None
-
     def __init__(self, device: torch.device):
         self.device = device
+        # a stream of its own on a GPU, as NVDEC's: the stage syncs it before the step (on another stream) reads
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def frames(self, path: str, indices: tuple[int, ...]) -> torch.Tensor:
         import cv2

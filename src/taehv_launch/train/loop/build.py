@@ -50,17 +50,32 @@ def make_accelerator(cfg: Config, run_dir: Path | None = None):
     return Accelerator(**kwargs)
 
 
-def use_step_stream(priority: str, device: torch.device) -> str:
-    """step_stream_priority "high" on a GPU: this thread's CUDA work from here on (the whole step: forward,
-    backward, optimizer, the waits on collectives) runs on a stream of the device's highest priority, so the
-    blocks of other streams' kernels (the NVDEC decode threads' colour conversion and resize) are scheduled
-    only where the step's leave room. The current stream is per thread: the decode threads keep their own
-    streams, and every hand-over between them and the step waits on `torch.cuda.current_stream()` (nvdec.py,
-    speed.Prefetcher). Returns the model line's phrase ("; ..." or "")."""
+def why_default_stream(cfg: Config, nvdec: bool, deepspeed: bool) -> str:
+    """Why the step stays on the default CUDA stream ("" when it goes to the high-priority one)."""
+    if cfg.step_stream_priority != "high":
+        return "step_stream_priority=default"
+    if not nvdec:
+        return "no NVDEC decode threads to yield to"
+    if deepspeed and cfg.zero_stage == 3 and cfg.mixed_precision == "fp16":
+        return "ZeRO-3 with fp16: DeepSpeed's overflow check orders itself on the default stream"
+    return ""
+
+
+def use_step_stream(cfg: Config, device: torch.device) -> str:
+    """step_stream_priority "high" on a GPU whose clips NVDEC cuts: this thread's CUDA work from here on (the
+    whole step: forward, backward, optimizer, the waits on collectives) runs on a stream of the highest priority
+    torch offers, so the blocks of the decode threads' kernels (colour conversion, resize) are scheduled only
+    where the step's leave room (a running block is not preempted). The current stream is per thread: the decode
+    threads keep their own streams, and every hand-over between them and the step waits on
+    `torch.cuda.current_stream()` (nvdec.py, speed.Prefetcher). Returns the model line's phrase ("; ..." or "")."""
     if device.type != "cuda":
         return ""
-    if priority != "high":
-        return "; the step on the default CUDA stream (step_stream_priority=default)"
+    from ..data.nvdec import choose
+
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    why = why_default_stream(cfg, choose(cfg, device)[0] == "nvdec", deepspeed)
+    if why:
+        return f"; the step on the default CUDA stream ({why})"
     torch.cuda.synchronize(device)  # what ran on the default stream so far is done before the switch
     stream = torch.cuda.Stream(device, priority=-64)  # an out-of-range value maps to the highest priority
     torch.cuda.set_stream(stream)
