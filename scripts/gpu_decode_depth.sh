@@ -13,11 +13,8 @@ OUT=${OUT:-/tmp/gpu_depth}; W=${W:-/tmp/gop}; EXTRA_BY=${EXTRA_BY:-450}
 . scripts/gpu_rows.sh
 work_lock gpu_decode_depth.sh "$SRC"
 mkdir -p "$OUT"; start=$(date +%s)
-if [ ! -d /tmp/site/PyNvVideoCodec ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  tar -xJf .whl-nv/nv.tar.xz -C /tmp/site || exit 1
-fi
-PYTHONPATH=/tmp/site:$PWD/src timeout 120 python3 scripts/gpu_nv12_check.py "$SRC" > "$OUT/nv12_check.txt" 2>&1
+device_site || exit 1
+timeout 120 python3 scripts/gpu_nv12_check.py "$SRC" > "$OUT/nv12_check.txt" 2>&1
 echo "nv12 check: exit $? after $(( $(date +%s) - start )) s"; tail -8 "$OUT/nv12_check.txt"
 LOADER=0 SETS="v1080" OUT="$OUT" W="$W" bash scripts/gpu_gop.sh "$SRC" 2>&1 | grep -E "clips/s|exit|total"
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0

@@ -28,6 +28,39 @@ def spin(seconds: float) -> float:
     return n / seconds
 
 
+def open_sources(folder: str, who: str):
+    """(PyNvVideoCodec, torch, files, lengths) for FOLDER's .mp4 files, lengths[f] = (frames, height, width) as
+    NVDEC reads them; None after one line on stderr when PyNvVideoCodec, a CUDA device or the files are missing.
+    scripts/gpu_side_load.py opens its sources here too."""
+    files = sorted(str(p) for p in Path(folder).glob("*.mp4"))
+    try:
+        import PyNvVideoCodec as nvc
+        import torch
+
+        if not torch.cuda.is_available() or not files:
+            raise RuntimeError("no CUDA device" if files else f"no .mp4 files in {folder}")
+    except Exception as err:
+        print(f"{who}: needs PyNvVideoCodec, a CUDA device and .mp4 files ({err})", file=sys.stderr)
+        return None
+    lengths = {}
+    for f in files:
+        d = nvc.SimpleDecoder(f, gpu_id=0, use_device_memory=True, output_color_type=nvc.OutputColorType.NATIVE)
+        meta = d.get_stream_metadata()
+        lengths[f] = (len(d), int(meta.height), int(meta.width))
+    return nvc, torch, files, lengths
+
+
+def pick_clip(rng: random.Random, files: list[str], lengths: dict):
+    """A 12-frame clip at a random start of a random file: (file, frame indices, crop to 3:2, (height, width))."""
+    from taehv_launch.train.data.clips import Crop
+
+    f = rng.choice(files)
+    n, h, w = lengths[f]
+    s = rng.randrange(0, max(1, n - 12))
+    ch, cw = h, min(w, h * 3 // 2)
+    return f, tuple(range(s, min(n, s + 12))), Crop(0, (w - cw) // 2, ch, cw, False), (h, w)
+
+
 def main(argv: list[str]) -> int:
     threads = argv[1] if len(argv) > 1 else "11"
     if not argv or not Path(argv[0]).is_dir() or not threads.isdigit() or not 1 <= int(threads) <= 64:
@@ -36,34 +69,18 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    files = sorted(str(p) for p in Path(argv[0]).glob("*.mp4"))
     threads = int(threads)
-    try:
-        import PyNvVideoCodec as nvc
-        import torch
-
-        if not torch.cuda.is_available() or not files:
-            raise RuntimeError("no CUDA device" if files else "no .mp4 files")
-    except Exception as err:
-        print(f"gpu_decode_probe: needs PyNvVideoCodec, a CUDA device and .mp4 files ({err})", file=sys.stderr)
+    opened = open_sources(argv[0], "gpu_decode_probe")
+    if opened is None:
         return 2
-    from taehv_launch.train.data.clips import Crop
+    nvc, torch, files, lengths = opened
     from taehv_launch.train.data.nvdec import NvdecDecoder, finish
 
     dev = torch.device("cuda", 0)
-    lengths = {}
-    for f in files:
-        d = nvc.SimpleDecoder(f, gpu_id=0, use_device_memory=True, output_color_type=nvc.OutputColorType.NATIVE)
-        meta = d.get_stream_metadata()
-        lengths[f] = (len(d), int(meta.height), int(meta.width))
     print(f"{len(files)} files, {threads} threads, torch {torch.__version__}, PyNvVideoCodec {nvc.__version__}")
 
     def pick(rng):
-        f = rng.choice(files)
-        n, h, w = lengths[f]
-        s = rng.randrange(0, max(1, n - 12))
-        ch, cw = h, min(w, h * 3 // 2)
-        return f, tuple(range(s, min(n, s + 12))), Crop(0, (w - cw) // 2, ch, cw, False), (h, w)
+        return pick_clip(rng, files, lengths)
 
     def work(mode: str, stop: threading.Event, count: list[int], seed: int):
         rng = random.Random(seed)

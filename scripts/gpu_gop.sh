@@ -25,16 +25,8 @@ mkdir -p "$OUT" "$W"
 trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT  # evidence says what ran, not where: <repo>, <tmp>, ...
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 start=$(date +%s)
-if [ ! -d /tmp/site/PyNvVideoCodec ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  tar -xJf .whl-nv/nv.tar.xz -C /tmp/site || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD/src
-if ! python3 -c "import av" 2>/dev/null; then
-  if [ -f .whl-av/av.tar.xz ]; then tar -xJf .whl-av/av.tar.xz -C /tmp/site || exit 1
-  else python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-av/av-*.whl || exit 1
-  fi
-fi
+. scripts/gpu_rows.sh
+device_site || exit 1
 tl() { python3 -m taehv_launch.cli "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, av, cv2, PyNvVideoCodec as n; print('torch', torch.__version__, 'pyav', av.__version__, \

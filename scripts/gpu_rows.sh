@@ -2,6 +2,8 @@
 # training row from a latent cache at the h100 defaults, and its line of the table. Needs W (work folder: sets,
 # caches, reference VAE, output), OUT (evidence folder) and start (the call's start, seconds since the epoch).
 # work_lock, first thing in a script: refuses a SRC_DIR that is not a folder and a second copy on the same W.
+# device_site: the carried wheels (.whl/), PyNvVideoCodec (.whl-nv/) and PyAV (.whl-av/) into /tmp/site, once per
+# machine, and PYTHONPATH on it and src/ (needs no W or OUT; gpu_gop.sh and the scripts that skip it call it).
 
 row() {  # NAME SET [extra --set ...]: 40 steps at accumulation 1 from $W/lc_SET; ROW_ENV names a variable to echo
   local name=$1 set=$2 rc; shift 2
@@ -26,5 +28,17 @@ work_lock() {  # SCRIPT SRC: SRC a folder, and W taken by this call alone (a sec
   exec 9> "$W/.rows.lock"
   if command -v flock > /dev/null && ! flock -n 9; then
     echo "error: $1: another call is using $W: wait for it, or give this one its own W=" >&2; exit 2
+  fi
+}
+
+device_site() {  # 1 when an install fails
+  if [ ! -d /tmp/site/PyNvVideoCodec ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || return 1
+    tar -xJf .whl-nv/nv.tar.xz -C /tmp/site || return 1
+  fi
+  export PYTHONPATH=/tmp/site:$PWD/src
+  python3 -c "import av" 2>/dev/null && return 0
+  if [ -f .whl-av/av.tar.xz ]; then tar -xJf .whl-av/av.tar.xz -C /tmp/site
+  else python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-av/av-*.whl
   fi
 }

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from gpu_decode_probe import open_sources, pick_clip  # this folder: sys.path[0] when run as a script
+
 
 def main(argv: list[str]) -> int:
     ok = len(argv) in (3, 4) and Path(argv[0]).is_dir() and argv[1] in ("nvdec", "trainer")
@@ -30,27 +32,14 @@ def main(argv: list[str]) -> int:
     if not ok:
         print("usage: python3 scripts/gpu_side_load.py FOLDER nvdec|trainer RATE [THREADS]", file=sys.stderr)
         return 2
-    folder, mode = argv[0], argv[1]
-    files = sorted(str(p) for p in Path(folder).glob("*.mp4"))
-    try:
-        import PyNvVideoCodec as nvc
-        import torch
-
-        if not torch.cuda.is_available() or not files:
-            raise RuntimeError("no CUDA device" if files else f"no .mp4 files in {folder}")
-    except Exception as err:
-        print(f"gpu_side_load: needs PyNvVideoCodec, a CUDA device and .mp4 files ({err})", file=sys.stderr)
+    mode = argv[1]
+    opened = open_sources(argv[0], "gpu_side_load")
+    if opened is None:
         return 2
-
-    from taehv_launch.train.data.clips import Crop
+    nvc, torch, files, lengths = opened
     from taehv_launch.train.data.nvdec import NvdecDecoder, finish
 
     dev = torch.device("cuda", 0)
-    lengths = {}
-    for f in files:
-        d = nvc.SimpleDecoder(f, gpu_id=0, use_device_memory=True, output_color_type=nvc.OutputColorType.NATIVE)
-        meta = d.get_stream_metadata()
-        lengths[f] = (len(d), int(meta.height), int(meta.width))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -68,10 +57,7 @@ def main(argv: list[str]) -> int:
         raw = None
         while not stop.is_set():
             wait_turn()
-            f = rng.choice(files)
-            n, h, w = lengths[f]
-            s = rng.randrange(0, max(1, n - 12))
-            idx = tuple(range(s, min(n, s + 12)))
+            f, idx, crop, src = pick_clip(rng, files, lengths)
             if mode == "nvdec":
                 if raw is None:
                     raw = nvc.SimpleDecoder(
@@ -86,9 +72,8 @@ def main(argv: list[str]) -> int:
                     raw.reconfigure_decoder(f)
                 raw.get_batch_frames_by_index(list(idx))
             else:
-                cw = min(w, h * 3 // 2)
                 with torch.cuda.stream(dec.stream):
-                    finish(dec.frames(f, idx), Crop(0, (w - cw) // 2, h, cw, False), (h, w), 480, 720)
+                    finish(dec.frames(f, idx), crop, src, 480, 720)
             dec.stream.synchronize()
             with lock:
                 done[0] += 1

@@ -12,12 +12,8 @@ OUT=${OUT:-/tmp/gpu_two}; W=${W:-/tmp/two}; STEPS=${STEPS:-24}; EXTRA_BY=${EXTRA
 mkdir -p "$OUT" "$W"; start=$(date +%s)
 trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-if [ ! -d /tmp/site/PyNvVideoCodec ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  tar -xJf .whl-nv/nv.tar.xz -C /tmp/site || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD/src
-python3 -c "import av" 2>/dev/null || tar -xJf .whl-av/av.tar.xz -C /tmp/site || exit 1
+. scripts/gpu_rows.sh
+device_site || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 scripts/make_bench_videos.py "$W/v480" 720 480 8 120 --src "$SRC" > "$OUT/make_480.log" 2>&1 || exit 1
 REF=$W/ref_vae_cogvideox_real_c16

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -41,7 +42,8 @@ def test_on_the_cpu_the_switch_does_nothing_and_says_nothing():
     from taehv_launch.train.loop.build import use_step_stream
 
     for priority in ("high", "default"):
-        assert use_step_stream(make_config({"step_stream_priority": priority}), torch.device("cpu")) == ""
+        acc = SimpleNamespace(device=torch.device("cpu"), state=SimpleNamespace(deepspeed_plugin=None))
+        assert use_step_stream(make_config({"step_stream_priority": priority}), acc) == ""
 
 
 @pytest.mark.parametrize(
@@ -73,15 +75,17 @@ def test_on_a_gpu_the_step_thread_alone_moves_to_the_highest_priority_stream():
         """
         import threading, torch
         from unittest import mock
+        from accelerate import Accelerator
         from taehv_launch.plan.schema import make_config
         from taehv_launch.train.loop.build import use_step_stream
         dev = torch.device("cuda", 0)
         top = torch.cuda.Stream(dev, priority=-64).priority
         high, default = make_config({}), make_config({"step_stream_priority": "default"})
-        assert use_step_stream(default, dev).startswith("; the step on the default CUDA stream")
+        acc = Accelerator()  # one process: its device is the GPU, no DeepSpeed
+        assert use_step_stream(default, acc).startswith("; the step on the default CUDA stream")
         assert torch.cuda.current_stream(dev) == torch.cuda.default_stream(dev)
         with mock.patch("taehv_launch.train.data.nvdec.choose", return_value=("nvdec", "")):
-            line = use_step_stream(high, dev)
+            line = use_step_stream(high, acc)
         assert torch.cuda.current_stream(dev).priority == top < 0, line
         assert f"highest priority ({top})" in line
         seen = []

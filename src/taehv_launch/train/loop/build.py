@@ -61,18 +61,19 @@ def why_default_stream(cfg: Config, nvdec: bool, deepspeed: bool) -> str:
     return ""
 
 
-def use_step_stream(cfg: Config, device: torch.device) -> str:
+def use_step_stream(cfg: Config, accelerator) -> str:
     """step_stream_priority "high" on a GPU whose clips NVDEC cuts: this thread's CUDA work from here on (the
     whole step: forward, backward, optimizer, the waits on collectives) runs on a stream of the highest priority
     torch offers, so the blocks of the decode threads' kernels (colour conversion, resize) are scheduled only
     where the step's leave room (a running block is not preempted). The current stream is per thread: the decode
     threads keep their own streams, and every hand-over between them and the step waits on
     `torch.cuda.current_stream()` (nvdec.py, speed.Prefetcher). Returns the model line's phrase ("; ..." or "")."""
+    device = accelerator.device
     if device.type != "cuda":
         return ""
     from ..data.nvdec import choose
 
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    deepspeed = accelerator.state.deepspeed_plugin is not None  # as the trainer's own ZeRO stage reads it
     why = why_default_stream(cfg, choose(cfg, device)[0] == "nvdec", deepspeed)
     if why:
         return f"; the step on the default CUDA stream ({why})"

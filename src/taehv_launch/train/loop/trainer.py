@@ -50,7 +50,7 @@ class Trainer:
         self.run_dir, self.debug, self.profile = run_dir, debug, profile
         self.acc = build.make_accelerator(cfg, run_dir)  # with the trackers of cfg.trackers
         self.device = self.acc.device
-        stream = build.use_step_stream(cfg, self.device)  # before the step's CUDA work
+        stream = build.use_step_stream(cfg, self.acc)  # before the step's CUDA work
         self.cfg = cfg = build.resolve_demo_paths(cfg, self.device, self.log)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
         self.zero = cfg.zero_stage if self.acc.state.deepspeed_plugin is not None else 0
