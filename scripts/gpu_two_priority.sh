@@ -8,11 +8,11 @@
 set -uo pipefail
 SRC=${1:?usage: bash scripts/gpu_two_priority.sh SRC_DIR}
 OUT=${OUT:-/tmp/gpu_two}; W=${W:-/tmp/two}; STEPS=${STEPS:-24}; EXTRA_BY=${EXTRA_BY:-380}
-[ -d "$SRC" ] || { echo "error: gpu_two_priority.sh: SRC_DIR ${SRC@Q} is not a folder" >&2; exit 2; }
-mkdir -p "$OUT" "$W"; start=$(date +%s)
+. scripts/gpu_rows.sh
+work_lock gpu_two_priority.sh "$SRC"  # a folder, and W for this call alone (a second copy would reuse its run names)
+mkdir -p "$OUT"; start=$(date +%s)
 trap 'OUT="$OUT" python3 scripts/scrub_paths.py "$OUT"' EXIT
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-. scripts/gpu_rows.sh
 device_site || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 scripts/make_bench_videos.py "$W/v480" 720 480 8 120 --src "$SRC" > "$OUT/make_480.log" 2>&1 || exit 1
