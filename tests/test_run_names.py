@@ -100,7 +100,8 @@ def _both(tmp: Path, *args: str):
 def test_dry_run_refuses_what_the_launch_refuses(tmp_path, args, match):
     (tmp_path / "afile").write_text("x")
     args = tuple(a.replace("{tmp}", str(tmp_path)) for a in args)
-    dry, real = _both(tmp_path, "1", "cpu", *args)
+    # a fixed run name: a timestamped one differs when the two calls straddle a second (seen in CI)
+    dry, real = _both(tmp_path, "1", "cpu", "--run-name", "refused", *args)
     assert_one_line_error(real, match)
     assert dry.returncode == 2 and dry.stderr == real.stderr, (dry.stderr, real.stderr)
     assert "Traceback" not in dry.stdout + dry.stderr
