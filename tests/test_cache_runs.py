@@ -7,6 +7,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -81,12 +82,21 @@ def _start(tmp: Path, out: Path, *args: str) -> Proc:
     return start_cli(*argv, env=env, cwd=tmp, start_new_session=True)
 
 
-def _wait_for_shards(out: Path, proc: Proc, n: int) -> None:
-    deadline = time.time() + 300
-    while len(list((out / lc.SHARDS).glob("*.json"))) < n:
-        assert proc.poll() is None, proc.communicate()
+def _act_at_shards(jobs: dict[Path, Proc], acts: dict[Path, tuple[int, Callable[[], None]]]) -> None:
+    """Watch every job at once and act on each as soon as its own n-th shard is written: one watched after
+    another let a faster job finish its whole cache while the test still waited on a slower one's first shard
+    (CI at 5c252c2: the job to be killed had written its manifest before the kill)."""
+    pending, deadline = dict(acts), time.time() + 300
+    while pending:
+        for out, (n, act) in list(pending.items()):
+            if len(list((out / lc.SHARDS).glob("*.json"))) >= n:
+                assert not (out / lc.MANIFEST).exists(), f"{out.name}: the whole job ended before the test acted"
+                act()
+                del pending[out]
+            else:
+                assert jobs[out].poll() is None, jobs[out].communicate()
         assert time.time() < deadline
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
@@ -96,10 +106,14 @@ def test_a_killed_or_signalled_cache_job_resumes_to_the_same_manifest(tmp_path):
     whole, killed, stopped = tmp_path / "whole", tmp_path / "killed", tmp_path / "stopped"
     jobs = {out: _start(tmp_path, out) for out in (whole, killed, stopped)}
     try:
-        _wait_for_shards(stopped, jobs[stopped], 1)
-        jobs[stopped].send_signal(signal.SIGTERM)
-        _wait_for_shards(killed, jobs[killed], 2)
-        jobs[killed].kill_tree(wait=30)  # the launcher and every process under it (accelerate, the rank, its workers)
+        _act_at_shards(
+            jobs,
+            {
+                stopped: (1, lambda: jobs[stopped].send_signal(signal.SIGTERM)),
+                # the launcher and every process under it (accelerate, the rank, its workers)
+                killed: (2, lambda: jobs[killed].kill_tree(wait=30)),
+            },
+        )
         jobs[killed].wait()
         done = len(list((killed / lc.SHARDS).glob("*.json")))
         out, err = jobs[stopped].communicate(timeout=300)
