@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ...errors import ConfigError, DataError
-from .decode import _decode_path, codec_of, count_frames, header_frame_count, header_info
+from .decode import _decode_path, codec_of, count_frames, display_turns, header_frame_count, header_info
 from ...dataindex.flat import VideoEntry, as_flat
 from ...dataindex.listing import name_text
 
@@ -151,6 +151,7 @@ class Ticket:
     video: int = -1
     item: int = -1
     codec: str = ""  # the header's codec name (decode.codec_of), "" when unknown
+    turns: int = 0  # quarter turns bringing the coded frames upright (decode.display_turns), as the CPU path sees them
 
 
 def render_clip(frames: Sequence[np.ndarray], crop: Crop, height: int, width: int) -> torch.Tensor:
@@ -288,7 +289,8 @@ class VideoClipDataset(Dataset):
         crop = plan_crop(
             rng(1) if rng else None, h, w, self.height, self.width, self.random_flip, self.random_downscale
         )
-        return Ticket(path, View(tuple(wanted), crop, path not in self._lengths), (h, w), video, i, codec_of(path))
+        view = View(tuple(wanted), crop, path not in self._lengths)
+        return Ticket(path, view, (h, w), video, i, codec_of(path), display_turns(path))
 
     def recover(self, ticket: Ticket) -> torch.Tensor | None:
         """The ticket's clip cut on the CPU (when the GPU decoder cannot take the file): the same item

@@ -37,14 +37,19 @@ def decode_threads() -> int | None:
     return opencv_threads(cores, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), info.num_workers)
 
 
-def capture(path: str, threads: int | None) -> cv2.VideoCapture:
-    """cv2.VideoCapture with `threads` FFmpeg decoding threads (None: FFmpeg's default)."""
+def capture(path: str, threads: int | None, upright: bool = True) -> cv2.VideoCapture:
+    """cv2.VideoCapture with `threads` FFmpeg decoding threads (None: FFmpeg's default). upright (OpenCV's
+    default): frames turned by the container's display rotation, as a player shows them; False: as coded."""
     if threads is None:
-        return cv2.VideoCapture(path)
-    return cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads])
+        cap = cv2.VideoCapture(path)
+    else:
+        cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads])
+    if not upright and cap.isOpened():
+        cap.set(cv2.CAP_PROP_ORIENTATION_AUTO, 0)
+    return cap
 
 
-def open_video(path: str) -> cv2.VideoCapture | None:
+def open_video(path: str, upright: bool = True) -> cv2.VideoCapture | None:
     """An opened capture, or None (missing, empty, not a video, a directory)."""
     try:
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
@@ -52,7 +57,7 @@ def open_video(path: str) -> cv2.VideoCapture | None:
     except OSError:
         return None
     try:
-        cap = capture(path, decode_threads())
+        cap = capture(path, decode_threads(), upright)
     except cv2.error:
         return None
     if not cap.isOpened():
@@ -108,10 +113,12 @@ def _decode(cap: cv2.VideoCapture, wanted: list[int], seek: bool) -> tuple[dict[
     return frames, -1
 
 
-def _decode_path(path: str, wanted: list[int], allow_seek: bool = True) -> tuple[dict[int, np.ndarray] | None, int]:
+def _decode_path(
+    path: str, wanted: list[int], allow_seek: bool = True, upright: bool = True
+) -> tuple[dict[int, np.ndarray] | None, int]:
     """_decode on a fresh capture; a failed seek is retried by reading forward from 0."""
     for seek in (True, False) if allow_seek else (False,):
-        cap = open_video(path)
+        cap = open_video(path, upright)
         if cap is None:
             return None, 0
         try:
@@ -144,18 +151,34 @@ def header_info(path: str) -> tuple[int, int, int]:
         cap.release()
 
 
-@functools.lru_cache(maxsize=4096)
 def codec_of(path: str) -> str:
     """The video stream's codec as OpenCV names it from the header (e.g. "h264", "hevc", "vp90"), lower
     case; "" when unknown. Cached per process (bounded)."""
+    return _stream_traits(path)[0]
+
+
+def display_turns(path: str) -> int:
+    """Quarter turns counter-clockwise (torch.rot90's k on the last two dims) that bring the frames as coded,
+    which is how NVDEC gives them, to the orientation OpenCV gives and this project trains on: the container's
+    display rotation (a phone's portrait video is stored sideways with a 90-degree rotation). 0 when the file
+    has none, or one OpenCV does not apply (not a multiple of 90). Cached per process (bounded)."""
+    return _stream_traits(path)[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_traits(path: str) -> tuple[str, int]:
+    """(codec_of, display_turns) from one opening of the header."""
     cap = open_video(path)
     if cap is None:
-        return ""
+        return "", 0
     try:
         code = int(cap.get(cv2.CAP_PROP_FOURCC))
+        rotation = cap.get(cv2.CAP_PROP_ORIENTATION_META)  # degrees OpenCV turns the frames clockwise
     finally:
         cap.release()
-    return code.to_bytes(4, "little").decode("latin-1").strip("\x00 ").lower() if code > 0 else ""
+    codec = code.to_bytes(4, "little").decode("latin-1").strip("\x00 ").lower() if code > 0 else ""
+    quarter = round(rotation / 90) if math.isfinite(rotation) and rotation % 90 == 0 else 0
+    return codec, -quarter % 4
 
 
 def _plausible(count: float) -> int:

@@ -132,7 +132,8 @@ class NvdecDecoder:
 
 class OpenCVFrames:
     """The same interface over OpenCV on the CPU (train/data/decode.py): the CPU tests' stand-in for NVDEC,
-    and what a subclass refusing some files uses to exercise the fallback path."""
+    and what a subclass refusing some files uses to exercise the fallback path. Frames as coded, as NVDEC
+    gives them (OpenCV's turn by the display rotation off): finish() turns them."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -144,7 +145,7 @@ class OpenCVFrames:
 
         from .decode import _decode_path
 
-        got, _ = _decode_path(path, sorted(set(indices)))
+        got, _ = _decode_path(path, sorted(set(indices)), upright=False)
         if got is None:
             raise DecodeRefused("OpenCV cannot decode the frames")
         rgb = [cv2.cvtColor(got[k], cv2.COLOR_BGR2RGB) for k in indices]
@@ -157,10 +158,15 @@ def _stack(frames):
     return np.ascontiguousarray(np.stack(frames))
 
 
-def finish(x: torch.Tensor, crop: Crop, src: tuple[int, int] | None, height: int, width: int) -> torch.Tensor:
-    """uint8 (T, 3, H, W) frames -> the clip: crop, resize (bilinear, antialiased) in chunks of frames
-    that bound the float working memory, flip. A source whose decoded size differs from the header's
-    (`src`) gets the crop scaled to the decoded size."""
+def finish(
+    x: torch.Tensor, crop: Crop, src: tuple[int, int] | None, height: int, width: int, turns: int = 0
+) -> torch.Tensor:
+    """uint8 (T, 3, H, W) frames as coded -> the clip: turned upright (`turns` quarter turns counter-clockwise:
+    the container's display rotation, which the CPU path's OpenCV applies and NVDEC does not), cropped, resized
+    (bilinear, antialiased) in chunks of frames that bound the float working memory, flipped. A source whose
+    decoded size differs from the header's (`src`) gets the crop scaled to the decoded size."""
+    if turns % 4:
+        x = torch.rot90(x, turns, dims=(-2, -1))
     t, _, h, w = x.shape
     if src is not None and src != (h, w):
         sy, sx = h / src[0], w / src[1]
@@ -265,6 +271,7 @@ class DecodeStage:
                         ticket.src,
                         self.height,
                         self.width,
+                        ticket.turns,
                     )
                 if dec.stream is not None:
                     dec.stream.synchronize()  # this thread's stream only: the step's stream runs on

@@ -1,0 +1,151 @@
+"""Phone footage: a video whose container asks for a display rotation (a portrait phone video is stored
+sideways with a 90-degree turn). OpenCV turns its frames upright and the CPU path trains on those; NVDEC
+gives the frames as coded, so the GPU path turns them by the ticket's `turns` before cropping. Here OpenCV
+frames as coded stand in for NVDEC (nvdec.OpenCVFrames), through the same stage code."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from conftest import testdata_videos as shared_videos
+from taehv_launch.train.data import nvdec
+from taehv_launch.train.data.cached import CachedViewDataset
+from taehv_launch.train.data.clips import Crop, VideoClipDataset, View, collate, read_view
+from taehv_launch.train.data.decode import display_turns, header_info, open_video
+
+CONTAINERS = (b"moov", b"trak", b"mdia")
+
+
+def _boxes(data: bytes, start: int, end: int):
+    """(type, offset of the box, offset of its payload, end) of the MP4 boxes in data[start:end]."""
+    at = start
+    while at + 8 <= end:
+        size, kind = struct.unpack(">I4s", data[at : at + 8])
+        head = 8
+        if size == 1:
+            size, head = struct.unpack(">Q", data[at + 8 : at + 16])[0], 16
+        elif size == 0:
+            size = end - at
+        yield kind, at, at + head, at + size
+        at += size
+
+
+def rotated_copy(src: Path, dst: Path, degrees: int) -> Path:
+    """A copy of an MP4 whose video track's header (tkhd) matrix asks players to turn it `degrees`
+    counter-clockwise, as `ffmpeg -display_rotation` writes it; the coded frames are untouched."""
+    data = bytearray(src.read_bytes())
+    theta = math.radians(degrees)
+    c, s = round(math.cos(theta)) * 65536, round(math.sin(theta)) * 65536
+    matrix = struct.pack(">9i", c, -s, 0, s, c, 0, 0, 0, 1 << 30)
+    for kind, _, body, end in _boxes(data, 0, len(data)):
+        if kind != b"moov":
+            continue
+        for trak, _, tbody, tend in _boxes(data, body, end):
+            if trak != b"trak":
+                continue
+            inner = {k: (b, e) for k, _, b, e in _boxes(data, tbody, tend)}
+            mdia = {k: b for k, _, b, _ in _boxes(data, *inner[b"mdia"])}
+            if data[mdia[b"hdlr"] + 8 : mdia[b"hdlr"] + 12] != b"vide":
+                continue
+            tkhd = inner[b"tkhd"][0]
+            fields = 32 if data[tkhd] == 1 else 20  # version 1: 64-bit times
+            at = tkhd + 4 + fields + 8 + 8  # version/flags, times and ids, reserved, layer..volume
+            data[at : at + 36] = matrix
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def turned(tmp_path_factory) -> dict[int, Path]:
+    """chaplin.mp4 (640x360) with display rotations 0, 90, 180 and 270 degrees counter-clockwise."""
+    folder, videos = tmp_path_factory.mktemp("turned"), shared_videos()
+    out = {0: Path(shutil.copy(videos / "chaplin.mp4", folder / "r0.mp4"))}
+    for degrees in (90, 180, 270):
+        out[degrees] = rotated_copy(videos / "chaplin.mp4", folder / f"r{degrees}.mp4", degrees)
+    return out
+
+
+def _first(path: Path, upright: bool) -> np.ndarray:
+    cap = open_video(str(path), upright)
+    try:
+        ok, frame = cap.read()
+    finally:
+        cap.release()
+    assert ok
+    return frame
+
+
+def test_the_turns_bring_the_coded_frames_to_what_opencv_shows(turned):
+    assert {d: display_turns(str(p)) for d, p in turned.items()} == {0: 0, 90: 1, 180: 2, 270: 3}
+    for degrees, path in turned.items():
+        coded, upright = _first(path, False), _first(path, True)
+        assert coded.shape == (360, 640, 3)
+        assert np.array_equal(np.rot90(coded, display_turns(str(path))), upright), degrees
+        w, h = header_info(str(path))[1:]
+        assert (h, w) == upright.shape[:2], degrees  # the header's size is the upright one, as the plan uses
+
+
+def _stage(ds: VideoClipDataset | CachedViewDataset, batch: int) -> nvdec.DecodeStage:
+    ds.defer = True
+    loader = DataLoader(ds, batch_size=batch, sampler=range(10_000), num_workers=2, collate_fn=collate)
+    return nvdec.DecodeStage(
+        loader, ds, torch.device("cpu"), 64, 96, nvdec.OpenCVFrames, threads=2, depth=1, log=lambda m: None
+    )
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean absolute difference: OpenCV's INTER_AREA against torch's antialiased bilinear is close, not equal;
+    a clip cut from the frames turned the wrong way differs by tens."""
+    return (a.float() - b.float()).abs().mean().item()
+
+
+def test_the_gpu_path_cuts_the_cpu_path_clips_of_turned_videos(turned):
+    paths = [str(turned[d]) for d in (0, 90, 180, 270)]
+    ds = VideoClipDataset(paths, 64, 96, 12, 1, 2, random_flip=True, seed=3, train=True)
+    stage = _stage(ds, 4)
+    try:
+        got = next(stage)
+    finally:
+        stage.close()
+    assert stage.counts["gpu"] >= 4 and stage.counts["cpu"] == stage.counts["lost"] == 0
+    cpu = VideoClipDataset(paths, 64, 96, 12, 1, 2, random_flip=True, seed=3, train=True)
+    for k in range(4):
+        assert _close(got["frames"][k], cpu[k]["frames"]) < 6.0, paths[k]
+
+
+def test_the_gpu_path_cuts_a_cached_view_of_a_turned_video_as_the_cache_job_did(turned):
+    """The latent cache records the view (frames and crop) in the upright frame; its latents were encoded
+    from the upright clip, so the GPU path must cut that clip too."""
+    views, cpu = [], []
+    for degrees in (90, 270):
+        path = turned[degrees]
+        crop = (40, 10, 200, 300, False)  # y, x, h, w in the upright 360-wide, 640-tall frame
+        rec = {"video": path.name, "bytes": os.path.getsize(path), "frames": list(range(0, 24, 2))}
+        rec.update(crop=list(crop), seek=True, row=0, view=0, crc32=0)
+        views.append(("s0", rec))
+        cpu.append(read_view(str(path), View(tuple(rec["frames"]), Crop(*crop), True), 64, 96))
+    ds = CachedViewDataset(path.parent, views, str(path.parent), 64, 96, 3, read_latents=False, online_fallback=True)
+    ds.defer = True
+    tickets = [ds[j]["ticket"] for j in range(2)]
+    assert [t.turns for t in tickets] == [1, 3]
+    dec = nvdec.OpenCVFrames(torch.device("cpu"))
+    for ticket, want in zip(tickets, cpu):
+        clip = nvdec.finish(dec.frames(ticket.path, ticket.view.frames), ticket.view.crop, None, 64, 96, ticket.turns)
+        assert _close(clip, want) < 6.0, ticket.path
+
+
+def test_finish_turns_before_it_crops():
+    x = torch.arange(2 * 3 * 4 * 6, dtype=torch.uint8).reshape(2, 3, 4, 6)
+    whole = nvdec.finish(x, Crop(0, 0, 6, 4, False), (6, 4), 6, 4, turns=1)
+    assert torch.equal(whole, torch.rot90(x, 1, dims=(-2, -1)))
+    corner = nvdec.finish(x, Crop(1, 2, 3, 2, False), (6, 4), 3, 2, turns=3)
+    assert torch.equal(corner, torch.rot90(x, 3, dims=(-2, -1))[:, :, 1:4, 2:4])
