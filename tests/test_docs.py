@@ -293,7 +293,8 @@ def trigger(case: ErrorCase, tmp: Path) -> str:
             lock = stack.enter_context(open(tmp / "output" / case.lock_run / ".lock", "w"))
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if case.hold_port is not None:
-            try:
+            try:  # SO_REUSEPORT: the English and Chinese tables' cases, on two xdist workers, hold it together
+                holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 holder.bind(("", case.hold_port))
                 holder.listen()
             except OSError:
