@@ -37,7 +37,8 @@ from ..errors import DataError, one_line
 
 log = logging.getLogger(__name__)
 
-VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov")
+# camera footage too: .m4v (phones' exports), .mts/.m2ts (AVCHD camcorders), .ts, .mpg/.mpeg, .3gp
+VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v", ".mts", ".m2ts", ".ts", ".mpg", ".mpeg", ".3gp")
 ANNOTATION_FORMATS = (".json", ".jsonl", ".csv", ".txt")
 THREADS = 32  # listings in flight: a shared filesystem answers many at once
 PROGRESS_S = 5.0  # seconds between progress lines

@@ -52,6 +52,9 @@ UHD_GIB_PER_THREAD = (5.9 + 7.8) / 4  # measured per thread with 3840x2160 sourc
 NVDEC_ENGINES = {"h100": 7, "h200": 7, "a100": 5, "a800": 5}
 # Codecs (OpenCV's header names) NVDEC decodes here (train/data/nvdec.py): the rest go to the CPU.
 NVDEC_CODECS = frozenset({"h264", "avc1", "avc3"})
+# MPEG transport and program streams carry no seek index, which PyNvVideoCodec's random access needs: such
+# files are decoded on the CPU (OpenCV's seeks in them were checked against reading forward, frame for frame).
+NVDEC_UNINDEXED = (".ts", ".mts", ".m2ts", ".mpg", ".mpeg")
 
 
 @dataclass(frozen=True)

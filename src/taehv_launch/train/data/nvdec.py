@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ...plan.decodeplan import NVDEC_CODECS
+from ...plan.decodeplan import NVDEC_CODECS, NVDEC_UNINDEXED
 from .clips import Crop, Ticket
 from . import nv12
 from .nv12 import nv12_to_rgb
@@ -255,11 +255,15 @@ class DecodeStage:
 
     def _clip(self, ticket: Ticket) -> torch.Tensor | None:
         """The ticket's clip on self.device, or None when no decoder can read the file."""
-        if ticket.codec and ticket.codec not in NVDEC_CODECS and ticket.path not in self.refused:
-            self._refuse(
-                ticket.path,
-                DecodeRefused(f"NVDEC is not used for {ticket.codec} files", "only H.264 is checked frame for frame"),
-            )
+        if ticket.path not in self.refused:
+            if ticket.codec and ticket.codec not in NVDEC_CODECS:
+                why = DecodeRefused(
+                    f"NVDEC is not used for {ticket.codec} files", "only H.264 is checked frame for frame"
+                )
+                self._refuse(ticket.path, why)
+            elif ticket.path.lower().endswith(NVDEC_UNINDEXED):
+                why = DecodeRefused("NVDEC is not used for MPEG-TS/PS files", "no seek index for its random access")
+                self._refuse(ticket.path, why)
         if ticket.path not in self.refused:
             dec = self._decoder()
             stream = torch.cuda.stream(dec.stream) if dec.stream is not None else contextlib.nullcontext()

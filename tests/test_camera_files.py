@@ -1,0 +1,73 @@
+"""Camera footage beside the bench sets: the containers cameras and phones write (.MTS/.m2ts from AVCHD
+camcorders, .m4v, MPEG transport streams) are listed; their clips are frame-exact when seeking in a long
+keyframe interval with B-frames; the GPU path leaves the containers without a seek index to the CPU."""
+
+from __future__ import annotations
+
+import os
+
+import av
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from taehv_launch.dataindex.listing import scan
+from taehv_launch.train.data import nvdec
+from taehv_launch.train.data.clips import VideoClipDataset, collate
+from taehv_launch.train.data.decode import SEEK_MIN, _decode_path
+
+
+def camera_file(path, frames: int = 300, fmt: str | None = None):
+    """H.264 with x264's defaults a camera resembles (keyframes every 250 frames, B-frames), 160x96, moving."""
+    out = av.open(str(path), "w", format=fmt)
+    stream = out.add_stream("libx264", rate=30)
+    stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
+    stream.options = {"g": "250", "bf": "3", "preset": "ultrafast"}
+    yy, xx = np.mgrid[0:96, 0:160]
+    for t in range(frames):
+        img = np.stack([(xx * 2 + t * 3) % 256, (yy * 3 + t) % 256, ((xx + yy) + t * 7) % 256], -1).astype(np.uint8)
+        for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+            out.mux(packet)
+    for packet in stream.encode():
+        out.mux(packet)
+    out.close()
+    return path
+
+
+def test_camera_containers_are_listed(tmp_path):
+    names = ["a.MTS", "b.m2ts", "c.m4v", "d.ts", "e.mpg", "f.MPEG", "g.3gp", "h.mp4", "notes.txt", "clip.mts.json"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    found = {os.path.basename(p) for p in scan(str(tmp_path), parallel=False)}
+    assert found == set(names) - {"notes.txt", "clip.mts.json"}
+
+
+def test_seeking_in_a_camera_transport_stream_gives_the_frames_read_forward(tmp_path):
+    path = str(camera_file(tmp_path / "cam.mts", fmt="mpegts"))
+    for start in (SEEK_MIN, 131, 251, 270):  # inside the first keyframe interval, on and past the second keyframe
+        wanted = list(range(start, start + 24, 2))
+        seeked, _ = _decode_path(path, wanted, allow_seek=True)
+        forward, _ = _decode_path(path, wanted, allow_seek=False)
+        assert seeked is not None and forward is not None, start
+        assert all(np.array_equal(seeked[k], forward[k]) for k in wanted), start
+
+
+def test_the_gpu_path_leaves_transport_streams_to_the_cpu_once_per_file(tmp_path):
+    paths = [str(camera_file(tmp_path / "cam.mts", fmt="mpegts")), str(camera_file(tmp_path / "cam.mp4"))]
+    lines: list[str] = []
+    ds = VideoClipDataset(paths, 48, 64, 12, 1, 2, random_flip=False, seed=3, train=True)
+    ds.defer = True
+    loader = DataLoader(ds, batch_size=2, sampler=range(10_000), num_workers=2, collate_fn=collate)
+    stage = nvdec.DecodeStage(
+        loader, ds, torch.device("cpu"), 48, 64, nvdec.OpenCVFrames, threads=2, depth=1, log=lines.append
+    )
+    try:
+        got = [next(stage) for _ in range(3)]
+    finally:
+        stage.close()
+    assert all(b["frames"].shape == (2, 12, 3, 48, 64) for b in got)
+    refused = [line for line in lines if "MPEG-TS/PS" in line]
+    assert len(refused) == 1 and "cam.mts" in refused[0] and "decoded on the CPU" in refused[0], lines
+    assert stage.counts["cpu"] >= 3 and stage.counts["gpu"] >= 3 and stage.counts["lost"] == 0
+    cpu = VideoClipDataset(paths, 48, 64, 12, 1, 2, random_flip=False, seed=3, train=True)
+    assert torch.equal(got[0]["frames"][0], cpu[0]["frames"])  # the .mts clip is exactly the CPU path's
