@@ -4,7 +4,10 @@
     python scripts/gpu_decode_check.py VIDEO_ROOT [--odd DIR] [--out FILE.json]
 
 VIDEO_ROOT holds folders of videos (e.g. h264_1080p/, hevc_1080p/, h264_2160p/ from
-scripts/make_bench_videos.py); --odd adds a folder of odd and broken files (the repo's test videos).
+scripts/make_bench_videos.py); --odd adds a folder of odd and broken files (the repo's test videos);
+--footage adds copies of the first H.264 MP4 that look like phone footage (scripts/footage.py: display
+rotations of 90 and 270 degrees, an edit list starting 30 frames in), checked like a set: NVDEC's clips
+must match the CPU path's, which turns the frames upright and starts at the edit list.
 Checks, each printed as PASS/FAIL, exit 1 if any fails:
 - every batch is full, uint8, on the GPU, 8 x 12 x 3 x 480 x 720, with 12 DataLoader workers and 4
   decode threads (the h100 profile's settings);
@@ -181,6 +184,7 @@ def main() -> int:
     ap.add_argument("root")
     ap.add_argument("--odd", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--footage", action="store_true", help="also check phone-like copies (scripts/footage.py)")
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument(
         "--output",
@@ -206,6 +210,20 @@ def main() -> int:
     root, report = Path(a.root), {}
     for sub in sorted(p for p in root.iterdir() if p.is_dir()):
         run_set(sub.name, videos(sub), a.batches, report)
+    if a.footage:
+        from taehv_launch.train.data.decode import codec_of
+        from footage import edit_list_copy, rotated_copy
+
+        h264 = [f for sub in sorted(p for p in root.iterdir() if p.is_dir()) for f in videos(sub)]
+        h264 = [f for f in h264 if f.endswith(".mp4") and codec_of(f) in nvdec.NVDEC_CODECS]
+        if not h264:
+            check("footage", False, f"no H.264 .mp4 under {root} to copy")
+        else:
+            out = Path(tempfile.mkdtemp())
+            made = [str(rotated_copy(Path(h264[0]), out / f"turn{d}.mp4", d)) for d in (90, 270)]
+            made.append(str(edit_list_copy(Path(h264[0]), out / "editlist30.mp4", 30)))
+            for f in made:
+                run_set(f"footage {Path(f).name}", [f], a.batches, report)
     if a.odd:
         tmp = Path(tempfile.mkdtemp())
         src = Path(a.odd) / "smpte-2997.mp4"

@@ -292,7 +292,10 @@ def test_index_command_bad_inputs_are_one_line(tree: Path, tmp_path: Path):
         ((str(tree), "-o", str(tmp_path / "no" / "o.csv")), f"folder {tmp_path / 'no'} does not exist"),
         ((str(tree), "-o", "/proc/o.csv"), "cannot write /proc/o.csv"),
         ((str(tree), "-o", str(tmp_path / "o.xml")), "name the file .csv, .jsonl, .json or .txt"),
-        ((str(tmp_path / "empty"), "-o", str(tmp_path / "o.csv")), "no video files (.mp4 .webm .mkv .avi .mov .m4v .mts .m2ts .ts .mpg .mpeg .3gp) under"),
+        (
+            (str(tmp_path / "empty"), "-o", str(tmp_path / "o.csv")),
+            "no video files (.mp4 .webm .mkv .avi .mov .m4v .mts .m2ts .ts .mpg .mpeg .3gp) under",
+        ),
     ]
     for args, message in cases:
         done = _cli("index", *args)

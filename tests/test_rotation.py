@@ -5,10 +5,9 @@ frames as coded stand in for NVDEC (nvdec.OpenCVFrames), through the same stage 
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
-import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,48 +19,10 @@ from conftest import testdata_videos as shared_videos
 from taehv_launch.train.data import nvdec
 from taehv_launch.train.data.cached import CachedViewDataset
 from taehv_launch.train.data.clips import Crop, VideoClipDataset, View, collate, read_view
-from taehv_launch.train.data.decode import display_turns, header_info, open_video
+from taehv_launch.train.data.decode import count_frames, display_turns, header_info, open_video, read_prefix
 
-CONTAINERS = (b"moov", b"trak", b"mdia")
-
-
-def _boxes(data: bytes, start: int, end: int):
-    """(type, offset of the box, offset of its payload, end) of the MP4 boxes in data[start:end]."""
-    at = start
-    while at + 8 <= end:
-        size, kind = struct.unpack(">I4s", data[at : at + 8])
-        head = 8
-        if size == 1:
-            size, head = struct.unpack(">Q", data[at + 8 : at + 16])[0], 16
-        elif size == 0:
-            size = end - at
-        yield kind, at, at + head, at + size
-        at += size
-
-
-def rotated_copy(src: Path, dst: Path, degrees: int) -> Path:
-    """A copy of an MP4 whose video track's header (tkhd) matrix asks players to turn it `degrees`
-    counter-clockwise, as `ffmpeg -display_rotation` writes it; the coded frames are untouched."""
-    data = bytearray(src.read_bytes())
-    theta = math.radians(degrees)
-    c, s = round(math.cos(theta)) * 65536, round(math.sin(theta)) * 65536
-    matrix = struct.pack(">9i", c, -s, 0, s, c, 0, 0, 0, 1 << 30)
-    for kind, _, body, end in _boxes(data, 0, len(data)):
-        if kind != b"moov":
-            continue
-        for trak, _, tbody, tend in _boxes(data, body, end):
-            if trak != b"trak":
-                continue
-            inner = {k: (b, e) for k, _, b, e in _boxes(data, tbody, tend)}
-            mdia = {k: b for k, _, b, _ in _boxes(data, *inner[b"mdia"])}
-            if data[mdia[b"hdlr"] + 8 : mdia[b"hdlr"] + 12] != b"vide":
-                continue
-            tkhd = inner[b"tkhd"][0]
-            fields = 32 if data[tkhd] == 1 else 20  # version 1: 64-bit times
-            at = tkhd + 4 + fields + 8 + 8  # version/flags, times and ids, reserved, layer..volume
-            data[at : at + 36] = matrix
-    dst.write_bytes(bytes(data))
-    return dst
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from footage import edit_list_copy, rotated_copy  # noqa: E402  (scripts/footage.py: also the GPU check's)
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +110,16 @@ def test_finish_turns_before_it_crops():
     assert torch.equal(whole, torch.rot90(x, 1, dims=(-2, -1)))
     corner = nvdec.finish(x, Crop(1, 2, 3, 2, False), (6, 4), 3, 2, turns=3)
     assert torch.equal(corner, torch.rot90(x, 3, dims=(-2, -1))[:, :, 1:4, 2:4])
+
+
+def test_a_trimmed_phone_clip_reads_from_its_edit_list_start(turned, tmp_path):
+    """An edit list whose start skips 30 frames (a phone's trimmed clip): OpenCV's header still counts every
+    packet (241), decoding gives 211 frames, the first of them the source's frame 30; a clip planned past the
+    real end from the header's count is planned again from the length read, not lost."""
+    src = turned[0]
+    trimmed = str(edit_list_copy(src, tmp_path / "trimmed.mp4", 30))
+    assert header_info(trimmed)[0] == 241 and count_frames(trimmed) == 211
+    assert np.array_equal(_first(Path(trimmed), True), read_prefix(str(src), 31)[30])
+    ds = VideoClipDataset([trimmed], 64, 96, 12, 2, 2, random_flip=False, seed=3, train=True)
+    clips = [ds[i]["frames"] for i in range(6)]
+    assert all(c.shape == (12, 3, 64, 96) for c in clips) and not ds._broken
