@@ -7,22 +7,30 @@ from __future__ import annotations
 import os
 
 import av
+import cv2
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from taehv_launch.dataindex.listing import scan
 from taehv_launch.train.data import nvdec
 from taehv_launch.train.data.clips import VideoClipDataset, collate
-from taehv_launch.train.data.decode import SEEK_MIN, _decode_path
+from taehv_launch.train.data import decode
+from taehv_launch.train.data.decode import SEEK_MIN, _decode_path, opencv_garbles, read_prefix
+from taehv_launch.errors import DataError
+from taehv_launch.train.data.probe import probe_first_usable, usable_entries
 
 
-def camera_file(path, frames: int = 300, fmt: str | None = None):
-    """H.264 with x264's defaults a camera resembles (keyframes every 250 frames, B-frames), 160x96, moving."""
+def camera_file(path, frames: int = 300, fmt: str | None = None, interlaced: bool = False):
+    """H.264 with x264's defaults a camera resembles (keyframes every 250 frames, B-frames), 160x96, moving;
+    interlaced: coded as fields, top field first (as 1080i camcorders and broadcast write)."""
     out = av.open(str(path), "w", format=fmt)
     stream = out.add_stream("libx264", rate=30)
     stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
     stream.options = {"g": "250", "bf": "3", "preset": "ultrafast"}
+    if interlaced:
+        stream.options = {**stream.options, "x264-params": "interlaced=1:tff=1"}
     yy, xx = np.mgrid[0:96, 0:160]
     for t in range(frames):
         img = np.stack([(xx * 2 + t * 3) % 256, (yy * 3 + t) % 256, ((xx + yy) + t * 7) % 256], -1).astype(np.uint8)
@@ -71,3 +79,33 @@ def test_the_gpu_path_leaves_transport_streams_to_the_cpu_once_per_file(tmp_path
     assert stage.counts["cpu"] >= 3 and stage.counts["gpu"] >= 3 and stage.counts["lost"] == 0
     cpu = VideoClipDataset(paths, 48, 64, 12, 1, 2, random_flip=False, seed=3, train=True)
     assert torch.equal(got[0]["frames"][0], cpu[0]["frames"])  # the .mts clip is exactly the CPU path's
+
+
+def test_interlaced_footage_is_skipped_with_why_where_opencv_garbles_it(tmp_path, monkeypatch):
+    """OpenCV >= 4.13 returns frames of undefined pixels, with success, for interlaced streams (here: mean
+    |OpenCV - PyAV| over 100 of 255); such files are skipped, each with the reason and what to do, on the CPU
+    path, the GPU path's plan, a cached view and the validation probe; the progressive file beside it trains."""
+    interlaced = str(camera_file(tmp_path / "1080i.mp4", frames=40, interlaced=True))
+    progressive = str(camera_file(tmp_path / "p.mp4", frames=40))
+    for f in (decode._field_order, decode._opencv_version):
+        f.cache_clear()
+    if decode._opencv_version() < decode.INTERLACED_BROKEN_FROM:
+        pytest.skip(f"OpenCV {cv2.__version__} converts interlaced frames")
+    pyav = next(av.open(interlaced).decode(video=0)).to_ndarray(format="bgr24")
+    ok, garbled = cv2.VideoCapture(interlaced).read()
+    assert ok and np.abs(garbled.astype(int) - pyav).mean() > 30  # what the guard is for: success, wrong pixels
+    why = opencv_garbles(interlaced)
+    assert why.startswith("interlaced video (top field first), which OpenCV") and "bwdif" in why
+    assert opencv_garbles(progressive) == "" and read_prefix(interlaced, 12) == []
+    ds = VideoClipDataset([interlaced, progressive], 48, 64, 12, 1, 2, random_flip=False, seed=3, train=True)
+    items = [ds[i] for i in range(4)]
+    assert all(item["frames"].shape == (12, 3, 48, 64) for item in items)
+    assert ds._broken == {interlaced: why} and items[0]["why"] == {interlaced: why}
+    assert ds.plan(0, 0) is None and ds.plan(1, 1) is not None
+    assert [e.path for e in usable_entries(ds.entries, 12)] == [progressive]
+    with pytest.raises(
+        DataError, match=r"none of the first 1 videos gives a usable clip \(e.g. .*1080i.mp4: interlaced"
+    ):
+        probe_first_usable(ds.entries[:1], 12)
+    monkeypatch.setattr(decode, "_opencv_version", lambda: (4, 12))  # where OpenCV converts them: not skipped
+    assert opencv_garbles(interlaced) == ""

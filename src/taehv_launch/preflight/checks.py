@@ -140,7 +140,7 @@ def check_software(plan: Plan, quick: bool) -> list[Check]:
                 "pip install -e . from the checkout",
             )
         )
-    for name in ("torch", "accelerate", "deepspeed", "diffusers", "transformers", "opencv-python-headless"):
+    for name in ("torch", "accelerate", "deepspeed", "diffusers", "transformers", "opencv-python-headless", "av"):
         req = reqs.get(name)
         try:
             ver = metadata.version(name)

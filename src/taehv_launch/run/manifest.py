@@ -48,6 +48,7 @@ PACKAGES = (
     "numpy",
     "safetensors",
     "opencv-python-headless",  # the CPU video decoder (cv2)
+    "av",  # PyAV: the field order of each stream (interlaced files are skipped under OpenCV >= 4.13)
     "PyNvVideoCodec",  # the GPU video decoder (the [nvdec] extra)
 )
 NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from ...errors import ConfigError, DataError
 from .decode import _decode_path, codec_of, count_frames, display_turns, header_frame_count, header_info
+from .decode import opencv_garbles
 from ...dataindex.flat import VideoEntry, as_flat
 from ...dataindex.listing import name_text
 
@@ -165,7 +166,7 @@ def render_clip(frames: Sequence[np.ndarray], crop: Crop, height: int, width: in
 
 def read_view(path: str, view: View, height: int, width: int) -> torch.Tensor | None:
     """The clip a recorded View describes, decoded again from the file; None if it cannot be read."""
-    decoded, _ = _decode_path(path, sorted(set(view.frames)), view.seek)
+    decoded, _ = _decode_path(path, sorted(set(view.frames)), view.seek) if not opencv_garbles(path) else (None, 0)
     if decoded is None or any(k not in decoded for k in view.frames):
         return None
     frames = [decoded[k] for k in view.frames]
@@ -275,6 +276,9 @@ class VideoClipDataset(Dataset):
         path = self.entries[video].path
         if path in self._broken:
             return None
+        garbled = opencv_garbles(path)  # NVDEC's handling of interlaced streams is not checked: not offered either
+        if garbled:
+            return self._mark_broken(path, garbled)
         length, w, h = self._header(path)
         if length == 0:
             return self._mark_broken(path, "cannot be opened or has no frames")
@@ -330,6 +334,9 @@ class VideoClipDataset(Dataset):
     def _read(self, path: str, rng) -> tuple[list[np.ndarray] | None, list[int], bool, str]:
         """The clip's BGR frames, their indices and whether seeking was allowed, or (None, [], _, why).
         Trusts the header count until the file ends early."""
+        garbled = opencv_garbles(path)
+        if garbled:
+            return None, [], True, garbled
         length = self._length_hint(path)
         seek = path not in self._lengths  # no plausible header count: seeking is unreliable too
         if length == 0:

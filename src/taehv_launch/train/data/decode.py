@@ -181,6 +181,58 @@ def _stream_traits(path: str) -> tuple[str, int]:
     return codec, -quarter % 4
 
 
+# From OpenCV 4.13 on (5.0 too), VideoCapture's colour conversion refuses interlaced frames, yet read() succeeds
+# and hands back a frame of undefined pixels (garbage here, zeros elsewhere); 4.12 converts them. Checked here on
+# x264-interlaced H.264 and MPEG-2 files: mean |OpenCV - PyAV| 115-125 of 255 with 4.13/4.14/5.0, 1.3 with 4.12.
+INTERLACED_BROKEN_FROM = (4, 13)
+FIELD_ORDERS = {
+    2: "top field first",
+    3: "bottom field first",
+    4: "top field coded first",
+    5: "bottom field coded first",
+}
+
+
+def opencv_garbles(path: str) -> str:
+    """Why this OpenCV's frames of `path` would be wrong though it reports success, or "": an interlaced stream
+    (the field order FFmpeg reads from the header, through PyAV) under an OpenCV that garbles interlaced frames.
+    "" also when PyAV cannot tell (not installed, cannot open the file: the decode then decides). Cached."""
+    if _opencv_version() < INTERLACED_BROKEN_FROM:
+        return ""
+    order = _field_order(path)
+    if order < 2:
+        return ""
+    return (
+        f"interlaced video ({FIELD_ORDERS.get(order, 'interlaced')}), which OpenCV {cv2.__version__} decodes to "
+        f"garbled frames: deinterlace it (ffmpeg -i IN -vf bwdif=mode=0 OUT) or pip install "
+        f"'opencv-python-headless<4.13'"
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _field_order(path: str) -> int:
+    """FFmpeg's field order of the first video stream (1 progressive, 2-5 interlaced), 0 when unknown."""
+    try:
+        import av
+    except ImportError:
+        return 0
+    try:
+        with av.open(path) as container:
+            streams = container.streams.video
+            return int(getattr(streams[0].codec_context, "field_order", 0) or 0) if streams else 0
+    except Exception:  # PyAV's own error types for what it cannot open; OpenCV's reading decides then
+        return 0
+
+
+@functools.lru_cache(maxsize=1)
+def _opencv_version() -> tuple[int, int]:
+    parts = cv2.__version__.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (99, 0)  # an unknown build: assume the newest behaviour
+
+
 def _plausible(count: float) -> int:
     """A frame count hint, or -1 when it is <= 0, not finite or absurdly large."""
     if not math.isfinite(count) or count <= 0 or count > MAX_FRAME_HINT:
@@ -189,8 +241,8 @@ def _plausible(count: float) -> int:
 
 
 def read_prefix(path: str, n: int) -> list[np.ndarray]:
-    """Up to n frames from the start of a video (BGR); [] if it cannot be read."""
-    cap = open_video(path)
+    """Up to n frames from the start of a video (BGR); [] if it cannot be read (or OpenCV would garble it)."""
+    cap = open_video(path) if not opencv_garbles(path) else None
     if cap is None:
         return []
     frames: list[np.ndarray] = []

@@ -13,7 +13,7 @@ from ...dataindex.sources import SourceSample, sample_sources
 from ...plan.decodeplan import DecodeChoice
 from ...errors import DataError
 from .clips import MIN_SIDE
-from .decode import read_prefix
+from .decode import opencv_garbles, read_prefix
 
 
 def probe_first_usable(entries: Sequence[VideoEntry], n_frames: int, max_tries: int = 16) -> tuple[int, list[str]]:
@@ -30,6 +30,11 @@ def probe_first_usable(entries: Sequence[VideoEntry], n_frames: int, max_tries: 
         broken.append(entry.path)
     if not broken:
         raise DataError("the dataset has no videos: check data_root / annotation_file")
+    garbled = opencv_garbles(broken[0])
+    if garbled:  # the first of them is interlaced footage: say that, and what to do
+        raise DataError(
+            f"none of the first {len(broken)} videos gives a usable clip (e.g. {name_text(broken[0])}: {garbled})"
+        )
     raise DataError(
         f"none of the first {len(broken)} videos gives a usable clip of n_frames={n_frames} frames "
         f"(e.g. {name_text(broken[0])}): check data_root / annotation_file, that the files are videos OpenCV can "
