@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 
+MAX_BYTES = 1 << 30  # rotated_copy reads the file into memory
+
+
 def _boxes(data: bytes | bytearray, start: int, end: int):
     """(type, offset of the payload, end) of the MP4 boxes in data[start:end]."""
     at = start
@@ -35,7 +38,10 @@ def _boxes(data: bytes | bytearray, start: int, end: int):
 
 
 def rotated_copy(src: Path, dst: Path, degrees: int) -> Path:
-    """A copy of an MP4 whose video track asks players to turn it `degrees` counter-clockwise."""
+    """A copy of an MP4 whose video track asks players to turn it `degrees` counter-clockwise (read whole: at most
+    MAX_BYTES)."""
+    if Path(src).stat().st_size > MAX_BYTES:
+        raise ValueError(f"{src} is over {MAX_BYTES >> 30} GiB: give a short clip")
     data = bytearray(Path(src).read_bytes())
     theta = math.radians(degrees)
     c, s = round(math.cos(theta)) * 65536, round(math.sin(theta)) * 65536

@@ -22,16 +22,14 @@ from taehv_launch.errors import DataError
 from taehv_launch.train.data.probe import probe_first_usable, usable_entries
 
 
-def camera_file(path, frames: int = 300, fmt: str | None = None, interlaced: bool = False):
-    """H.264 with x264's defaults a camera resembles (keyframes every 250 frames, B-frames), 160x96, moving;
-    interlaced: coded as fields, top field first (as 1080i camcorders and broadcast write)."""
+def write_video(path, codec: str, size: tuple[int, int], frames: int, rate: int = 30, fmt=None, options=None):
+    """A moving test pattern of `frames` frames, width x height `size`, encoded with PyAV."""
+    w, h = size
     out = av.open(str(path), "w", format=fmt)
-    stream = out.add_stream("libx264", rate=30)
-    stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
-    stream.options = {"g": "250", "bf": "3", "preset": "ultrafast"}
-    if interlaced:
-        stream.options = {**stream.options, "x264-params": "interlaced=1:tff=1"}
-    yy, xx = np.mgrid[0:96, 0:160]
+    stream = out.add_stream(codec, rate=rate)
+    stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+    stream.options = options or {}
+    yy, xx = np.mgrid[0:h, 0:w]
     for t in range(frames):
         img = np.stack([(xx * 2 + t * 3) % 256, (yy * 3 + t) % 256, ((xx + yy) + t * 7) % 256], -1).astype(np.uint8)
         for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
@@ -40,6 +38,15 @@ def camera_file(path, frames: int = 300, fmt: str | None = None, interlaced: boo
         out.mux(packet)
     out.close()
     return path
+
+
+def camera_file(path, frames: int = 300, fmt: str | None = None, interlaced: bool = False):
+    """H.264 with x264's defaults a camera resembles (keyframes every 250 frames, B-frames), 160x96, moving;
+    interlaced: coded as fields, top field first (as 1080i camcorders and broadcast write)."""
+    options = {"g": "250", "bf": "3", "preset": "ultrafast"}
+    if interlaced:
+        options["x264-params"] = "interlaced=1:tff=1"
+    return write_video(path, "libx264", (160, 96), frames, fmt=fmt, options=options)
 
 
 def test_camera_containers_are_listed(tmp_path):
@@ -109,3 +116,25 @@ def test_interlaced_footage_is_skipped_with_why_where_opencv_garbles_it(tmp_path
         probe_first_usable(ds.entries[:1], 12)
     monkeypatch.setattr(decode, "_opencv_version", lambda: (4, 12))  # where OpenCV converts them: not skipped
     assert opencv_garbles(interlaced) == ""
+
+
+def dv_file(path, frames: int = 16):
+    """MiniDV (PAL, 720x576): its header leaves the field order unknown; every frame is interlaced."""
+    return write_video(path, "dvvideo", (720, 576), frames, rate=25)
+
+
+def test_dv_footage_is_caught_by_its_first_frame_and_a_fifo_does_not_block(tmp_path):
+    """DV's header says nothing of fields (order 0), so the first frame decides; a FIFO named like a video
+    (in an index written before it became one) is unreadable at once, as before, instead of blocking PyAV."""
+    for f in (decode._field_order, decode._opencv_version):
+        f.cache_clear()
+    if decode._opencv_version() < decode.INTERLACED_BROKEN_FROM:
+        pytest.skip(f"OpenCV {cv2.__version__} converts interlaced frames")
+    dv = str(dv_file(tmp_path / "minidv.avi"))
+    with av.open(dv) as c:
+        assert not c.streams.video[0].codec_context.field_order
+    assert opencv_garbles(dv).startswith("interlaced video, which OpenCV")
+    fifo = tmp_path / "fifo.mp4"
+    os.mkfifo(fifo)
+    ds = VideoClipDataset([str(fifo)], 48, 64, 12, 1, 2, random_flip=False, seed=3, train=True)
+    assert opencv_garbles(str(fifo)) == "" and ds.clip(0, 0) is None and ds.plan(0, 0) is None

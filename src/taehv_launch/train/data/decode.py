@@ -191,6 +191,7 @@ FIELD_ORDERS = {
     4: "top field coded first",
     5: "bottom field coded first",
 }
+INTERLACED_FRAMES = 6  # _field_order's code for frames flagged interlaced where the header names no field order
 
 
 def opencv_garbles(path: str) -> str:
@@ -203,7 +204,8 @@ def opencv_garbles(path: str) -> str:
     if order < 2:
         return ""
     return (
-        f"interlaced video ({FIELD_ORDERS.get(order, 'interlaced')}), which OpenCV {cv2.__version__} decodes to "
+        f"interlaced video{f' ({FIELD_ORDERS[order]})' if order in FIELD_ORDERS else ''}, which OpenCV "
+        f"{cv2.__version__} decodes to "
         f"garbled frames: deinterlace it (ffmpeg -i IN -vf bwdif=mode=0 OUT) or pip install "
         f"'opencv-python-headless<4.13'"
     )
@@ -211,16 +213,27 @@ def opencv_garbles(path: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _field_order(path: str) -> int:
-    """FFmpeg's field order of the first video stream (1 progressive, 2-5 interlaced), 0 when unknown."""
+    """FFmpeg's field order of the first video stream (1 progressive, 2-5 interlaced), 0 when unknown. Where the
+    header leaves it unknown (DV: every frame interlaced), the first decoded frame's flag decides
+    (INTERLACED_FRAMES or 1)."""
     try:
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:  # a FIFO would block av.open for good
+            return 0
         import av
-    except ImportError:
+    except (OSError, ImportError):
         return 0
     try:
         with av.open(path) as container:
             streams = container.streams.video
-            return int(getattr(streams[0].codec_context, "field_order", 0) or 0) if streams else 0
-    except Exception:  # PyAV's own error types for what it cannot open; OpenCV's reading decides then
+            if not streams:
+                return 0
+            order = int(getattr(streams[0].codec_context, "field_order", 0) or 0)
+            if order:
+                return order
+            for frame in container.decode(streams[0]):
+                return INTERLACED_FRAMES if getattr(frame, "interlaced_frame", False) else 1
+            return 0
+    except Exception:  # PyAV's own error types for what it cannot open or decode; OpenCV's reading decides then
         return 0
 
 
