@@ -94,7 +94,7 @@ def test_interlaced_footage_is_skipped_with_why_where_opencv_garbles_it(tmp_path
     path, the GPU path's plan, a cached view and the validation probe; the progressive file beside it trains."""
     interlaced = str(camera_file(tmp_path / "1080i.mp4", frames=40, interlaced=True))
     progressive = str(camera_file(tmp_path / "p.mp4", frames=40))
-    for f in (decode._field_order, decode._opencv_version):
+    for f in (decode._pyav_traits, decode._opencv_version):
         f.cache_clear()
     if decode._opencv_version() < decode.INTERLACED_BROKEN_FROM:
         pytest.skip(f"OpenCV {cv2.__version__} converts interlaced frames")
@@ -126,7 +126,7 @@ def dv_file(path, frames: int = 16):
 def test_dv_footage_is_caught_by_its_first_frame_and_a_fifo_does_not_block(tmp_path):
     """DV's header says nothing of fields (order 0), so the first frame decides; a FIFO named like a video
     (in an index written before it became one) is unreadable at once, as before, instead of blocking PyAV."""
-    for f in (decode._field_order, decode._opencv_version):
+    for f in (decode._pyav_traits, decode._opencv_version):
         f.cache_clear()
     if decode._opencv_version() < decode.INTERLACED_BROKEN_FROM:
         pytest.skip(f"OpenCV {cv2.__version__} converts interlaced frames")

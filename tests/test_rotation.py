@@ -20,6 +20,7 @@ from taehv_launch.train.data import nvdec
 from taehv_launch.train.data.cached import CachedViewDataset
 from taehv_launch.train.data.clips import Crop, VideoClipDataset, View, collate, read_view
 from taehv_launch.train.data.decode import count_frames, display_turns, header_info, open_video, read_prefix
+from taehv_launch.train.data.decode import trimmed_start
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from footage import edit_list_copy, rotated_copy  # noqa: E402  (scripts/footage.py: also the GPU check's)
@@ -55,12 +56,11 @@ def test_the_turns_bring_the_coded_frames_to_what_opencv_shows(turned):
         assert (h, w) == upright.shape[:2], degrees  # the header's size is the upright one, as the plan uses
 
 
-def _stage(ds: VideoClipDataset | CachedViewDataset, batch: int) -> nvdec.DecodeStage:
+def _stage(ds: VideoClipDataset | CachedViewDataset, batch: int, lines: list[str] | None = None) -> nvdec.DecodeStage:
     ds.defer = True
     loader = DataLoader(ds, batch_size=batch, sampler=range(10_000), num_workers=2, collate_fn=collate)
-    return nvdec.DecodeStage(
-        loader, ds, torch.device("cpu"), 64, 96, nvdec.OpenCVFrames, threads=2, depth=1, log=lambda m: None
-    )
+    log = lines.append if lines is not None else (lambda m: None)
+    return nvdec.DecodeStage(loader, ds, torch.device("cpu"), 64, 96, nvdec.OpenCVFrames, threads=2, depth=1, log=log)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -123,3 +123,17 @@ def test_a_trimmed_phone_clip_reads_from_its_edit_list_start(turned, tmp_path):
     ds = VideoClipDataset([trimmed], 64, 96, 12, 2, 2, random_flip=False, seed=3, train=True)
     clips = [ds[i]["frames"] for i in range(6)]
     assert all(c.shape == (12, 3, 64, 96) for c in clips) and not ds._broken
+    # the GPU path: a decoder fed every packet would show the 30 trimmed frames, so NVDEC is not offered it
+    assert trimmed_start(trimmed) and not trimmed_start(str(src))
+    lines: list[str] = []
+    stage = _stage(VideoClipDataset([trimmed, str(src)], 64, 96, 12, 1, 2, random_flip=False, seed=3), 2, lines)
+    try:
+        got = next(stage)
+    finally:
+        stage.close()
+    assert [line for line in lines if "trimmed" in line] == [
+        f"data: NVDEC is not used for trimmed files of {trimmed} (frames before the edit list's start); such files "
+        f"are decoded on the CPU (this line once per reason)"
+    ]
+    plain = VideoClipDataset([trimmed, str(src)], 64, 96, 12, 1, 2, random_flip=False, seed=3)
+    assert torch.equal(got["frames"][0], plain[0]["frames"])  # the trimmed file's clip: exactly the CPU path's

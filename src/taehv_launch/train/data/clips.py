@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from ...errors import ConfigError, DataError
 from .decode import _decode_path, codec_of, count_frames, display_turns, header_frame_count, header_info
-from .decode import opencv_garbles
+from .decode import opencv_garbles, trimmed_start
 from ...dataindex.flat import VideoEntry, as_flat
 from ...dataindex.listing import name_text
 
@@ -153,6 +153,7 @@ class Ticket:
     item: int = -1
     codec: str = ""  # the header's codec name (decode.codec_of), "" when unknown
     turns: int = 0  # quarter turns bringing the coded frames upright (decode.display_turns), as the CPU path sees them
+    trimmed: bool = False  # its first packets lie before the edit list's start (decode.trimmed_start)
 
 
 def render_clip(frames: Sequence[np.ndarray], crop: Crop, height: int, width: int) -> torch.Tensor:
@@ -294,7 +295,7 @@ class VideoClipDataset(Dataset):
             rng(1) if rng else None, h, w, self.height, self.width, self.random_flip, self.random_downscale
         )
         view = View(tuple(wanted), crop, path not in self._lengths)
-        return Ticket(path, view, (h, w), video, i, codec_of(path), display_turns(path))
+        return Ticket(path, view, (h, w), video, i, codec_of(path), display_turns(path), trimmed_start(path))
 
     def recover(self, ticket: Ticket) -> torch.Tensor | None:
         """The ticket's clip cut on the CPU (when the GPU decoder cannot take the file): the same item

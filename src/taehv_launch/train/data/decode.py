@@ -211,30 +211,50 @@ def opencv_garbles(path: str) -> str:
     )
 
 
-@functools.lru_cache(maxsize=4096)
 def _field_order(path: str) -> int:
     """FFmpeg's field order of the first video stream (1 progressive, 2-5 interlaced), 0 when unknown. Where the
     header leaves it unknown (DV: every frame interlaced), the first decoded frame's flag decides
     (INTERLACED_FRAMES or 1)."""
+    return _pyav_traits(path)[0]
+
+
+def trimmed_start(path: str) -> bool:
+    """Whether the stream's first packets lie before its edit list's start (a phone's trimmed clip, or
+    `ffmpeg -ss ... -c copy`): FFmpeg flags them discard and drops their frames, as OpenCV's frame numbers do,
+    but a decoder fed every packet shows them (the NVDEC SDK's FFmpegDemuxer reads packets without looking at
+    that flag), so its frame k would be OpenCV's frame k minus the trimmed count. Cached."""
+    return _pyav_traits(path)[1]
+
+
+LEAD_PACKETS = 8  # packets read for trimmed_start: a trimmed file's first packet is already flagged
+
+
+@functools.lru_cache(maxsize=4096)
+def _pyav_traits(path: str) -> tuple[int, bool]:
+    """(_field_order, trimmed_start) from one PyAV opening: the header, the first packets, at most one decode."""
     try:
         if not os.path.isfile(path) or os.path.getsize(path) == 0:  # a FIFO would block av.open for good
-            return 0
+            return 0, False
         import av
     except (OSError, ImportError):
-        return 0
+        return 0, False
     try:
         with av.open(path) as container:
             streams = container.streams.video
             if not streams:
-                return 0
-            order = int(getattr(streams[0].codec_context, "field_order", 0) or 0)
-            if order:
-                return order
-            for frame in container.decode(streams[0]):
-                return INTERLACED_FRAMES if getattr(frame, "interlaced_frame", False) else 1
-            return 0
+                return 0, False
+            order, trimmed = int(getattr(streams[0].codec_context, "field_order", 0) or 0), False
+            for n, packet in enumerate(container.demux(streams[0])):
+                trimmed = trimmed or (n < LEAD_PACKETS and bool(getattr(packet, "is_discard", False)))
+                if not order:
+                    frames = packet.decode()
+                    if frames:
+                        order = INTERLACED_FRAMES if getattr(frames[0], "interlaced_frame", False) else 1
+                if (order or n >= 4 * LEAD_PACKETS) and n + 1 >= LEAD_PACKETS:
+                    break
+            return order, trimmed
     except Exception:  # PyAV's own error types for what it cannot open or decode; OpenCV's reading decides then
-        return 0
+        return 0, False
 
 
 @functools.lru_cache(maxsize=1)

@@ -264,6 +264,9 @@ class DecodeStage:
             elif ticket.path.lower().endswith(NVDEC_UNINDEXED):
                 why = DecodeRefused("NVDEC is not used for MPEG-TS/PS files", "no seek index for its random access")
                 self._refuse(ticket.path, why)
+            elif ticket.trimmed:
+                why = DecodeRefused("NVDEC is not used for trimmed files", "frames before the edit list's start")
+                self._refuse(ticket.path, why)
         if ticket.path not in self.refused:
             dec = self._decoder()
             stream = torch.cuda.stream(dec.stream) if dec.stream is not None else contextlib.nullcontext()
