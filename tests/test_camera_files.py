@@ -11,11 +11,10 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from taehv_launch.dataindex.listing import scan
-from taehv_launch.train.data import nvdec
-from taehv_launch.train.data.clips import VideoClipDataset, collate
+from taehv_launch.train.data.clips import VideoClipDataset
+from test_decode_stage import _stage
 from taehv_launch.train.data import decode
 from taehv_launch.train.data.decode import SEEK_MIN, _decode_path, opencv_garbles, read_prefix
 from taehv_launch.errors import DataError
@@ -71,11 +70,7 @@ def test_the_gpu_path_leaves_transport_streams_to_the_cpu_once_per_file(tmp_path
     paths = [str(camera_file(tmp_path / "cam.mts", fmt="mpegts")), str(camera_file(tmp_path / "cam.mp4"))]
     lines: list[str] = []
     ds = VideoClipDataset(paths, 48, 64, 12, 1, 2, random_flip=False, seed=3, train=True)
-    ds.defer = True
-    loader = DataLoader(ds, batch_size=2, sampler=range(10_000), num_workers=2, collate_fn=collate)
-    stage = nvdec.DecodeStage(
-        loader, ds, torch.device("cpu"), 48, 64, nvdec.OpenCVFrames, threads=2, depth=1, log=lines.append
-    )
+    stage = _stage(ds, batch=2, log=lines.append)  # test_decode_stage's: OpenCV frames standing in for NVDEC
     try:
         got = [next(stage) for _ in range(3)]
     finally:

@@ -49,12 +49,17 @@ def capture(path: str, threads: int | None, upright: bool = True) -> cv2.VideoCa
     return cap
 
 
+def _nonempty_file(path: str) -> bool:
+    """A regular file with bytes: not missing, empty, a directory or a FIFO (opening one would block for good)."""
+    try:
+        return os.path.isfile(path) and os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
 def open_video(path: str, upright: bool = True) -> cv2.VideoCapture | None:
     """An opened capture, or None (missing, empty, not a video, a directory)."""
-    try:
-        if not os.path.isfile(path) or os.path.getsize(path) == 0:
-            return None
-    except OSError:
+    if not _nonempty_file(path):
         return None
     try:
         cap = capture(path, decode_threads(), upright)
@@ -232,11 +237,11 @@ LEAD_PACKETS = 8  # packets read for trimmed_start: a trimmed file's first packe
 @functools.lru_cache(maxsize=4096)
 def _pyav_traits(path: str) -> tuple[int, bool]:
     """(_field_order, trimmed_start) from one PyAV opening: the header, the first packets, at most one decode."""
+    if not _nonempty_file(path):
+        return 0, False
     try:
-        if not os.path.isfile(path) or os.path.getsize(path) == 0:  # a FIFO would block av.open for good
-            return 0, False
         import av
-    except (OSError, ImportError):
+    except ImportError:
         return 0, False
     try:
         with av.open(path) as container:
