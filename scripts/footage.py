@@ -5,9 +5,12 @@ scripts/gpu_decode_check.py --footage), written without an ffmpeg binary:
 - rotated_copy: the video track header's matrix asks players to turn the picture (a portrait phone video
   is stored sideways with a 90-degree turn), as `ffmpeg -display_rotation` writes it; frames untouched;
 - edit_list_copy: the first `skip` frames lie before the edit list's start (as a phone's trimmed clip, or
-  `ffmpeg -ss ... -c copy`): FFmpeg's demuxer flags their packets discard and decoders drop them.
+  `ffmpeg -ss ... -c copy`): FFmpeg's demuxer flags their packets discard and decoders drop them;
+- tagged_copy: the first frames re-encoded (H.264) in another YUV matrix and range, tagged so (HD cameras
+  write BT.709, many phones full range): a decoder must convert back with the tagged conversion.
 
-    python scripts/footage.py SRC.mp4 OUT_DIR     # OUT_DIR/turn90.mp4, turn270.mp4, editlist30.mp4
+    python scripts/footage.py SRC.mp4 OUT_DIR     # OUT_DIR/turn90.mp4, turn270.mp4, editlist30.mp4,
+                                                  # bt709.mp4, bt709-full.mp4, bt601-full.mp4
 """
 
 from __future__ import annotations
@@ -84,6 +87,34 @@ def edit_list_copy(src: Path, dst: Path, skip: int) -> Path:
     return Path(dst)
 
 
+TAGS = {"bt709": (1, 1), "bt709-full": (1, 2), "bt601-full": (6, 2)}  # name: (AVColorSpace, AVColorRange)
+
+
+def tagged_copy(src: Path, dst: Path, name: str, frames: int = 90) -> Path:
+    """The first `frames` frames of src re-encoded as H.264 in TAGS[name]'s matrix and range, tagged so."""
+    import av
+
+    colorspace, color_range = TAGS[name]
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        stream = out.add_stream("libx264", rate=25)
+        stream.width, stream.height = inp.streams.video[0].width // 2 * 2, inp.streams.video[0].height // 2 * 2
+        stream.pix_fmt, stream.options = "yuv420p", {"crf": "16", "preset": "veryfast"}
+        stream.codec_context.color_range, stream.codec_context.colorspace = color_range, colorspace
+        for n, frame in enumerate(inp.decode(video=0)):
+            if n == frames:
+                break
+            rgb = frame.to_ndarray(format="rgb24")[: stream.height, : stream.width]
+            yuv = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
+                format="yuv420p", dst_colorspace=colorspace, dst_color_range=color_range
+            )
+            yuv.color_range, yuv.colorspace = color_range, colorspace
+            for packet in stream.encode(yuv):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return Path(dst)
+
+
 def main() -> int:
     if len(sys.argv) != 3 or not Path(sys.argv[1]).is_file():
         print("usage: python scripts/footage.py SRC.mp4 OUT_DIR (SRC an existing MP4)", file=sys.stderr)
@@ -94,6 +125,8 @@ def main() -> int:
         for degrees in (90, 270):
             print(rotated_copy(src, out / f"turn{degrees}.mp4", degrees))
         print(edit_list_copy(src, out / "editlist30.mp4", 30))
+        for name in TAGS:
+            print(tagged_copy(src, out / f"{name}.mp4", name))
     except Exception as err:  # not an MP4, too short, an unwritable OUT_DIR: one line
         print(
             f"footage: cannot copy {src} ({type(err).__name__}: {err}); give an H.264 MP4 and a writable OUT_DIR",

@@ -6,9 +6,10 @@
 VIDEO_ROOT holds folders of videos (e.g. h264_1080p/, hevc_1080p/, h264_2160p/ from
 scripts/make_bench_videos.py); --odd adds a folder of odd and broken files (the repo's test videos);
 --footage adds copies of the first H.264 MP4 that look like phone footage (scripts/footage.py: display
-rotations of 90 and 270 degrees, an edit list starting 30 frames in), checked like a set: NVDEC's clips
-of the turned copies must match the CPU path's (turned upright); the trimmed copy goes to the CPU (its frames
-before the edit's start would show on NVDEC).
+rotations of 90 and 270 degrees, an edit list starting 30 frames in, re-encodings tagged BT.709, BT.709 full
+range and BT.601 full range), checked like a set: NVDEC's clips of the turned and tagged copies must match the
+CPU path's (turned upright, in the tagged colours); the trimmed copy goes to the CPU (its frames before the
+edit's start would show on NVDEC).
 Checks, each printed as PASS/FAIL, exit 1 if any fails:
 - every batch is full, uint8, on the GPU, 8 x 12 x 3 x 480 x 720, with 12 DataLoader workers and 4
   decode threads (the h100 profile's settings);
@@ -213,7 +214,7 @@ def main() -> int:
         run_set(sub.name, videos(sub), a.batches, report)
     if a.footage:
         from taehv_launch.train.data.decode import codec_of
-        from footage import edit_list_copy, rotated_copy
+        from footage import TAGS, edit_list_copy, rotated_copy, tagged_copy
 
         h264 = [f for sub in sorted(p for p in root.iterdir() if p.is_dir()) for f in videos(sub)]
         h264 = [f for f in h264 if f.endswith(".mp4") and codec_of(f) in nvdec.NVDEC_CODECS]
@@ -223,6 +224,7 @@ def main() -> int:
             out = Path(tempfile.mkdtemp())
             made = [str(rotated_copy(Path(h264[0]), out / f"turn{d}.mp4", d)) for d in (90, 270)]
             made.append(str(edit_list_copy(Path(h264[0]), out / "editlist30.mp4", 30)))
+            made += [str(tagged_copy(Path(h264[0]), out / f"{name}.mp4", name)) for name in TAGS]
             for f in made:
                 run_set(f"footage {Path(f).name}", [f], a.batches, report)
     if a.odd:

@@ -290,12 +290,15 @@ class ColourKernelFails(nvdec.OpenCVFrames):
 def test_a_failing_colour_kernel_costs_no_clip_and_is_said_once(videos, monkeypatch):
     from taehv_launch.train.data import nv12
 
-    class Broken:
+    class Launch:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
                 raise RuntimeError("ptxas fatal: Unsupported .version")
 
             return launch
+
+    class Broken:  # the kernels' module, both kernels failing at launch
+        nv12_rgb = nv12_clip = Launch()
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # nv12 takes the kernel path for CPU frames
     monkeypatch.delenv("TAEHV_NV12", raising=False)

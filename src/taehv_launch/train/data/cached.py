@@ -24,7 +24,7 @@ from ...errors import DataError
 from ...plan.schema import Config
 from ...dataindex import latentcache as lc
 from .clips import Crop, Ticket, View, VideoClipDataset, read_view
-from .decode import codec_of, display_turns, trimmed_start
+from .decode import codec_of, colour_of, display_turns, trimmed_start
 from ...dataindex.refweights import weights_digest
 from ...dataindex.viewtable import ViewTable, as_table
 
@@ -147,7 +147,8 @@ class CachedViewDataset(Dataset):
             return self._mark(path, f"changed since it was cached ({rec['bytes']} bytes then, {size} now)")
         view = View(tuple(rec["frames"]), Crop(*rec["crop"]), rec["seek"])
         if self.defer:
-            return Ticket(path, view, codec=codec_of(path), turns=display_turns(path), trimmed=trimmed_start(path))
+            traits = dict(turns=display_turns(path), trimmed=trimmed_start(path), colour=colour_of(path))
+            return Ticket(path, view, codec=codec_of(path), **traits)
         clip = read_view(path, view, self.height, self.width)
         return clip if clip is not None else self._mark(path, "cannot be decoded")
 

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from ...errors import ConfigError, DataError
 from .decode import _decode_path, codec_of, count_frames, display_turns, header_frame_count, header_info
-from .decode import opencv_garbles, trimmed_start
+from .decode import colour_of, opencv_garbles, trimmed_start
 from ...dataindex.flat import VideoEntry, as_flat
 from ...dataindex.listing import name_text
 
@@ -141,10 +141,8 @@ class View:
 
 @dataclass(frozen=True)
 class Ticket:
-    """A clip planned but not decoded (video_decoder="nvdec": the training process decodes it on the
-    GPU, train/data/nvdec.py). `src` is the header's (height, width), or None when unknown; `video` and
-    `item` let the dataset cut the same item on the CPU if the GPU decoder cannot (-1: not a
-    VideoClipDataset item)."""
+    """A clip planned but not decoded (video_decoder="nvdec": decoded on the GPU, train/data/nvdec.py). `src`: the
+    header's (height, width) or None; `video`, `item`: the item to cut on the CPU instead (-1: none)."""
 
     path: str
     view: View
@@ -154,6 +152,7 @@ class Ticket:
     codec: str = ""  # the header's codec name (decode.codec_of), "" when unknown
     turns: int = 0  # quarter turns bringing the coded frames upright (decode.display_turns), as the CPU path sees them
     trimmed: bool = False  # its first packets lie before the edit list's start (decode.trimmed_start)
+    colour: str = "bt601"  # the YUV -> RGB conversion its header names, as OpenCV applies it (decode.colour_of)
 
 
 def render_clip(frames: Sequence[np.ndarray], crop: Crop, height: int, width: int) -> torch.Tensor:
@@ -295,7 +294,8 @@ class VideoClipDataset(Dataset):
             rng(1) if rng else None, h, w, self.height, self.width, self.random_flip, self.random_downscale
         )
         view = View(tuple(wanted), crop, path not in self._lengths)
-        return Ticket(path, view, (h, w), video, i, codec_of(path), display_turns(path), trimmed_start(path))
+        traits = (codec_of(path), display_turns(path), trimmed_start(path), colour_of(path))
+        return Ticket(path, view, (h, w), video, i, *traits)
 
     def recover(self, ticket: Ticket) -> torch.Tensor | None:
         """The ticket's clip cut on the CPU (when the GPU decoder cannot take the file): the same item

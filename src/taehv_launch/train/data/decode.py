@@ -231,24 +231,45 @@ def trimmed_start(path: str) -> bool:
     return _pyav_traits(path)[1]
 
 
+def colour_of(path: str) -> str:
+    """The YUV -> RGB conversion the stream's header names (nv12.COLOURS' key: matrix, "-full" for full range),
+    as OpenCV's FFmpeg backend applies it to its frames: most HD and phone video says BT.709, many phones full
+    range; untagged streams get BT.601, limited range, as FFmpeg's default. Cached."""
+    return _pyav_traits(path)[2]
+
+
 LEAD_PACKETS = 8  # packets read for trimmed_start: a trimmed file's first packet is already flagged
+# FFmpeg's AVColorSpace -> the matrix its swscale converts with (sws_getCoefficients); any other: BT.601
+MATRICES = {1: "bt709", 4: "fcc", 5: "bt601", 6: "bt601", 7: "smpte240m", 9: "bt2020", 10: "bt2020"}
+DEFAULT_COLOUR = "bt601"
+
+
+def _colour_name(colorspace: int, color_range: int, pix_fmt: str) -> str:
+    full = color_range == 2 or pix_fmt.startswith("yuvj")  # AVCOL_RANGE_JPEG, or the yuvj formats that imply it
+    return MATRICES.get(colorspace, DEFAULT_COLOUR) + ("-full" if full else "")
 
 
 @functools.lru_cache(maxsize=4096)
-def _pyav_traits(path: str) -> tuple[int, bool]:
-    """(_field_order, trimmed_start) from one PyAV opening: the header, the first packets, at most one decode."""
+def _pyav_traits(path: str) -> tuple[int, bool, str]:
+    """(_field_order, trimmed_start, colour_of) from one PyAV opening: the header, the first packets, at most one
+    decode."""
     if not _nonempty_file(path):
-        return 0, False
+        return 0, False, DEFAULT_COLOUR
     try:
         import av
     except ImportError:
-        return 0, False
+        return 0, False, DEFAULT_COLOUR
     try:
         with av.open(path) as container:
             streams = container.streams.video
             if not streams:
-                return 0, False
-            order, trimmed = int(getattr(streams[0].codec_context, "field_order", 0) or 0), False
+                return 0, False, DEFAULT_COLOUR
+            cc = streams[0].codec_context
+            fmt = getattr(cc, "format", None)
+            colour = _colour_name(
+                int(getattr(cc, "colorspace", 2) or 2), int(getattr(cc, "color_range", 0) or 0), fmt.name if fmt else ""
+            )
+            order, trimmed = int(getattr(cc, "field_order", 0) or 0), False
             for n, packet in enumerate(container.demux(streams[0])):
                 trimmed = trimmed or (n < LEAD_PACKETS and bool(getattr(packet, "is_discard", False)))
                 if not order:
@@ -257,9 +278,9 @@ def _pyav_traits(path: str) -> tuple[int, bool]:
                         order = INTERLACED_FRAMES if getattr(frames[0], "interlaced_frame", False) else 1
                 if (order or n >= 4 * LEAD_PACKETS) and n + 1 >= LEAD_PACKETS:
                     break
-            return order, trimmed
+            return order, trimmed, colour
     except Exception:  # PyAV's own error types for what it cannot open or decode; OpenCV's reading decides then
-        return 0, False
+        return 0, False, DEFAULT_COLOUR
 
 
 @functools.lru_cache(maxsize=1)

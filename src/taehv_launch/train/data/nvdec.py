@@ -1,17 +1,12 @@
 """Decoding clips on the GPU (NVDEC, through PyNvVideoCodec) inside the training process.
 
-With video_decoder="nvdec" the DataLoader workers only plan clips: each item opens its file's header,
-draws the frames and the crop exactly as the CPU path does, and returns a data.Ticket. DecodeStage,
-in the training process, turns a batch of tickets into a batch of clips: a pool of threads, each
-with its own NVDEC session and CUDA stream, decodes the planned frames into GPU memory, crops,
-resizes and flips them there, and hands uint8 NTCHW batches to the step several batches ahead, so
-decoding overlaps with training. Threads of one process share one CUDA context; decoder processes
-would each need their own and time-slice the GPU (docs/benchmarks.md, "Video decoders").
-
-A file the hardware decoder cannot take (no NVDEC support for its codec or pixel format, a failed
-frame fetch, ...) is cut on the CPU instead by the dataset's own code (`recover`), and NVDEC is not
-tried on it again; each reason is logged once. A file neither can read is replaced in its batch by
-another clip of that batch and reported like any broken video.
+With video_decoder="nvdec" the DataLoader workers only plan clips (data.Ticket: the file, frames and crop the
+CPU path would cut). DecodeStage turns a batch of tickets into a batch of clips on a pool of threads, each with
+its own NVDEC session and CUDA stream (threads share the process's CUDA context; decoder processes would each
+need their own and time-slice the GPU: docs/benchmarks.md, "Video decoders"), several batches ahead of the step.
+A file NVDEC cannot take (codec, pixel format, a failed fetch, ...) is cut on the CPU by the dataset's own code
+(`recover`) from then on, each reason logged once; a file neither can read is replaced in its batch by another
+clip of that batch and reported like any broken video.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ import torch.nn.functional as F
 
 from ...plan.decodeplan import NVDEC_CODECS, NVDEC_UNINDEXED
 from .clips import Crop, Ticket
+from .decode import colour_of
 from . import nv12
 from .nv12 import nv12_to_rgb
 from .probe import choose_threads
@@ -86,6 +82,24 @@ class NvdecDecoder:
 
     def frames(self, path: str, indices: tuple[int, ...]) -> torch.Tensor:
         """uint8 (T, 3, H, W) RGB frames at `indices` (clip order), on self.stream's device."""
+        return _rgb(*self._surfaces(path, indices), indices, colour_of(path))
+
+    def clip(self, ticket: Ticket, height: int, width: int) -> torch.Tensor:
+        """finish() of the ticket's frames; from NV12 surfaces in one kernel a frame where it runs (nv12.nv12_clip:
+        no full-size RGB frame is made), else the frames converted and finished in torch ops."""
+        view = ticket.view
+        planes, at, size = self._surfaces(ticket.path, view.frames)
+        if size is not None and not ticket.turns % 4:
+            window = scaled_crop(view.crop, ticket.src, *size)
+            got = nv12.nv12_clip([planes[at[k]] for k in view.frames], *size, window, height, width, ticket.colour)
+            if got is not None:
+                return got
+        return finish(
+            _rgb(planes, at, size, view.frames, ticket.colour), view.crop, ticket.src, height, width, ticket.turns
+        )
+
+    def _surfaces(self, path: str, indices: tuple[int, ...]) -> tuple[list[torch.Tensor], dict[int, int], Any]:
+        """(frames of sorted(set(indices)), at: index -> position, size): NV12 of size (h, w), or "rgbp" RGB: None."""
         try:
             if self.dec is None:
                 colour = self.nvc.OutputColorType.RGBP if self.output == "rgbp" else self.nvc.OutputColorType.NATIVE
@@ -112,22 +126,20 @@ class NvdecDecoder:
         except Exception as err:
             self.dec = None
             raise DecodeRefused("NVDEC failed to decode frames", _first_line(err), for_good=False) from None
+        size = None
         if self.output != "rgbp" and planes and planes[0].ndim == 2:
             meta = self.dec.get_stream_metadata()
             h, w = int(meta.height), int(meta.width)
             if planes[0].dtype != torch.uint8 or planes[0].shape[0] < h * 3 // 2 or planes[0].shape[1] != w:
-                raise DecodeRefused(
-                    "NVDEC's surfaces are not 8-bit 4:2:0 here",
-                    f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}",
-                )
-            planes = [nv12_to_rgb(p, h, w) for p in planes]
-        if len(planes) != len(wanted) or any(p.ndim != 3 or p.shape[0] != 3 for p in planes):
+                what = f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}"
+                raise DecodeRefused("NVDEC's surfaces are not 8-bit 4:2:0 here", what)
+            size = (h, w)
+        if len(planes) != len(wanted) or (size is None and any(p.ndim != 3 or p.shape[0] != 3 for p in planes)):
             raise DecodeRefused(
                 "NVDEC returned frames of an unexpected layout",
                 f"{len(planes)} of {len(wanted)}, shape {tuple(planes[0].shape) if planes else ()}",
             )
-        at = {k: n for n, k in enumerate(wanted)}
-        return torch.stack([planes[at[k]] for k in indices])  # copies out of the decoder's surfaces
+        return planes, {k: n for n, k in enumerate(wanted)}, size
 
 
 class OpenCVFrames:
@@ -152,6 +164,13 @@ class OpenCVFrames:
         return torch.from_numpy(_stack(rgb)).permute(0, 3, 1, 2).to(self.device)
 
 
+def _rgb(planes: list[torch.Tensor], at: dict[int, int], size: tuple[int, int] | None, indices, colour: str):
+    """_surfaces' frames in clip order, uint8 (T, 3, H, W) RGB (NV12 converted with the stream's `colour`)."""
+    if size is not None:
+        planes = [nv12_to_rgb(p, size[0], size[1], colour) for p in planes]
+    return torch.stack([planes[at[k]] for k in indices])  # copies out of the decoder's surfaces
+
+
 def _stack(frames):
     import numpy as np
 
@@ -168,15 +187,7 @@ def finish(
     if turns % 4:
         x = torch.rot90(x, turns, dims=(-2, -1))
     t, _, h, w = x.shape
-    if src is not None and src != (h, w):
-        sy, sx = h / src[0], w / src[1]
-        crop = Crop(
-            min(h - 1, round(crop.y * sy)),
-            min(w - 1, round(crop.x * sx)),
-            max(1, round(crop.h * sy)),
-            max(1, round(crop.w * sx)),
-            crop.flip,
-        )
+    crop = scaled_crop(crop, src, h, w)
     x = x[:, :, crop.y : crop.y + crop.h, crop.x : crop.x + crop.w]
     if tuple(x.shape[-2:]) != (height, width):
         out = torch.empty((t, 3, height, width), dtype=torch.uint8, device=x.device)
@@ -190,6 +201,28 @@ def finish(
     if crop.flip:
         x = x.flip(-1)
     return x.contiguous()
+
+
+def scaled_crop(crop: Crop, src: tuple[int, int] | None, h: int, w: int) -> Crop:
+    """The crop planned on a source of the header's size `src`, on the decoded (h, w) frames where they differ."""
+    if src is None or src == (h, w):
+        return crop
+    sy, sx = h / src[0], w / src[1]
+    return Crop(
+        min(h - 1, round(crop.y * sy)),
+        min(w - 1, round(crop.x * sx)),
+        max(1, round(crop.h * sy)),
+        max(1, round(crop.w * sx)),
+        crop.flip,
+    )
+
+
+def cut(dec, ticket: Ticket, height: int, width: int) -> torch.Tensor:
+    """The ticket's clip from a thread's decoder: its clip() where it has one, else finish() of its frames()."""
+    if hasattr(dec, "clip"):
+        return dec.clip(ticket, height, width)
+    view = ticket.view
+    return finish(dec.frames(ticket.path, view.frames), view.crop, ticket.src, height, width, ticket.turns)
 
 
 def _first_line(err: BaseException) -> str:
@@ -272,14 +305,7 @@ class DecodeStage:
             stream = torch.cuda.stream(dec.stream) if dec.stream is not None else contextlib.nullcontext()
             try:
                 with stream:
-                    clip = finish(
-                        dec.frames(ticket.path, ticket.view.frames),
-                        ticket.view.crop,
-                        ticket.src,
-                        self.height,
-                        self.width,
-                        ticket.turns,
-                    )
+                    clip = cut(dec, ticket, self.height, self.width)
                 if dec.stream is not None:
                     dec.stream.synchronize()  # this thread's stream only: the step's stream runs on
                 note = nv12.take_note()
