@@ -1,7 +1,8 @@
 """The GPU path's colours follow each file's tags as the CPU path's OpenCV does: most HD camera and phone video
 says BT.709, many phones full range; a decode that took BT.601 limited range for every file (this project's
 NVDEC path before) gave HD footage other colours than the CPU path, and a latent cache other colours than its
-frames (mean |difference| 4-10 of 255 on the files below; 5 on the repo's smpte-2997.mp4 on the H100).
+frames (mean |difference| 4-10 of 255 on the files below; 5 on the repo's smpte-2997.mp4 on the H100). OpenCV
+before 4.13 honours the range only (every matrix BT.601): the GPU path follows the installed OpenCV.
 
 decode.colour_of reads the tags; nv12.yuv420_to_rgb (the reference of the GPU kernels, tests/test_nv12.py) applied
 to the NV12 planes FFmpeg decodes must land nearest OpenCV's frame with the file's own conversion and far from
@@ -67,6 +68,8 @@ def _nv12_and_opencv(path):
 def test_each_tag_converts_as_opencv_does(tmp_path, name, colorspace, color_range):
     path = tagged_file(tmp_path / f"{name}_{colorspace}.mp4", colorspace, color_range)
     decode._pyav_traits.cache_clear()
+    if decode._opencv_version() < decode.TAGGED_MATRIX_FROM:  # this OpenCV takes every matrix as BT.601
+        name = "bt601-full" if name.endswith("-full") else "bt601"
     assert decode.colour_of(path) == name
     planes, want = _nv12_and_opencv(path)
     off = {c: float((nv12.yuv420_to_rgb(planes, H, W, c).float() - want).abs().mean()) for c in nv12.COLOURS}
@@ -77,9 +80,21 @@ def test_each_tag_converts_as_opencv_does(tmp_path, name, colorspace, color_rang
     assert min(off[c] for c in others) > off[name] + 2, off
 
 
-def test_the_planned_clip_carries_the_colour(tmp_path):
+def test_an_opencv_before_4_13_converts_every_matrix_as_bt601(tmp_path, monkeypatch):
+    """OpenCV 4.10-4.12 honour the range but convert every stream with BT.601 (smpte-2997.mp4, tagged BT.709:
+    0.67 of 255 from BT.601, 3.95 from BT.709 under 4.12): the GPU path follows the installed OpenCV."""
+    bt709, full = tagged_file(tmp_path / "hd.mp4", 1, 1), tagged_file(tmp_path / "phone.mp4", 1, 2)
+    decode._pyav_traits.cache_clear()
+    monkeypatch.setattr(decode, "_opencv_version", lambda: (4, 12))
+    assert (decode.colour_of(bt709), decode.colour_of(full)) == ("bt601", "bt601-full")
+    monkeypatch.setattr(decode, "_opencv_version", lambda: (4, 13))
+    assert (decode.colour_of(bt709), decode.colour_of(full)) == ("bt709", "bt709-full")
+
+
+def test_the_planned_clip_carries_the_colour(tmp_path, monkeypatch):
     """The DataLoader workers read the tags with the header (one PyAV opening, cached) and hand them to the GPU
     decode threads on the ticket; a file PyAV cannot open is BT.601 limited range, as FFmpeg's default."""
+    monkeypatch.setattr(decode, "_opencv_version", lambda: (5, 0))
     path = tagged_file(tmp_path / "phone.mp4", 1, 2)
     ds = VideoClipDataset([path], 64, 96, 3, 1, 2, seed=0, train=True)
     ds.defer = True

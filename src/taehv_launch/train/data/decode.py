@@ -232,16 +232,21 @@ def trimmed_start(path: str) -> bool:
 
 
 def colour_of(path: str) -> str:
-    """The YUV -> RGB conversion the stream's header names (nv12.COLOURS' key: matrix, "-full" for full range),
-    as OpenCV's FFmpeg backend applies it to its frames: most HD and phone video says BT.709, many phones full
-    range; untagged streams get BT.601, limited range, as FFmpeg's default. Cached."""
-    return _pyav_traits(path)[2]
+    """The YUV -> RGB conversion OpenCV's FFmpeg backend applies to this stream's frames (nv12.COLOURS' key:
+    matrix, "-full" for full range), from the header's tags: the range always (many phones write full range),
+    the matrix from OpenCV 4.13 on (most HD and phone video says BT.709; 4.12 and before convert every stream
+    with BT.601, checked on 4.10, 4.11, 4.12, 4.13 and 5.0); untagged streams BT.601, limited range. Cached."""
+    name = _pyav_traits(path)[2]
+    if _opencv_version() < TAGGED_MATRIX_FROM:
+        return DEFAULT_COLOUR + ("-full" if name.endswith("-full") else "")
+    return name
 
 
 LEAD_PACKETS = 8  # packets read for trimmed_start: a trimmed file's first packet is already flagged
 # FFmpeg's AVColorSpace -> the matrix its swscale converts with (sws_getCoefficients); any other: BT.601
 MATRICES = {1: "bt709", 4: "fcc", 5: "bt601", 6: "bt601", 7: "smpte240m", 9: "bt2020", 10: "bt2020"}
 DEFAULT_COLOUR = "bt601"
+TAGGED_MATRIX_FROM = (4, 13)  # the OpenCV from which the header's matrix counts (before: BT.601 for every stream)
 
 
 def _colour_name(colorspace: int, color_range: int, pix_fmt: str) -> str:
