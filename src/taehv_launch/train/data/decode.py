@@ -264,6 +264,7 @@ def _pyav_traits(path: str) -> tuple[int, bool, str]:
         import av
     except ImportError:
         return 0, False, DEFAULT_COLOUR
+    colour = DEFAULT_COLOUR
     try:
         with av.open(path) as container:
             streams = container.streams.video
@@ -285,7 +286,7 @@ def _pyav_traits(path: str) -> tuple[int, bool, str]:
                     break
             return order, trimmed, colour
     except Exception:  # PyAV's own error types for what it cannot open or decode; OpenCV's reading decides then
-        return 0, False, DEFAULT_COLOUR
+        return 0, False, colour  # the header's tags where they were read before a packet failed
 
 
 @functools.lru_cache(maxsize=1)

@@ -111,6 +111,9 @@ def nv12_clip(
         return None
     out = torch.empty((len(frames), 3, height, width), dtype=torch.uint8, device=frames[0].device)
     sy, sx = _aa(ch, height), _aa(cw, width)
+    # one bound for both sides: the kernel is built once per bound (3 to 11 for the crops plan_crop draws from
+    # sources up to 4K), the first launch of each under _lock while the other decode threads wait
+    taps = max(sy[3], sx[3])
     grid = (height, (width + CLIP_BLOCK - 1) // CLIP_BLOCK)
     try:
         with _lock:
@@ -118,7 +121,7 @@ def nv12_clip(
                 kernels.nv12_clip[grid](
                     frame, out[k], h, frame.stride(0), h // 2, w // 2, _scale(h // 2, h), _scale(w // 2, w),
                     *COLOURS.get(colour, COLOURS["bt601"]), y0, x0, ch, cw, height, width, sy[0], sx[0], sy[1], sx[1], sy[2], sx[2], int(flip),
-                    TAPS_Y=sy[3], TAPS_X=sx[3], BLOCK=CLIP_BLOCK, enable_fp_fusion=False,
+                    TAPS_Y=taps, TAPS_X=taps, BLOCK=CLIP_BLOCK, enable_fp_fusion=False,
                 )  # fmt: skip
     except Exception as err:  # as nv12_to_rgb: the torch ops from now on, said once
         with _lock:
