@@ -24,7 +24,7 @@ from ...errors import DataError
 from ...plan.schema import Config
 from ...dataindex import latentcache as lc
 from .clips import Crop, Ticket, View, VideoClipDataset, read_view
-from .decode import codec_of, colour_of, display_turns, trimmed_start
+from .decode import ticket_traits
 from ...dataindex.refweights import weights_digest
 from ...dataindex.viewtable import ViewTable, as_table
 
@@ -147,8 +147,7 @@ class CachedViewDataset(Dataset):
             return self._mark(path, f"changed since it was cached ({rec['bytes']} bytes then, {size} now)")
         view = View(tuple(rec["frames"]), Crop(*rec["crop"]), rec["seek"])
         if self.defer:
-            traits = dict(turns=display_turns(path), trimmed=trimmed_start(path), colour=colour_of(path))
-            return Ticket(path, view, codec=codec_of(path), **traits)
+            return Ticket(path, view, **ticket_traits(path))
         clip = read_view(path, view, self.height, self.width)
         return clip if clip is not None else self._mark(path, "cannot be decoded")
 

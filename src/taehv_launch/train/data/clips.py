@@ -26,8 +26,8 @@ import torch
 from torch.utils.data import Dataset
 
 from ...errors import ConfigError, DataError
-from .decode import _decode_path, codec_of, count_frames, display_turns, header_frame_count, header_info
-from .decode import colour_of, opencv_garbles, trimmed_start
+from .decode import _decode_path, count_frames, header_frame_count, header_info
+from .decode import opencv_garbles, ticket_traits
 from ...dataindex.flat import VideoEntry, as_flat
 from ...dataindex.listing import name_text
 
@@ -294,8 +294,7 @@ class VideoClipDataset(Dataset):
             rng(1) if rng else None, h, w, self.height, self.width, self.random_flip, self.random_downscale
         )
         view = View(tuple(wanted), crop, path not in self._lengths)
-        traits = (codec_of(path), display_turns(path), trimmed_start(path), colour_of(path))
-        return Ticket(path, view, (h, w), video, i, *traits)
+        return Ticket(path, view, (h, w), video, i, **ticket_traits(path))
 
     def recover(self, ticket: Ticket) -> torch.Tensor | None:
         """The ticket's clip cut on the CPU (when the GPU decoder cannot take the file): the same item

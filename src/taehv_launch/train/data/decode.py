@@ -231,6 +231,12 @@ def trimmed_start(path: str) -> bool:
     return _pyav_traits(path)[1]
 
 
+def ticket_traits(path: str) -> dict:
+    """What the GPU decode threads need to know of a file besides its frames and crop (clips.Ticket's fields):
+    codec, display turns, trimmed start, colour. Each cached per process."""
+    return dict(codec=codec_of(path), turns=display_turns(path), trimmed=trimmed_start(path), colour=colour_of(path))
+
+
 def colour_of(path: str) -> str:
     """The YUV -> RGB conversion OpenCV's FFmpeg backend applies to this stream's frames (nv12.COLOURS' key:
     matrix, "-full" for full range), from the header's tags: the range always (many phones write full range),

@@ -59,7 +59,7 @@ def yuv420_to_rgb(frame: torch.Tensor, h: int, w: int, colour: str = "bt601") ->
     """An NV12 frame ((h * 3 / 2) x w uint8: Y rows, then interleaved U/V rows) -> uint8 (3, h, w) RGB with
     the stream's matrix and range (COLOURS[colour]), as OpenCV's FFmpeg backend converts (so both paths give
     one colour)."""
-    yo, ys, cs, rv, gu, gv, bu = COLOURS.get(colour, COLOURS["bt601"])
+    yo, ys, cs, rv, gu, gv, bu = _coefficients(colour)
     y = (frame[:h].float() - yo) * ys
     uv = frame[h : h + h // 2].reshape(h // 2, w // 2, 2).permute(2, 0, 1).float()
     uv = F.interpolate(uv[None], size=(h, w), mode="bilinear", align_corners=False)[0].sub_(128.0).mul_(cs)
@@ -81,7 +81,7 @@ def nv12_to_rgb(frame: torch.Tensor, h: int, w: int, colour: str = "bt601") -> t
         with _lock:
             kernels.nv12_rgb[grid](
                 frame, out, h, w, frame.stride(0), h // 2, w // 2, _scale(h // 2, h), _scale(w // 2, w),
-                *COLOURS.get(colour, COLOURS["bt601"]), BLOCK=BLOCK, enable_fp_fusion=False,
+                *_coefficients(colour), BLOCK=BLOCK, enable_fp_fusion=False,
             )  # fmt: skip
     except Exception as err:  # Triton cannot build or launch it here: the reference from now on, said once
         with _lock:
@@ -120,7 +120,8 @@ def nv12_clip(
             for k, frame in enumerate(frames):
                 kernels.nv12_clip[grid](
                     frame, out[k], h, frame.stride(0), h // 2, w // 2, _scale(h // 2, h), _scale(w // 2, w),
-                    *COLOURS.get(colour, COLOURS["bt601"]), y0, x0, ch, cw, height, width, sy[0], sx[0], sy[1], sx[1], sy[2], sx[2], int(flip),
+                    *_coefficients(colour), y0, x0, ch, cw, height, width, sy[0], sx[0], sy[1], sx[1], sy[2], sx[2],
+                    int(flip),
                     TAPS_Y=taps, TAPS_X=taps, BLOCK=CLIP_BLOCK, enable_fp_fusion=False,
                 )  # fmt: skip
     except Exception as err:  # as nv12_to_rgb: the torch ops from now on, said once
@@ -130,13 +131,18 @@ def nv12_clip(
     return out
 
 
+def _coefficients(colour: str) -> tuple[float, ...]:
+    """COLOURS[colour]; BT.601 limited range for a name it does not know."""
+    return COLOURS.get(colour, COLOURS["bt601"])
+
+
 @functools.lru_cache(maxsize=256)
 def _aa(src: int, dst: int) -> tuple[float, float, float, int]:
     """(scale, support, 1 / scale or 1, taps) of F.interpolate's antialiased bilinear resize from src to dst
     pixels on CUDA: scale float32(src) / dst; support scale where it shrinks, else 1 (the triangle's half
     width); taps ceil(support) * 2 + 1 (the most any output pixel reads)."""
     scale = _scale(src, dst)
-    support = _f32(scale) if scale >= 1.0 else 1.0
+    support = scale if scale >= 1.0 else 1.0  # scale is float32 already
     inv = _f32(1.0 / scale) if scale >= 1.0 else 1.0
     return scale, support, inv, int(math.ceil(support)) * 2 + 1
 
