@@ -16,7 +16,8 @@
 # accumulation 1, clips/s from speed.json; cache job: 2 views per video, compile none). Env: OUT (evidence
 # folder), W (work folder), STEPS (40), BUDGET (seconds after which the 4K training row is skipped: 330),
 # LOADER=0 (skip the loader-alone rows), THREADS_1080="10 14" (also train from the 1080p cache with these
-# video_decode_threads, each its own row: cached_v1080_t<N>), SETS="v480 v1080" (the sets written).
+# video_decode_threads, each its own row: cached_v1080_t<N>), SETS="v480 v1080" (the sets written), CACHE_ONLY=1
+# (the sets and caches, no training row: for scripts that train their own rows).
 set -uo pipefail
 SRC=${1:?usage: bash scripts/gpu_gop.sh SRC_DIR (the sample videos make_bench_videos.py reads)}
 OUT=${OUT:-/tmp/gpu_gop}; W=${W:-/tmp/gop}; STEPS=${STEPS:-40}; BUDGET=${BUDGET:-330}
@@ -80,6 +81,7 @@ cached() {  # SET [THREADS]: a cache of SET (once), then training from it (threa
       "${common[@]}" > "$OUT/cache_$set.log" 2>&1
     echo "cache $set: exit $? after $(( $(date +%s) - start )) s"
   fi
+  [ "${CACHE_ONLY:-0}" = 1 ] && return 0
   tl 1 h100 --run-name "$name" "${common[@]}" "${extra[@]}" --set latent_cache="'$W/lc_$set'" --set max_train_steps=$STEPS \
     --set log_every=5 --set gradient_accumulation_steps=1 --set validation_steps=100000 \
     --set checkpointing_steps=100000 --set lr_warmup_steps=1 > "$OUT/$name.log" 2>&1

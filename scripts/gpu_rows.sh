@@ -5,9 +5,10 @@
 # device_site: the carried wheels (.whl/), PyNvVideoCodec (.whl-nv/) and PyAV (.whl-av/) into /tmp/site, once per
 # machine, and PYTHONPATH on it and src/ (needs no W or OUT; gpu_gop.sh and the scripts that skip it call it).
 
-row() {  # NAME SET [extra --set ...]: 40 steps at accumulation 1 from $W/lc_SET; ROW_ENV names a variable to echo
+row() {  # NAME SET [extra --set ...]: 40 steps at accumulation 1 from $W/lc_SET; ROW_ENV names a variable to echo;
+  # ROW_PROFILE: the profile (h100)
   local name=$1 set=$2 rc; shift 2
-  python3 -m taehv_launch.cli 1 h100 --run-name "$name" --set data_root="'$W/$set'" \
+  python3 -m taehv_launch.cli 1 "${ROW_PROFILE:-h100}" --run-name "$name" --set data_root="'$W/$set'" \
     --set ref_vae_path="'$W/ref_vae_cogvideox_real_c16'" --set output_dir="'$W/output'" --set latent_cache="'$W/lc_$set'" \
     --set max_train_steps=40 --set log_every=5 --set gradient_accumulation_steps=1 --set validation_steps=100000 \
     --set checkpointing_steps=100000 --set lr_warmup_steps=1 "$@" > "$OUT/$name.log" 2>&1

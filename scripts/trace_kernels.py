@@ -1,7 +1,7 @@
 """Where the GPU's time goes in a `--profile` trace (issue #38 item 3): kernels by kind and by name, and the
 GPU's idle time inside the traced steps.
 
-    python scripts/trace_kernels.py RUN_DIR/logs/profile/*.pt.trace.json [--top 25]
+    python scripts/trace_kernels.py RUN_DIR/logs/profile/*.pt.trace.json [--top 25] [--skip 0]
 
 Reads the Chrome trace torch.profiler's tensorboard_trace_handler writes (the trainer's --profile). Over the
 traced steps (the "ProfilerStep#N" spans): wall time, the time at least one kernel or copy runs on the GPU
@@ -55,8 +55,9 @@ def union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def report(events: list[dict], top: int) -> str:
+def report(events: list[dict], top: int, skip: int = 0) -> str:
     steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = sorted(steps, key=lambda e: e["ts"])[skip:]
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not steps:
         return "no ProfilerStep spans in the trace: was it written by --profile?"
@@ -91,13 +92,76 @@ def report(events: list[dict], top: int) -> str:
         lines.append(
             f"| `{short}` | {kind_of(name)} | {calls / n:.0f} | {us / 1e3 / n:.2f} | {100 * us / summed:.1f}% |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + streams(events, steps, t0, t1))
+
+
+def streams(events: list[dict], steps: list[dict], t0: float, t1: float) -> list[str]:
+    """Per CUDA stream: busy time (union of its kernels and copies) per step; and the stepping thread's CPU time
+    in CUDA calls that wait for the GPU (synchronize; a blocking copy) and in launches. The step's stream is the
+    one with the most busy time: its idle is what the step loses to the CPU side (launches, the interpreter lock)."""
+    n = len(steps)
+    wall = t1 - t0
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            a, b = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)
+            if b > a:
+                spans[str(e.get("tid", "?"))].append((a, b))
+    if not spans:
+        return []
+    busy = {s: union(v) for s, v in spans.items()}
+    lines = [
+        "",
+        "| CUDA stream | kernels and copies per step | busy ms per step | busy share of the steps' wall |",
+        "|---|---|---|---|",
+    ]
+    for s, us in sorted(busy.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {s} | {len(spans[s]) / n:.0f} | {us / 1e3 / n:.1f} | {100 * us / wall:.1f}% |")
+    main_tid = steps[0].get("tid")
+    wait = launch = 0.0
+    launches = 0
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver") or e.get("tid") != main_tid:
+            continue
+        if not (t0 <= e["ts"] < t1):
+            continue
+        name = str(e.get("name", ""))
+        if "Synchronize" in name or name.startswith("cudaMemcpy") and "Async" not in name:
+            wait += e["dur"]
+        elif "Launch" in name:
+            launch += e["dur"]
+            launches += 1
+    calls: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # CUDA API calls of the other threads
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver") or e.get("tid") == main_tid:
+            continue
+        if t0 <= e["ts"] < t1:
+            calls[str(e.get("name", "?"))][0] += e["dur"]
+            calls[str(e.get("name", "?"))][1] += 1
+    step = max(busy, key=busy.get)
+    cpu = (
+        f"the stepping thread waits on the GPU {wait / 1e3 / n:.1f} ms per step, launches {launches / n:.0f} kernels "
+        f"in {launch / 1e3 / n:.1f} ms per step"
+        if wait or launches
+        else f"no CUDA API calls recorded on the stepping thread (tid {main_tid}) in this trace"
+    )
+    lines += [
+        "",
+        f"step's stream {step}: idle {(wall - busy[step]) / 1e3 / n:.1f} ms per step "
+        f"({100 * (wall - busy[step]) / wall:.1f}%); {cpu}",
+    ]
+    if calls:  # the decode threads' allocations, frees and synchronisations (PyNvVideoCodec's too, as CUPTI sees them)
+        lines += ["", "| CUDA API call of the other threads | calls per step | ms per step |", "|---|---|---|"]
+        for name, (us, count) in sorted(calls.items(), key=lambda kv: -kv[1][0])[:12]:
+            lines.append(f"| {name} | {count / n:.1f} | {us / 1e3 / n:.2f} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path, nargs="+")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--skip", type=int, default=0, help="traced steps left out at the start (warm-up)")
     args = ap.parse_args(argv)
     for path in args.trace:
         try:
@@ -105,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as err:
             print(f"error: cannot read {path} as a Chrome trace: {err}", file=sys.stderr)
             return 2
-        print(f"## {path.name}\n\n{report(events, args.top)}\n")
+        print(f"## {path.name}\n\n{report(events, args.top, args.skip)}\n")
     return 0
 
 
