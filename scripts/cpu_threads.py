@@ -4,7 +4,7 @@
 
 Every `--every` seconds it reads /proc for each process whose command line holds `--match`: the CPU share of its
 main thread (the one that launches the step's kernels), of the busiest other thread, of all its threads, its
-thread count, and the whole machine's busy share. On SIGTERM it writes one line per process (medians over the
+thread count, and the whole machine's busy share. On SIGTERM or SIGINT it writes one line per process (medians over the
 samples taken after its first 60 s: compile warm-up left out) to FILE. Linux only; plain Python.
 """
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--match", default="train/main.py")
     ap.add_argument("--skip", type=float, default=60.0, help="seconds of each process left out (warm-up)")
     args = ap.parse_args(argv)
-    if args.every <= 0 or args.skip < 0:
+    if not (0 < args.every < 3600 and 0 <= args.skip < 1e6):  # nan fails both
         print("error: --every must be positive and --skip at least 0", file=sys.stderr)
         return 2
     try:
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))  # Ctrl-C writes the lines too
     seen: dict[int, dict] = {}  # pid -> {cmd, first, last ticks, samples}
     last_machine = machine_ticks()
     while not stop:

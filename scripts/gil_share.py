@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 LINE = re.compile(
-    r"^(?:(?P<proc>process \d+:[^;]*);)?thread \((?P<tid>\d+)\): (?P<name>[^;]*)(?P<stack>(;.*)?) (?P<n>\d+)$"
+    r"^(?:process \d+:.*?;)?thread \((?P<tid>[0-9a-fA-Fx]+)\)(?:: (?P<name>[^;]*))?(?P<stack>(;.*)?) (?P<n>\d+)$"
 )
 
 
@@ -30,14 +30,19 @@ def group_of(name: str) -> str:
     return re.sub(r"[-_]?\d+\b", "*", name) or "unnamed"
 
 
-def parse(text: str) -> list[tuple[str, str, list[str], int]]:
-    rows = []
+def parse(text: str) -> tuple[list[tuple[str, list[str], int]], int]:
+    """(samples as (thread name, stack, count), lines that are not py-spy samples)."""
+    rows, other = [], 0
     for line in text.splitlines():
+        if not line.strip():
+            continue
         m = LINE.match(line.strip())
         if m:
             stack = [f for f in m["stack"].split(";") if f]
-            rows.append((m["proc"], m["name"], stack, int(m["n"])))
-    return rows
+            rows.append((m["name"] or f"thread {m['tid']}", stack, int(m["n"])))
+        else:
+            other += 1
+    return rows, other
 
 
 def report(rows, seconds: float, rate: float, top: int) -> str:
@@ -48,7 +53,7 @@ def report(rows, seconds: float, rate: float, top: int) -> str:
     by_group: Counter = Counter()
     leaves: dict[str, Counter] = defaultdict(Counter)
     threads: dict[str, set] = defaultdict(set)
-    for _, name, stack, n in rows:
+    for name, stack, n in rows:
         g = group_of(name)
         by_group[g] += n
         threads[g].add(name)
@@ -81,10 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"error: cannot read {args.raw}: {err.strerror}", file=sys.stderr)
         return 2
-    if args.seconds <= 0 or args.rate <= 0:
+    if not (0.001 <= args.seconds < 1e6 and 0.001 <= args.rate < 1e6):
         print("error: --seconds and --rate must be positive", file=sys.stderr)
         return 2
-    print(report(parse(text), args.seconds, args.rate, args.top))
+    rows, other = parse(text)
+    if other and not rows:
+        print(
+            f"error: {args.raw}: none of its {other} lines is a py-spy raw sample (record with --format raw)",
+            file=sys.stderr,
+        )
+        return 2
+    print(report(rows, args.seconds, args.rate, args.top))
+    if other:
+        print(f"\n({other} lines were not py-spy samples and are not counted)")
     return 0
 
 

@@ -21,7 +21,9 @@ trap pack EXIT  # one file: the device returns at most 8
 device_site || { echo "error: gpu_gil.sh: the carried wheels did not install" >&2; exit 1; }
 spy_whl=$(ls .whl-spy/py_spy-*.whl 2>/dev/null | head -1)
 [ -n "$spy_whl" ] || { echo "error: gpu_gil.sh: no .whl-spy/py_spy-*.whl: pip download py-spy -d .whl-spy" >&2; exit 2; }
-rm -rf /tmp/spy && python3 -m zipfile -e "$spy_whl" /tmp/spy && SPY=$(ls /tmp/spy/py_spy-*.data/scripts/py-spy)
+rm -rf /tmp/spy && python3 -m zipfile -e "$spy_whl" /tmp/spy
+SPY=$(ls /tmp/spy/py_spy-*.data/scripts/py-spy 2>/dev/null | head -1)
+[ -n "$SPY" ] || { echo "error: gpu_gil.sh: $spy_whl holds no py-spy binary: pip download py-spy again" >&2; exit 2; }
 chmod +x "$SPY"
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 timeout 120 python3 scripts/gpu_nv12_check.py "$SRC" > "$OUT/nv12_check.txt" 2>&1
@@ -29,6 +31,7 @@ echo "nv12 check: exit $? after $(( $(date +%s) - start )) s"; tail -n 3 "$OUT/n
 CACHE_ONLY=1 LOADER=0 SETS="v480 v1080" OUT="$OUT" W="$W" bash scripts/gpu_gop.sh "$SRC" 2>&1 | grep -E "exit|written"
 python3 scripts/cpu_threads.py --out "$OUT/cpu.txt" --skip 50 > /dev/null 2>&1 &
 cpu=$!
+trap 'kill "$cpu" 2> /dev/null; pack' EXIT  # the sampler does not outlive the script
 
 trainer_pid() {  # the process running train/main.py with the most threads (not accelerate's launcher)
   local best="" most=0 p n

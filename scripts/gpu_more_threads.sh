@@ -18,6 +18,7 @@ CACHE_ONLY=1 LOADER=0 SETS="v480 v1080" OUT="$OUT" W="$W" bash scripts/gpu_gop.s
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 2000 > "$OUT/smi.txt" 2>&1 &
 smi=$!
+trap 'kill "$smi" 2> /dev/null; pack' EXIT  # the sampler does not outlive the script
 more() { ROW_PROFILE=h200 row "$1" "$2" --set micro_batch_size=8 --set video_decode_threads="$THREADS"; }
 for r in "row cached_v1080 v1080" "more cached_v1080_t$THREADS v1080" "row cached_v480 v480" \
          "more cached_v1080_t${THREADS}_b v1080" "row cached_v1080_b v1080"; do

@@ -21,7 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 
 KINDS = [  # first match wins: (kind, pattern on the kernel's name)
-    ("convolution (cuDNN/CUTLASS)", r"conv|fprop|dgrad|wgrad|implicit|xmma_fprop|cudnn|nhwc|sm\d+_xmma"),
+    ("copy / memset", r"^memcpy|^memset"),
+    ("convolution (cuDNN/CUTLASS)", r"conv(?!ert)|fprop|dgrad|wgrad|implicit|xmma_fprop|cudnn|nhwc|sm\d+_xmma"),
     ("GEMM", r"gemm|cutlass|matmul|sm\d+_"),
     ("Triton (Inductor fused)", r"^triton_"),
     ("reduction / norm", r"reduce|norm|softmax"),
@@ -39,10 +40,23 @@ def kind_of(name: str) -> str:
 
 
 def load(path: Path) -> list[dict]:
+    """The trace's complete events ("ph": "X") with numeric ts and dur; ValueError when it holds no event list."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         data = json.load(f)
-    return data["traceEvents"] if isinstance(data, dict) else data
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ValueError("no list of trace events in it")
+    number = (int, float)
+    return [
+        e
+        for e in events
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and isinstance(e.get("ts"), number)
+        and isinstance(e.get("dur"), number)
+        and e["dur"] >= 0
+    ]
 
 
 def union(spans: list[tuple[float, float]]) -> float:
@@ -56,21 +70,32 @@ def union(spans: list[tuple[float, float]]) -> float:
 
 
 def report(events: list[dict], top: int, skip: int = 0) -> str:
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
-    steps = sorted(steps, key=lambda e: e["ts"])[skip:]
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    """The report; ValueError when the trace has no steps to read (none, or --skip leaves none)."""
+    # the stepping thread's spans only: Kineto also copies each one onto the GPU's timeline
+    # ("gpu_user_annotation"), which counted every step twice before 2026-11-28
+    steps = [
+        e
+        for e in events
+        if e.get("cat", "user_annotation") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
     if not steps:
-        return "no ProfilerStep spans in the trace: was it written by --profile?"
+        raise ValueError("no ProfilerStep spans in it: was it written by --profile?")
+    if skip >= len(steps):
+        raise ValueError(f"--skip {skip} leaves none of its {len(steps)} traced steps")
+    steps = sorted(steps, key=lambda e: e["ts"])[skip:]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     t0 = min(e["ts"] for e in steps)
     t1 = max(e["ts"] + e["dur"] for e in steps)
     wall = t1 - t0
+    if wall <= 0:
+        raise ValueError("its traced steps last no time")
     inside = [e for e in gpu if e["ts"] < t1 and e["ts"] + e["dur"] > t0]
     busy = union([(max(e["ts"], t0), min(e["ts"] + e["dur"], t1)) for e in inside])
     by_kind: dict[str, float] = defaultdict(float)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in inside:
         name = str(e.get("name", "?"))
-        kind = "copy / memset" if e["cat"] != "kernel" else kind_of(name)
+        kind = "copy / memset" if e["cat"] != "kernel" else kind_of(name)  # kind_of says so by name too
         by_kind[kind] += e["dur"]
         by_name[name][0] += e["dur"]
         by_name[name][1] += 1
@@ -102,11 +127,13 @@ def streams(events: list[dict], steps: list[dict], t0: float, t1: float) -> list
     n = len(steps)
     wall = t1 - t0
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    multi = len({e.get("pid") for e in events if e.get("cat") == "kernel"}) > 1  # several GPUs: "device:stream"
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
             a, b = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)
             if b > a:
-                spans[str(e.get("tid", "?"))].append((a, b))
+                pid, tid = e.get("pid", "?"), e.get("tid", "?")  # a stream is (device, stream)
+                spans[f"{pid}:{tid}" if multi else str(tid)].append((a, b))
     if not spans:
         return []
     busy = {s: union(v) for s, v in spans.items()}
@@ -163,13 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--skip", type=int, default=0, help="traced steps left out at the start (warm-up)")
     args = ap.parse_args(argv)
+    if args.top < 0 or args.skip < 0:
+        print("error: --top and --skip must be at least 0", file=sys.stderr)
+        return 2
     for path in args.trace:
         try:
             events = load(path)
         except (OSError, ValueError, KeyError) as err:
             print(f"error: cannot read {path} as a Chrome trace: {err}", file=sys.stderr)
             return 2
-        print(f"## {path.name}\n\n{report(events, args.top, args.skip)}\n")
+        try:
+            text = report(events, args.top, args.skip)
+        except ValueError as err:
+            print(f"error: {path}: {err}", file=sys.stderr)
+            return 2
+        print(f"## {path.name}\n\n{text}\n")
     return 0
 
 

@@ -27,6 +27,7 @@ def test_trace_streams_idle_and_other_threads_calls(tmp_path):
         t = 1000 * k
         events += [
             x(f"ProfilerStep#{k}", t, 1000, 11, "user_annotation"),
+            x(f"ProfilerStep#{k}", t + 100, 1000, 7, "gpu_user_annotation", pid=0),  # Kineto's copy: not a step
             x("conv_fprop", t + 100, 600, 7, "kernel", pid=0),
             x("_nv12_clip", t + 200, 100, 9, "kernel", pid=0),
             x("cudaLaunchKernel", t + 50, 5, 11, "cuda_runtime"),
@@ -40,7 +41,7 @@ def test_trace_streams_idle_and_other_threads_calls(tmp_path):
     got = run("trace_kernels.py", str(path), "--skip", "1")
     assert got.returncode == 0, got.stderr
     out = got.stdout
-    assert "2 traced steps" in out  # --skip 1 left the first out
+    assert "2 traced steps" in out  # --skip 1 left the first out; the GPU timeline's copies are not steps
     assert "| 7 | 1 | 0.6 | 60.0% |" in out
     assert "| 9 | 1 | 0.1 | 10.0% |" in out
     assert "step's stream 7: idle 0.4 ms per step (40.0%)" in out
@@ -65,6 +66,17 @@ def test_trace_bad_input_is_one_line(tmp_path):
         assert got.returncode == 2
         assert got.stderr.startswith("error: cannot read") and got.stderr.count("\n") == 1
         assert "Traceback" not in got.stderr
+    step = {"ph": "X", "name": "ProfilerStep#1", "ts": 0, "dur": 10, "cat": "user_annotation"}
+    for doc, args, says in (
+        ({"traceEvents": 5}, [], "no list of trace events"),
+        ([1, 2, "x", {"ph": "X", "name": "ProfilerStep#1", "ts": "a", "dur": 1}], [], "no ProfilerStep spans"),
+        ([{**step, "dur": 0}], [], "last no time"),
+        ([step], ["--skip", "1"], "--skip 1 leaves none of its 1 traced steps"),
+        ([step], ["--top", "-1"], "must be at least 0"),
+    ):
+        bad.write_text(json.dumps(doc))
+        got = run("trace_kernels.py", str(bad), *args)
+        assert got.returncode == 2 and says in got.stderr and got.stderr.count("\n") == 1, (doc, got.stderr)
 
 
 RAW = """\
@@ -72,6 +84,7 @@ process 41:"python3 main.py";thread (41): MainThread;fit (run.py:10);step (train
 process 41:"python3 main.py";thread (52): video-decode_0;_clip (nvdec.py:300);_surfaces (nvdec.py:120) 50
 thread (53): video-decode_1;_clip (nvdec.py:300);_surfaces (nvdec.py:120) 20
 thread (54): Thread-3 (_pin_memory_loop);_pin_memory_loop (pin_memory.py:50) 10
+thread (0x7f12);f (x.py:2) 0
 not a sample line
 """
 
@@ -87,6 +100,8 @@ def test_gil_share_groups_threads_and_frames(tmp_path):
     assert "| stepping thread (MainThread) | 1 | 15.0% |" in out
     assert "- 35.0% `_surfaces (nvdec.py:120)`" in out
     assert "_pin_memory_loop" in out
+    assert "thread 0x7f*" in out  # a thread without a name is still counted
+    assert "(1 lines were not py-spy samples and are not counted)" in out
 
 
 def test_gil_share_bad_input(tmp_path):
@@ -99,6 +114,11 @@ def test_gil_share_bad_input(tmp_path):
     raw.write_text("")
     got = run("gil_share.py", str(raw), "--seconds", "2")
     assert got.returncode == 0 and got.stdout.startswith("no samples")
+    raw.write_text("garbage\n\x00\x01 binary\n")
+    got = run("gil_share.py", str(raw), "--seconds", "2")
+    assert got.returncode == 2 and "is a py-spy raw sample" in got.stderr and "Traceback" not in got.stderr
+    got = run("gil_share.py", str(tmp_path / "spy.txt"), "--seconds", "nan")
+    assert got.returncode == 2 and "must be positive" in got.stderr
 
 
 def test_cpu_threads_bad_input(tmp_path):
