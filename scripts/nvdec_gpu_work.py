@@ -4,9 +4,11 @@ in session 22, not run yet: the session's device time was spent).
     python scripts/nvdec_gpu_work.py DIR [--clips 6]
 
 For each H.264 .mp4 in DIR it cuts CLIPS random clips (12 frames at stride 1-2, as the trainer draws them)
-three ways (scripts/nvdec_seek_probe.py's Simple and LowLevel: SimpleDecoder.get_batch_frames_by_index, what
+five ways (scripts/nvdec_seek_probe.py's Simple and LowLevel: SimpleDecoder.get_batch_frames_by_index, what
 train/data/nvdec.py uses; the low-level demuxer and decoder from the keyframe; the same without the
-non-reference pictures outside the clip) under torch.profiler, and prints per file and way: pictures sent to
+non-reference pictures outside the clip; each low-level way also with the unused pictures' packets flagged
+discardable, which PyNvVideoCodec's own notes say it decodes for reference without surfacing the frame) under
+torch.profiler, checks each way's frames against simple's byte for byte, and prints per file and way: pictures sent to
 NVDEC a clip, and a clip's kernels and device-to-device copies by name (calls and GPU ms), from which one can
 tell whether a way converts and copies the pictures the clip does not use. Each way also makes one device copy
 per clip frame of its own (nvdec_seek_probe.py clones the frames it keeps): 12 copies a clip to subtract.
@@ -58,21 +60,31 @@ def main() -> int:
             print(f"| {os.path.basename(path)} | - | {len(tab[1])} frames: too short for a clip at stride 2 | | | |")
             continue
         clips = [draw(rng, len(tab[1])) for _ in range(a.clips)]
+        truth = None
         for name, dec in (
             ("simple", Simple(nvc, torch)),
             ("low-level", LowLevel(nvc, torch, False)),
             ("low-level, skip", LowLevel(nvc, torch, True)),
+            ("low-level, discard", LowLevel(nvc, torch, False, discard=True)),
+            ("low-level, skip + discard", LowLevel(nvc, torch, True, discard=True)),
         ):
             try:
                 dec.frames(path, tab, clips[0])  # warm: the session, the first allocations
                 sent0 = dec.sent
+                got = []
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for idx in clips:
-                        dec.frames(path, tab, idx)
+                        got.append(dec.frames(path, tab, idx))
                     torch.cuda.synchronize()
             except Exception as err:
                 print(f"| {os.path.basename(path)} | {name} | failed: {str(err)[:80]} | | | |")
                 continue
+            if name == "simple":
+                truth = got  # what the other ways must equal, byte for byte
+            elif truth is None:
+                name += " (not compared: simple failed)"
+            elif not all(torch.equal(a, b) for x, y in zip(truth, got) for a, b in zip(x, y)):
+                name += " (FRAMES DIFFER from simple)"
             work: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
             for e in prof.events():
                 if e.device_type == torch.autograd.DeviceType.CUDA:

@@ -70,8 +70,11 @@ def draw(rng, length):
 
 
 class LowLevel:
-    def __init__(self, nvc, torch, skip):
-        self.nvc, self.torch, self.skip = nvc, torch, skip
+    """discard (scripts/nvdec_gpu_work.py): every packet whose picture the clip does not use is flagged
+    discardable, which PyNvVideoCodec documents as decoded for reference with its output frame suppressed."""
+
+    def __init__(self, nvc, torch, skip, discard=False):
+        self.nvc, self.torch, self.skip, self.discard = nvc, torch, skip, discard
         self.stream = torch.cuda.Stream()
         self.dec = None
         self.sent = 0
@@ -99,6 +102,8 @@ class LowLevel:
                 pts = int(pkt.pts)
                 if self.skip and rows[n][2] == 0 and pts not in want:
                     continue
+                if self.discard:
+                    pkt.discardable = pts not in want
                 self.sent += 1
                 for f in self.dec.Decode(pkt):
                     p = int(f.getPTS())
