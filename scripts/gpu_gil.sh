@@ -14,21 +14,16 @@ SRC=${1:?usage: bash scripts/gpu_gil.sh SRC_DIR}
 OUT=${OUT:-/tmp/gpu_gil}; W=${W:-/tmp/gop}; STEPS=${STEPS:-100}; SPY_S=${SPY_S:-20}; RATE=${RATE:-100}
 LAST_BY=${LAST_BY:-470}  # seconds into the call after which no further row starts
 . scripts/gpu_rows.sh
-work_lock gpu_gil.sh "$SRC"
-R=$OUT; OUT=$R/gil; mkdir -p "$OUT"; start=$(date +%s)
-pack() { OUT="$OUT" python3 scripts/scrub_paths.py "$OUT" > /dev/null; tar czf "$R/gil.tgz" -C "$R" gil; }
-trap pack EXIT  # one file: the device returns at most 8
-device_site || { echo "error: gpu_gil.sh: the carried wheels did not install" >&2; exit 1; }
+call_start gpu_gil.sh "$SRC" gil
 spy_whl=$(ls .whl-spy/py_spy-*.whl 2>/dev/null | head -1)
 [ -n "$spy_whl" ] || { echo "error: gpu_gil.sh: no .whl-spy/py_spy-*.whl: pip download py-spy -d .whl-spy" >&2; exit 2; }
 rm -rf /tmp/spy && python3 -m zipfile -e "$spy_whl" /tmp/spy
 SPY=$(ls /tmp/spy/py_spy-*.data/scripts/py-spy 2>/dev/null | head -1)
 [ -n "$SPY" ] || { echo "error: gpu_gil.sh: $spy_whl holds no py-spy binary: pip download py-spy again" >&2; exit 2; }
 chmod +x "$SPY"
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 timeout 120 python3 scripts/gpu_nv12_check.py "$SRC" > "$OUT/nv12_check.txt" 2>&1
 echo "nv12 check: exit $? after $(( $(date +%s) - start )) s"; tail -n 3 "$OUT/nv12_check.txt"
-CACHE_ONLY=1 LOADER=0 SETS="v480 v1080" OUT="$OUT" W="$W" bash scripts/gpu_gop.sh "$SRC" 2>&1 | grep -E "exit|written"
+cached_sets "$SRC"
 python3 scripts/cpu_threads.py --out "$OUT/cpu.txt" --skip 50 > /dev/null 2>&1 &
 cpu=$!
 trap 'kill "$cpu" 2> /dev/null; pack' EXIT  # the sampler does not outlive the script

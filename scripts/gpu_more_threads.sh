@@ -9,16 +9,12 @@ set -uo pipefail
 SRC=${1:?usage: bash scripts/gpu_more_threads.sh SRC_DIR}
 OUT=${OUT:-/tmp/gpu_more_threads}; W=${W:-/tmp/gop}; THREADS=${THREADS:-14}; LAST_BY=${LAST_BY:-470}
 . scripts/gpu_rows.sh
-work_lock gpu_more_threads.sh "$SRC"
-R=$OUT; OUT=$R/threads; mkdir -p "$OUT"; start=$(date +%s)
-pack() { OUT="$OUT" python3 scripts/scrub_paths.py "$OUT" > /dev/null; tar czf "$R/threads.tgz" -C "$R" threads; cp "$OUT/rows.md" "$R/" 2>/dev/null; }
-trap pack EXIT
-device_site || { echo "error: gpu_more_threads.sh: the carried wheels did not install" >&2; exit 1; }
-CACHE_ONLY=1 LOADER=0 SETS="v480 v1080" OUT="$OUT" W="$W" bash scripts/gpu_gop.sh "$SRC" 2>&1 | grep -E "exit|written"
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+call_start gpu_more_threads.sh "$SRC" threads
+trap 'pack; cp "$OUT/rows.md" "$R/" 2> /dev/null' EXIT  # the table beside the archive
+cached_sets "$SRC"
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 2000 > "$OUT/smi.txt" 2>&1 &
 smi=$!
-trap 'kill "$smi" 2> /dev/null; pack' EXIT  # the sampler does not outlive the script
+trap 'kill "$smi" 2> /dev/null; pack; cp "$OUT/rows.md" "$R/" 2> /dev/null' EXIT  # the sampler stops with it
 more() { ROW_PROFILE=h200 row "$1" "$2" --set micro_batch_size=8 --set video_decode_threads="$THREADS"; }
 for r in "row cached_v1080 v1080" "more cached_v1080_t$THREADS v1080" "row cached_v480 v480" \
          "more cached_v1080_t${THREADS}_b v1080" "row cached_v1080_b v1080"; do

@@ -4,6 +4,7 @@
 # work_lock, first thing in a script: refuses a SRC_DIR that is not a folder and a second copy on the same W.
 # device_site: the carried wheels (.whl/), PyNvVideoCodec (.whl-nv/) and PyAV (.whl-av/) into /tmp/site, once per
 # machine, and PYTHONPATH on it and src/ (needs no W or OUT; gpu_gop.sh and the scripts that skip it call it).
+# call_start and cached_sets: the start of the scripts that train their own rows from gpu_gop.sh's sets.
 
 row() {  # NAME SET [extra --set ...]: 40 steps at accumulation 1 from $W/lc_SET; ROW_ENV names a variable to echo;
   # ROW_PROFILE: the profile (h100)
@@ -42,4 +43,23 @@ device_site() {  # 1 when an install fails
   if [ -f .whl-av/av.tar.xz ]; then tar -xJf .whl-av/av.tar.xz -C /tmp/site
   else python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-av/av-*.whl
   fi
+}
+
+call_start() {  # SCRIPT SRC FOLDER: W locked, the carried wheels installed; the evidence goes to $OUT/FOLDER and is
+  # packed into $OUT/FOLDER.tgz on exit, even when the call's limit kills it (the device returns 8 files). Sets R
+  # (the outer OUT), OUT, PACKED and start.
+  work_lock "$1" "$2"
+  R=$OUT; PACKED=$3; OUT=$R/$3; mkdir -p "$OUT"; start=$(date +%s)
+  trap pack EXIT
+  device_site || { echo "error: $1: the carried wheels did not install" >&2; exit 1; }
+  export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+}
+
+pack() {  # call_start's archive, paths scrubbed
+  OUT="$OUT" python3 scripts/scrub_paths.py "$OUT" > /dev/null
+  tar czf "$R/$PACKED.tgz" -C "$R" "$PACKED"
+}
+
+cached_sets() {  # SRC: gpu_gop.sh's 480p and long-GOP 1080p sets and their latent caches, no training row
+  CACHE_ONLY=1 LOADER=0 SETS="v480 v1080" OUT="$OUT" W="$W" bash scripts/gpu_gop.sh "$1" 2>&1 | grep -E "exit|written"
 }

@@ -10,13 +10,8 @@ set -uo pipefail
 SRC=${1:?usage: bash scripts/gpu_timeline.sh SRC_DIR}
 OUT=${OUT:-/tmp/gpu_timeline}; W=${W:-/tmp/gop}; STEPS=${STEPS:-40}; TRACED=${TRACED:-20}
 . scripts/gpu_rows.sh
-work_lock gpu_timeline.sh "$SRC"
-R=$OUT; OUT=$R/timeline; mkdir -p "$OUT"; start=$(date +%s)
-pack() { OUT="$OUT" python3 scripts/scrub_paths.py "$OUT" > /dev/null; tar czf "$R/timeline.tgz" -C "$R" timeline; }
-trap pack EXIT  # also when the call's limit kills it mid-row
-device_site || { echo "error: gpu_timeline.sh: the carried wheels did not install" >&2; exit 1; }
-CACHE_ONLY=1 LOADER=0 SETS="v480 v1080" OUT="$OUT" W="$W" bash scripts/gpu_gop.sh "$SRC" 2>&1 | grep -E "exit|written"
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+call_start gpu_timeline.sh "$SRC" timeline
+cached_sets "$SRC"
 for r in "prof_v1080 v1080" "prof_v480 v480"; do
   set -- $r
   rm -rf "$W/output/$1"

@@ -117,23 +117,21 @@ def report(events: list[dict], top: int, skip: int = 0) -> str:
         lines.append(
             f"| `{short}` | {kind_of(name)} | {calls / n:.0f} | {us / 1e3 / n:.2f} | {100 * us / summed:.1f}% |"
         )
-    return "\n".join(lines + streams(events, steps, t0, t1))
+    return "\n".join(lines + streams(inside, events, steps, t0, t1))
 
 
-def streams(events: list[dict], steps: list[dict], t0: float, t1: float) -> list[str]:
-    """Per CUDA stream: busy time (union of its kernels and copies) per step; and the stepping thread's CPU time
-    in CUDA calls that wait for the GPU (synchronize; a blocking copy) and in launches. The step's stream is the
-    one with the most busy time: its idle is what the step loses to the CPU side (launches, the interpreter lock)."""
+def streams(inside: list[dict], events: list[dict], steps: list[dict], t0: float, t1: float) -> list[str]:
+    """Per CUDA stream: busy time (union of its kernels and copies, `inside` the window) per step; and the stepping
+    thread's CPU time in CUDA calls that wait for the GPU (synchronize; a blocking copy) and in launches. The step's
+    stream is the one with the most busy time: its idle is what the step loses to the CPU side (launches, the
+    interpreter lock)."""
     n = len(steps)
     wall = t1 - t0
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    multi = len({e.get("pid") for e in events if e.get("cat") == "kernel"}) > 1  # several GPUs: "device:stream"
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            a, b = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)
-            if b > a:
-                pid, tid = e.get("pid", "?"), e.get("tid", "?")  # a stream is (device, stream)
-                spans[f"{pid}:{tid}" if multi else str(tid)].append((a, b))
+    multi = len({e.get("pid") for e in inside if e.get("cat") == "kernel"}) > 1  # several GPUs: "device:stream"
+    for e in (e for e in inside if e["dur"] > 0):  # an instant has no span to add
+        pid, tid = e.get("pid", "?"), e.get("tid", "?")  # a stream is (device, stream)
+        spans[f"{pid}:{tid}" if multi else str(tid)].append((max(e["ts"], t0), min(e["ts"] + e["dur"], t1)))
     if not spans:
         return []
     busy = {s: union(v) for s, v in spans.items()}
@@ -147,24 +145,19 @@ def streams(events: list[dict], steps: list[dict], t0: float, t1: float) -> list
     main_tid = steps[0].get("tid")
     wait = launch = 0.0
     launches = 0
+    calls: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # CUDA API calls of the other threads
     for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver") or e.get("tid") != main_tid:
+        if e.get("cat") not in ("cuda_runtime", "cuda_driver") or not (t0 <= e["ts"] < t1):
             continue
-        if not (t0 <= e["ts"] < t1):
-            continue
-        name = str(e.get("name", ""))
-        if "Synchronize" in name or name.startswith("cudaMemcpy") and "Async" not in name:
+        name = str(e.get("name", "?"))
+        if e.get("tid") != main_tid:
+            calls[name][0] += e["dur"]
+            calls[name][1] += 1
+        elif "Synchronize" in name or name.startswith("cudaMemcpy") and "Async" not in name:
             wait += e["dur"]
         elif "Launch" in name:
             launch += e["dur"]
             launches += 1
-    calls: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # CUDA API calls of the other threads
-    for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver") or e.get("tid") == main_tid:
-            continue
-        if t0 <= e["ts"] < t1:
-            calls[str(e.get("name", "?"))][0] += e["dur"]
-            calls[str(e.get("name", "?"))][1] += 1
     step = max(busy, key=busy.get)
     cpu = (
         f"the stepping thread waits on the GPU {wait / 1e3 / n:.1f} ms per step, launches {launches / n:.0f} kernels "
