@@ -1,4 +1,5 @@
-# Sourced by the GPU row scripts (gpu_gop_alt.sh, gpu_convert_ab.sh, gpu_nv12_ab.sh, gpu_decode_levers.sh): one
+# Sourced by the GPU row scripts (gpu_gop_alt.sh, gpu_convert_ab.sh, gpu_nv12_ab.sh, gpu_decode_levers.sh,
+# gpu_seek_ab.sh, ...): one
 # training row from a latent cache at the h100 defaults, and its line of the table. Needs W (work folder: sets,
 # caches, reference VAE, output), OUT (evidence folder) and start (the call's start, seconds since the epoch).
 # work_lock, first thing in a script: refuses a SRC_DIR that is not a folder and a second copy on the same W.

@@ -1,5 +1,5 @@
-"""The GPU work a clip's decode puts on the SMs, by PyNvVideoCodec API (issue 38 item 1, GPU machine, ~30 s; written
-in session 22, not run yet: the session's device time was spent).
+"""The GPU work a clip's decode puts on the SMs, by PyNvVideoCodec API (issue 38 item 1, GPU machine, ~30 s; its
+first run, session 23 on an H200, is in docs/benchmarks.md and docs/evidence/gop/h200_s23/gpu_work.txt).
 
     python scripts/nvdec_gpu_work.py DIR [--clips 6]
 

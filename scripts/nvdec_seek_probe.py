@@ -9,6 +9,8 @@ as the trainer draws them), each with THREADS threads (one NVDEC session and CUD
   full    the low-level demuxer and decoder, every packet from the keyframe before the clip
   skip    the same, but packets whose slices are non-reference (nal_ref_idc 0) and whose frame is not
           wanted are never sent to NVDEC: no later frame refers to them
+  discard `full` with the unwanted pictures' packets flagged discardable (decoded, never surfaced);
+          `skip+discard` both (--modes picks the rows; the default leaves these two out)
 
 and checks that `skip` gives the same NV12 bytes as `simple` on CHECK clips. Prints one JSON line per row.
 """
@@ -25,29 +27,8 @@ import sys
 import threading
 import time
 
-
-def nal_ref(data: bytes) -> int | None:
-    """nal_ref_idc of the first slice NAL in an Annex B (or 4-byte length-prefixed) H.264 access unit."""
-    n = len(data)
-    if data[:3] == b"\x00\x00\x01" or data[:4] == b"\x00\x00\x00\x01":
-        i = 0
-        while i < n - 3:
-            if data[i] == 0 and data[i + 1] == 0 and data[i + 2] == 1:
-                h = data[i + 3]
-                if h & 0x1F in (1, 5):
-                    return (h >> 5) & 3
-                i += 3
-            else:
-                i += 1
-        return None
-    i = 0
-    while i + 4 < n:
-        size = int.from_bytes(data[i : i + 4], "big")
-        h = data[i + 4]
-        if h & 0x1F in (1, 5):
-            return (h >> 5) & 3
-        i += 4 + size
-    return None
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+from taehv_launch.train.data.nvdec_seek import nal_ref_idc as nal_ref  # noqa: E402  (the trainer's own reading)
 
 
 def table(nvc, path):
@@ -237,7 +218,11 @@ def main() -> int:
         counts, sent, errors = [0] * a.threads, [0] * a.threads, []
 
         def work(t, mode=mode, stop=stop, counts=counts, sent=sent, errors=errors):
-            dec = Simple(nvc, torch) if mode == "simple" else LowLevel(nvc, torch, mode == "skip")
+            dec = (
+                Simple(nvc, torch)
+                if mode == "simple"
+                else LowLevel(nvc, torch, "skip" in mode, discard="discard" in mode)
+            )
             r = random.Random(100 + t)
             try:
                 while time.perf_counter() < stop:

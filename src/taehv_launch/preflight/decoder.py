@@ -53,13 +53,13 @@ def check_decoder(plan: Plan, path: str | None) -> Check:
             "check the GPU driver's NVDEC support for this codec, or --set video_decoder=opencv",
         )
     ms = (time.perf_counter() - t0) * 1000
-    from ..train.data import nv12
+    from ..train.data import nv12, nvdec_seek
 
     failed = nv12.take_note()  # the colour kernel could not build or launch here: training still runs, slower
     return Check(
         "video decoder",
         WARN if failed else PASS,
-        f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}, {nv12.how()}, "
+        f"nvdec (PyNvVideoCodec {nvdec.nvdec_version()}, {nvdec_seek.how()}, {nv12.how()}, "
         f"{threads_text(c['video_decode_threads'])}): {tuple(frames.shape)} frames of {path} decoded on the GPU "
         f"in {ms:.0f} ms (the first decode: opening the decoder and building the colour kernel included)"
         + (f"; {failed.removeprefix('data: ')}" if failed else ""),

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ...plan.decodeplan import NVDEC_CODECS, NVDEC_UNINDEXED
 from .clips import Crop, Ticket
 from .decode import colour_of
-from . import nv12
+from . import nv12, nvdec_seek
 from .nv12 import nv12_to_rgb
 from .probe import choose_threads
 
@@ -79,6 +79,7 @@ class NvdecDecoder:
         self.nvc, self.device = nvc, device
         self.stream = torch.cuda.Stream(device)
         self.dec = None
+        self.seek = None  # nvdec_seek.SeekCutter, made on the first clip it takes
 
     def frames(self, path: str, indices: tuple[int, ...]) -> torch.Tensor:
         """uint8 (T, 3, H, W) RGB frames at `indices` (clip order), on self.stream's device."""
@@ -100,6 +101,10 @@ class NvdecDecoder:
 
     def _surfaces(self, path: str, indices: tuple[int, ...]) -> tuple[list[torch.Tensor], dict[int, int], Any]:
         """(frames of sorted(set(indices)), at: index -> position, size): NV12 of size (h, w), or "rgbp" RGB: None."""
+        wanted = sorted(set(indices))
+        got = self._seeking(path, tuple(wanted))
+        if got is not None:
+            return got[0], {k: n for n, k in enumerate(wanted)}, got[1]
         try:
             if self.dec is None:
                 colour = self.nvc.OutputColorType.RGBP if self.output == "rgbp" else self.nvc.OutputColorType.NATIVE
@@ -117,7 +122,6 @@ class NvdecDecoder:
         except Exception as err:
             self.dec = None  # a failed session is not reused
             raise DecodeRefused("NVDEC cannot open the stream", _first_line(err)) from None
-        wanted = sorted(set(indices))
         if total and wanted[-1] >= total:
             raise DecodeRefused("the frame count NVDEC reads differs from the header's", f"{total} frames")
         try:
@@ -140,6 +144,22 @@ class NvdecDecoder:
                 f"{len(planes)} of {len(wanted)}, shape {tuple(planes[0].shape) if planes else ()}",
             )
         return planes, {k: n for n, k in enumerate(wanted)}, size
+
+    def _seeking(self, path: str, wanted: tuple[int, ...]):
+        """(NV12 planes, (h, w)) through nvdec_seek (only the clip's pictures mapped), or None where that path
+        does not take this file or clip; a file it fails on goes through SimpleDecoder from then on."""
+        if self.output == "rgbp" or not nvdec_seek.enabled():
+            return None
+        if self.seek is None:
+            self.seek = nvdec_seek.SeekCutter(self.nvc, self.device.index or 0, self.stream)
+        if path in self.seek.failed:
+            return None
+        try:
+            table = self.seek.table(path)
+            return self.seek.planes(path, table, wanted) if table is not None and table.pays() else None
+        except Exception as err:  # SimpleDecoder decides about this file, and the CPU if it fails too
+            self.seek.failed[path] = _first_line(err)
+            return None
 
 
 class OpenCVFrames:

@@ -211,7 +211,7 @@ def use_decoder(cfg: Config, device: torch.device, dataset, log) -> Decoding:
     """Which decoder cuts the training clips ("nvdec" or "opencv"), said in one line; with nvdec the
     dataset plans clips (tickets) and the training process decodes them (nvdec.DecodeStage) with the threads
     video_decode_threads sets, or with 0 those chosen here from the sources (a second line says why)."""
-    from ..data import nv12
+    from ..data import nv12, nvdec_seek
     from ..data.nvdec import DecodeRefused, NvdecDecoder, OpenCVFrames, choose, nvdec_version
 
     stand_in = faults.decode_stand_in(OpenCVFrames, DecodeRefused)  # the tests' GPU path on any device
@@ -229,7 +229,7 @@ def use_decoder(cfg: Config, device: torch.device, dataset, log) -> Decoding:
         )
         return Decoding("opencv")
     dataset.defer = True
-    what = stand_in.what if stand_in else f"NVDEC, PyNvVideoCodec {nvdec_version()}, {nv12.how()}"
+    what = stand_in.what if stand_in else f"NVDEC, PyNvVideoCodec {nvdec_version()}, {nvdec_seek.how()}, {nv12.how()}"
     threads, how, choice = cfg.video_decode_threads, "as set by video_decode_threads", None
     if threads <= 0:  # 0: chosen once, at start, from the sources and the GPU (plan/decodeplan.py)
         from ..data.probe import choose_threads
