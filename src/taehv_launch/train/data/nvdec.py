@@ -25,6 +25,7 @@ from .clips import Crop, Ticket
 from .decode import colour_of
 from . import nv12, nvdec_seek
 from .nv12 import nv12_to_rgb
+from .nvdec_env import nvdec_available, nvdec_version  # noqa: F401  (callers import them from here)
 from .probe import choose_threads
 
 CHUNK_BYTES = 256 << 20  # float32 frames resized at a time: bounds the 4K crop's working memory
@@ -43,26 +44,6 @@ class DecodeRefused(Exception):
     def __init__(self, reason: str, detail: str = "", *, for_good: bool = True):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason, self.detail, self.for_good = reason, detail, for_good
-
-
-def nvdec_available() -> str:
-    """'' when PyNvVideoCodec imports and a CUDA device is visible, else why not (one phrase)."""
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    try:
-        import PyNvVideoCodec  # noqa: F401
-    except Exception as err:  # ImportError, or its native library failing to load
-        return f"PyNvVideoCodec is not installed ({type(err).__name__}): pip install 'taehv-launch[nvdec]'"
-    return ""
-
-
-def nvdec_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("PyNvVideoCodec")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 class NvdecDecoder:
