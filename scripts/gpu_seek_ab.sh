@@ -2,8 +2,8 @@
 # Issue 38 item 1: train/data/nvdec_seek.py (the clip's pictures alone mapped out of NVDEC, non-reference pictures
 # outside the clip not decoded) against SimpleDecoder (TAEHV_NVDEC_SEEK=0), one GPU, ~9.5 min, from the repo root:
 #   bash scripts/gpu_seek_ab.sh SRC_DIR
-# gpu_gop.sh's 480p and long-GOP 1080p sets and caches, and a 2000-frame 720p file (keyframe every 250: the
-# demuxer's Seek); scripts/nvdec_seek_check.py on them and SRC_DIR's H.264 files (the same clips both ways, clips/s
+# gpu_gop.sh's 480p and long-GOP 1080p sets and caches, and a 2000-frame 720p file (keyframe every 250: clips
+# far into a file); scripts/nvdec_seek_check.py on them and SRC_DIR's H.264 files (the same clips both ways, clips/s
 # of the decode threads alone); then training rows from the cache at the h100 defaults, the path on and off
 # alternating, while the call has time (LAST_BY s, default 470). Env: CHECK_SETS (the check's folders under W),
 # CHECK_ARGS (its options), SESSIONS (also the decode threads alone on SRC_DIR's files with that many NVDEC

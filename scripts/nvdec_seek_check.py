@@ -49,8 +49,23 @@ def main() -> int:
             files += sorted(f for f in glob.glob(os.path.join(glob.escape(p), "*")) if f.lower().endswith(EXT))
         elif os.path.isfile(p):
             files.append(p)
-    if not files or a.clips < 0 or a.threads < 1 or not a.seconds > 0:
-        print("error: give video files or folders of them (and --threads >= 1, --seconds > 0)", file=sys.stderr)
+        else:
+            print(f"error: {p!r} is neither a video file nor a folder: give files or folders of them", file=sys.stderr)
+            return 2
+    bad = [
+        f"--{k} {v}"
+        for k, v, ok in (
+            ("clips", a.clips, a.clips >= 0),
+            ("threads", a.threads, a.threads >= 1),
+            ("seconds", a.seconds, 0 < a.seconds <= 600),
+            ("rounds", a.rounds, a.rounds >= 0),
+            ("sessions", a.sessions, a.sessions >= 0),
+        )
+        if not ok
+    ]
+    if not files or bad:
+        why = f"{', '.join(bad)} out of range (clips, rounds, sessions >= 0; threads >= 1; 0 < seconds <= 600)"
+        print(f"error: {why if bad else 'no video files in ' + repr(a.paths)}", file=sys.stderr)
         return 2
     try:
         import cv2
@@ -116,7 +131,7 @@ def main() -> int:
                     "clips": len(picks),
                     "differing": differ,
                     "packets_sent_by_path": (on.seek.sent - sent) if on.seek else 0,
-                    "given_up": (on.seek.failed.get(f, "") if on.seek else "")[:120],
+                    "given_up": nvdec_seek.GIVEN_UP.get(f, "")[:120],
                     "sessions_made": on.seek.created if on.seek else 0,
                 }
             ),

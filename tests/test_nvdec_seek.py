@@ -10,7 +10,6 @@ import types
 
 import pytest
 import torch
-from conftest import testdata_videos as videos_dir  # (not collected as a test)
 
 from taehv_launch.train.data import nvdec_seek
 from taehv_launch.train.data.nvdec_seek import NOPTS, SeekCutter, Table, Tables, nal_ref_idc, plan_feed
@@ -38,18 +37,21 @@ def test_nal_ref_idc_reads_the_first_slice_after_parameter_sets_and_sei(wrap):
     assert nal_ref_idc(b"") is None
 
 
-def test_nal_ref_idc_three_byte_start_codes_and_a_zero_length_prefix():
+def test_nal_ref_idc_three_byte_start_codes_a_zero_length_prefix_and_lengths_that_look_like_start_codes():
     assert nal_ref_idc(b"\x00\x00\x01" + SEI + b"\x00\x00\x01" + B_NONREF) == 0
     assert nal_ref_idc(b"\x00\x00\x00\x00\x06") is None  # a zero length: not a stream this reads
+    long_p = P_REF + bytes(255)  # 257 bytes: its length prefix is 00 00 01 01, a start code and a NAL header
+    assert nal_ref_idc(avcc(long_p)) == 2 and nal_ref_idc(avcc(SEI + bytes(300), B_NONREF)) == 0
+    assert nal_ref_idc(annexb(long_p)) == 2
 
 
-def test_real_files_non_reference_pictures_where_the_encoder_wrote_b_frames():
+def test_real_files_non_reference_pictures_where_the_encoder_wrote_b_frames(videos):
     """OpenCV's raw packets of the test videos: x264 streams with B-frames have non-reference pictures, an IPPP
     stream (fire2.mp4) has none, and every packet has a slice header within the bytes the cutter reads."""
     cv2 = pytest.importorskip("cv2")
     seen = {}
     for name in ("chaplin.mp4", "example2.mp4", "fire2.mp4"):
-        cap = cv2.VideoCapture(str(videos_dir() / name), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+        cap = cv2.VideoCapture(str(videos / name), cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
         refs = []
         while len(refs) < 48 and cap.grab():
             ok, data = cap.retrieve()
@@ -119,17 +121,15 @@ def test_plan_feed_refuses_what_the_table_cannot_give():
     assert plan_feed(late_key, (1, 2))[0] == 1
 
 
-def test_table_refuses_timestamps_that_number_no_frames_and_pays_from_720p():
+def test_table_refuses_timestamps_that_number_no_frames():
     assert Table.of([0, 10, 10], [True, False, False]) is None  # repeated
     assert Table.of([0, NOPTS, 20], [True, False, False]) is None  # missing
     assert Table.of([0, 10], [False, False]) is None  # no keyframe
     assert Table.of([0, 10], [True]) is None  # flags that do not match the packets
     assert Table.of([], []) is None
     table = Table.of([20, 0, 10], [True, False, False])
-    assert list(table.order) == [0, 10, 20] and list(table.keyat) == [0] and len(table) == 3
-    assert not table.pays()  # no size read: SimpleDecoder
-    assert Table.of([0], [True], (720, 1280)).pays() and Table.of([0], [True], (1080, 1920)).pays()
-    assert not Table.of([0], [True], (480, 720)).pays() and not Table.of([0], [True], (360, 640)).pays()
+    assert list(table.order) == [0, 10, 20] and list(table.keyat) == [0] and len(table) == table.frames() == 3
+    assert Table.of(list(range(100)), [True] * 100, complete=False).frames() == 100 - nvdec_seek.REORDER
 
 
 def test_tables_keep_the_most_recently_used_within_their_frames():
@@ -159,8 +159,11 @@ class Packet:
 
 
 class Frame:
-    def __init__(self, pts: int):
-        self.pts, self.tensor = pts, torch.full((6, 4), pts, dtype=torch.int32)
+    """An NV12 surface (h * 3 / 2 rows of w bytes) whose first 8 bytes hold its timestamp."""
+
+    def __init__(self, pts: int, size: tuple[int, int], dtype=torch.uint8):
+        self.pts, self.tensor = pts, torch.zeros((size[0] * 3 // 2, size[1]), dtype=dtype)
+        self.tensor[0, :8] = torch.tensor(list(pts.to_bytes(8, "little")), dtype=dtype)
 
     def getPTS(self):
         return self.pts
@@ -172,9 +175,14 @@ class Frame:
         return self.tensor.__dlpack_device__()
 
 
+def stamp(plane: torch.Tensor) -> int:
+    return int.from_bytes(bytes(plane[0, :8].tolist()), "little")
+
+
 class Decoder:
     def __init__(self, nvc):
         self.nvc, self.held = nvc, []
+        self.size = nvc.opened["size"]  # the stream its demuxer was opened on
 
     def Decode(self, pkt):
         if not pkt.bsl:
@@ -186,12 +194,13 @@ class Decoder:
             if len(self.held) > 2:
                 self.held.sort()
                 out = [self.held.pop(0)]
-        return [Frame(p) for p, discard in out if not discard and p not in self.nvc.lose]
+        return [Frame(p, self.size, self.nvc.dtype) for p, discard in out if not discard and p not in self.nvc.lose]
 
 
 class Demuxer:
     def __init__(self, nvc, path):
         self.nvc, self.file = nvc, nvc.files[path]
+        nvc.opened = self.file
 
     def __iter__(self):
         yield Packet(0, False, b"")  # a packet without data (as the demuxer gives at times): not counted
@@ -212,12 +221,14 @@ STREAM = types.SimpleNamespace(cuda_stream=0)  # what CreateDecoder is given: th
 
 def scripted(tmp_path, **files):
     nvc = types.SimpleNamespace(files={}, fed=[], lose=set(), made=0, cudaVideoCodec=types.SimpleNamespace(H264=4))
+    nvc.dtype, nvc.decoders = torch.uint8, []
     nvc.CreateDemuxer = lambda path: Demuxer(nvc, path)
     nvc.PacketData = lambda: Packet(0, False, b"")
 
     def create(**kwargs):
         nvc.made += 1
-        return Decoder(nvc)
+        nvc.decoders.append(Decoder(nvc))
+        return nvc.decoders[-1]
 
     nvc.CreateDecoder = create
     paths = {}
@@ -226,10 +237,18 @@ def scripted(tmp_path, **files):
         path.write_bytes(name.encode())  # the table cache keys on the file's size and time
         order, kinds, keys = ibbp(spec.get("frames", 48), spec.get("keys_at", (0, 24)))
         packets = [(10 * g, key, avcc(SEI, kind) if key else avcc(kind)) for g, kind, key in zip(order, kinds, keys)]
-        nvc.files[str(path)] = {"packets": spec.get("packets", packets), "size": spec.get("size", (1080, 1920))}
+        nvc.files[str(path)] = {"packets": spec.get("packets", packets), "size": spec.get("size", (720, 1280))}
         nvc.files[str(path)].update({k: v for k, v in spec.items() if k == "codec"})
         paths[name] = str(path)
     return nvc, paths
+
+
+@pytest.fixture(autouse=True)
+def fresh_bookkeeping(monkeypatch):
+    """Each test with the process-wide give-ups and notes empty."""
+    monkeypatch.setattr(nvdec_seek, "GIVEN_UP", {})
+    monkeypatch.setattr(nvdec_seek, "_notes", [])
+    monkeypatch.setattr(nvdec_seek, "_reasons", set())
 
 
 def test_the_cutter_maps_only_the_clips_pictures_and_leaves_unused_non_reference_ones_out(tmp_path):
@@ -237,8 +256,8 @@ def test_the_cutter_maps_only_the_clips_pictures_and_leaves_unused_non_reference
     cutter = SeekCutter(nvc, 0, STREAM)
     table = cutter.table(paths["a"])
     planes, size = cutter.planes(paths["a"], table, (29, 30, 31))
-    assert size == (1080, 1920)
-    assert [int(p[0, 0]) for p in planes] == [290, 300, 310]
+    assert size == (720, 1280) and all(p.shape == (1080, 1280) for p in planes)
+    assert [stamp(p) for p in planes] == [290, 300, 310]
     fed = dict(nvc.fed)
     assert min(fed) == 240  # from the keyframe before the clip, nothing before it
     assert all(not fed[p] for p in (290, 300, 310))  # the clip's pictures: mapped
@@ -246,15 +265,19 @@ def test_the_cutter_maps_only_the_clips_pictures_and_leaves_unused_non_reference
     nonref = {10 * g for g, kind in zip(*ibbp(48, (0, 24))[:2]) if kind == B_NONREF}
     assert not (nonref & set(fed) - {290, 300, 310})  # unused non-reference pictures never reach NVDEC
     assert 250 not in fed and 260 in fed and 280 in fed  # B1 left out; the reference B2 and the P4 fed
+    assert max(fed) <= 360  # stops once the clip's frames are out: no packet of the groups after it
+    assert not nvc.decoders[0].held  # and drains the session with an empty packet: the next clip starts clean
     assert cutter.sent == len(fed) and nvc.made == 1
     cutter.planes(paths["a"], table, (2, 3))
     assert nvc.made == 1  # the session is kept for the next clip of that size
 
 
 def test_the_cutter_hands_back_what_it_cannot_plan_and_fails_loudly_on_a_file_unlike_its_table(tmp_path, monkeypatch):
-    nvc, paths = scripted(tmp_path, a={}, odd={})
+    nvc, paths = scripted(tmp_path, a={}, odd={}, small={"size": (480, 720)}, vp9={"codec": 10})
     cutter = SeekCutter(nvc, 0, STREAM)
+    assert cutter.table(paths["small"]) is None and cutter.table(paths["vp9"]) is None  # SimpleDecoder's files
     table = cutter.table(paths["a"])
+    assert table.complete and table.frames() == 48
     assert cutter.planes(paths["a"], table, (47, 48)) is None  # past the end: SimpleDecoder's to refuse
     monkeypatch.setattr(nvdec_seek, "SCAN_LIMIT", 10)
     assert cutter.planes(paths["a"], table, (30, 31)) is None  # its keyframe too far in to demux up to
@@ -262,31 +285,56 @@ def test_the_cutter_hands_back_what_it_cannot_plan_and_fails_loudly_on_a_file_un
     monkeypatch.undo()
     odd = cutter.table(paths["odd"])
     nvc.files[paths["odd"]]["packets"][26] = (999, False, avcc(P_REF))  # the file changed under its table
-    with pytest.raises(RuntimeError, match="packet 26"):
+    with pytest.raises(nvdec_seek.PathFailed, match="packet 26"):
         cutter.planes(paths["odd"], odd, (30, 31))
     assert not cutter.decoders  # a failed session is not reused
     nvc.lose.add(300)
-    with pytest.raises(RuntimeError, match="gave 1 of the 2 frames"):
+    with pytest.raises(nvdec_seek.PathFailed, match="gave 1 of the 2 frames"):
+        cutter.planes(paths["a"], table, (29, 30))
+    nvc.lose.clear()
+    nvc.dtype = torch.int16  # surfaces of another depth: SimpleDecoder refuses such files, so does this path
+    with pytest.raises(nvdec_seek.PathFailed, match="not 8-bit 4:2:0"):
         cutter.planes(paths["a"], table, (29, 30))
 
 
-def test_the_decoder_takes_the_path_where_it_pays_and_falls_back_for_good_where_it_fails(tmp_path, monkeypatch):
+def test_a_long_file_is_read_only_as_far_as_the_path_can_use_it(tmp_path, monkeypatch):
+    """Its table stops SCAN_LIMIT + REORDER packets in: frames the table cannot number go to SimpleDecoder."""
+    monkeypatch.setattr(nvdec_seek, "SCAN_LIMIT", 40)
+    monkeypatch.setattr(nvdec_seek, "REORDER", 8)
+    nvc, paths = scripted(tmp_path, long={"frames": 200, "keys_at": (0, 24, 100)})
+    cutter = SeekCutter(nvc, 0, STREAM)
+    table = cutter.table(paths["long"])
+    assert len(table) == 48 and not table.complete and table.frames() == 40
+    assert list(table.order)[:40] == [10 * g for g in range(40)]  # the frames it numbers, numbered right
+    planes, _ = cutter.planes(paths["long"], table, (36, 37, 38, 39))
+    assert [stamp(p) for p in planes] == [360, 370, 380, 390]
+    assert cutter.planes(paths["long"], table, (38, 40)) is None  # frame 40: past what the table numbers
+    assert cutter.planes(paths["long"], table, (150, 151)) is None
+
+
+def test_the_decoder_takes_the_path_where_it_pays_and_gives_a_file_up_for_good_once(tmp_path, monkeypatch):
     from taehv_launch.train.data.nvdec import NvdecDecoder
 
-    nvc, paths = scripted(tmp_path, big={}, small={"size": (360, 640)}, vp9={"codec": 10}, broken={})
+    nvc, paths = scripted(tmp_path, big={}, small={"size": (360, 640)}, broken={}, broken2={})
     dec = object.__new__(NvdecDecoder)  # the decoder without its CUDA stream: the path's choice only
     dec.nvc, dec.device, dec.stream, dec.dec, dec.seek = nvc, torch.device("cpu"), STREAM, None, None
     monkeypatch.delenv("TAEHV_NVDEC_SEEK", raising=False)
     planes, size = dec._seeking(paths["big"], (3, 4))
-    assert size == (1080, 1920) and len(planes) == 2
-    assert dec._seeking(paths["small"], (3, 4)) is None  # 360p: SimpleDecoder cuts it faster
-    assert dec._seeking(paths["vp9"], (3, 4)) is None  # not H.264
-    nvc.lose.add(40)  # the decoder never gives frame 4 of this file
-    assert dec._seeking(paths["broken"], (3, 4)) is None  # given up, for good
-    assert "gave 1 of the 2 frames" in dec.seek.failed[paths["broken"]]
+    assert size == (720, 1280) and [stamp(p) for p in planes] == [30, 40]
+    fed = len(nvc.fed)
+    assert dec._seeking(paths["small"], (3, 4)) is None and len(nvc.fed) == fed  # 360p: SimpleDecoder's
+    nvc.lose.update({40, 41})  # the decoder never gives frame 4 of these files
+    assert dec._seeking(paths["broken"], (3, 4)) is None  # given up, for good, in every thread
+    assert "gave 1 of the 2 frames" in nvdec_seek.GIVEN_UP[paths["broken"]]
+    note = nvdec_seek.take_note()
+    assert note.startswith(f"data: NVDEC's low-level path gave up on {paths['broken']} (the decoder gave 1 of")
+    assert "SimpleDecoder from now on (this line once per reason)" in note
+    assert dec._seeking(paths["broken2"], (3, 4)) is None and nvdec_seek.take_note() == ""  # the same reason
     nvc.lose.clear()
     fed = len(nvc.fed)
-    assert dec._seeking(paths["broken"], (3, 4)) is None and len(nvc.fed) == fed
+    other = object.__new__(NvdecDecoder)
+    other.nvc, other.device, other.stream, other.dec, other.seek = nvc, torch.device("cpu"), STREAM, None, None
+    assert other._seeking(paths["broken"], (3, 4)) is None and len(nvc.fed) == fed  # another thread: not retried
     monkeypatch.setenv("TAEHV_NVDEC_SEEK", "0")
     assert dec._seeking(paths["big"], (3, 4)) is None and len(nvc.fed) == fed
     dec.output = "rgbp"

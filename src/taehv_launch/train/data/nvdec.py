@@ -128,19 +128,12 @@ class NvdecDecoder:
 
     def _seeking(self, path: str, wanted: tuple[int, ...]):
         """(NV12 planes, (h, w)) through nvdec_seek (only the clip's pictures mapped), or None where that path
-        does not take this file or clip; a file it fails on goes through SimpleDecoder from then on."""
+        does not take this file or clip (nvdec_seek.SeekCutter.cut)."""
         if self.output == "rgbp" or not nvdec_seek.enabled():
             return None
         if self.seek is None:
             self.seek = nvdec_seek.SeekCutter(self.nvc, self.device.index or 0, self.stream)
-        if path in self.seek.failed:
-            return None
-        try:
-            table = self.seek.table(path)
-            return self.seek.planes(path, table, wanted) if table is not None and table.pays() else None
-        except Exception as err:  # SimpleDecoder decides about this file, and the CPU if it fails too
-            self.seek.failed[path] = _first_line(err)
-            return None
+        return self.seek.cut(path, wanted)
 
 
 class OpenCVFrames:
@@ -309,10 +302,9 @@ class DecodeStage:
                     clip = cut(dec, ticket, self.height, self.width)
                 if dec.stream is not None:
                     dec.stream.synchronize()  # this thread's stream only: the step's stream runs on
-                note = nv12.take_note()
-                if note:
-                    with self.lock:
-                        self.messages.append(note)
+                notes = [n for n in (nv12.take_note(), nvdec_seek.take_note()) if n]
+                with self.lock:
+                    self.messages.extend(notes)
                 self._count("gpu")
                 return clip
             except DecodeRefused as err:

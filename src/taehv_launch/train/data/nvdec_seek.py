@@ -12,14 +12,17 @@ path) maps every one of those pictures out of NVDEC: one block-linear to pitch-l
   at all: no later picture refers to it (x264's default stream has about half its pictures so);
 - the packets before the clip's keyframe are demuxed from the file's start (no decoding), up to SCAN_LIMIT of
   them; a clip starting further in goes through SimpleDecoder. (The demuxer's Seek(k) lands on the keyframe
-  before frame k, but on a demuxer opened per clip it cut fewer clips than the scan: docs/benchmarks.md.)
+  before frame k, but with it the path cut fewer clips than SimpleDecoder: docs/benchmarks.md.)
 
 Only frames of MIN_PIXELS or more take the path: on smaller ones the Python work a packet costs more than the
 mapping it saves (docs/benchmarks.md). Frame k is the k-th smallest presentation timestamp among the file's
-video packets, as SimpleDecoder and OpenCV count. That table is read once per file and process by demuxing it whole (no decoding) and kept in a
+video packets, as SimpleDecoder and OpenCV count (checked frame for frame on constant-rate, closed-GOP x264
+files and the H.264 test videos; variable frame rates and open GOPs were not in those checks). That table is
+read once per file and process, demuxing its first SCAN_LIMIT + REORDER packets (no decoding), and kept in a
 cache bounded by frames. Files it cannot number (missing or repeated timestamps, no keyframe), other codecs,
-and clips it cannot plan go through SimpleDecoder; a file on which this path fails once goes there for good.
-TAEHV_NVDEC_SEEK=0 turns the path off (side-by-side benchmarks). Pure parts have CPU tests.
+and clips it cannot plan go through SimpleDecoder; a file on which this path fails once goes there for good, in
+every thread, with one log line a reason. TAEHV_NVDEC_SEEK=0 turns the path off (side-by-side benchmarks).
+Pure parts have CPU tests; the feeding is tested against a scripted demuxer and decoder (NVDEC needs a GPU).
 """
 
 from __future__ import annotations
@@ -32,15 +35,22 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-HEAD_BYTES = 4096  # bytes of a packet read for its first slice's header (SPS/PPS/SEI may come first)
 NOPTS = -(1 << 63)  # FFmpeg's AV_NOPTS_VALUE
-CACHED_FRAMES = 4_000_000  # packet-table entries kept per process (~10 bytes each)
-SCAN_LIMIT = 3000  # packets demuxed from the file's start at most; a clip starting further in: SimpleDecoder
+CACHED_FRAMES = 4_000_000  # packet-table entries kept per process (~24 bytes each)
+SCAN_LIMIT = 3000  # packets demuxed from the file's start at most (chosen, not measured); a clip starting
+# further in goes through SimpleDecoder, and a file's table holds its first SCAN_LIMIT + REORDER packets only
+REORDER = 64  # packets read past a table's end: H.264 reorders at most 16 pictures, so the display order of
+# all but the table's last REORDER packets is known (its frames past that: SimpleDecoder)
 DECODERS = 3  # low-level NVDEC sessions a thread keeps (one per stream size)
 # Frames this size or larger take the path. On one H200 (docs/benchmarks.md, session 23) 11 decode threads alone
-# cut 1.5x the clips on long-GOP 1080p and 1.4x on 720p, but 0.55x on long-GOP 360p and 0.97x on 480p: where a
-# picture is cheap to map, the path's Python work a packet costs more than the mapping it saves.
+# cut 1.5x the clips on long-GOP 1080p and 1.4x on a long-GOP 720p file, but 0.97x on 480p and 0.84x on the
+# H.264 test videos (360p to 1080p): where a picture is cheap to map, the path's Python work a packet costs
+# more than the mapping it saves.
 MIN_PIXELS = 1280 * 720
+_lock = threading.Lock()
+GIVEN_UP: dict[str, str] = {}  # path -> why the path failed on it: SimpleDecoder's from then on, every thread
+_notes: list[str] = []
+_reasons: set[str] = set()
 
 
 def enabled() -> bool:
@@ -58,26 +68,28 @@ def how() -> str:
 
 
 def nal_ref_idc(data: bytes) -> int | None:
-    """nal_ref_idc of the first slice NAL unit (types 1 and 5) of an H.264 access unit, in Annex B (start
-    codes) or 4-byte length-prefixed form; None when no slice header is within `data`."""
-    n = len(data)
-    if data[:3] == b"\x00\x00\x01" or data[:4] == b"\x00\x00\x00\x01":
-        i = data.find(b"\x00\x00\x01")
-        while 0 <= i < n - 3:
-            head = data[i + 3]
+    """nal_ref_idc of the first slice NAL unit (types 1 and 5) of a whole H.264 access unit, None when it has no
+    slice. The form is read from the bytes: 4-byte big-endian lengths that chain exactly to the end are MP4's
+    length-prefixed form, anything else Annex B (3- or 4-byte start codes), so neither is taken for the other
+    (a length of 256-511 begins with the bytes of a start code)."""
+    n, i = len(data), 0
+    while 0 <= i < n:  # length-prefixed while the lengths chain; i lands on n exactly when they do
+        size = int.from_bytes(data[i : i + 4], "big") if i + 4 < n else 0
+        i = i + 4 + size if size > 0 and i + 4 + size <= n else -1
+    if i == n and n:
+        i = 0
+        while i < n:
+            head = data[i + 4]
             if head & 0x1F in (1, 5):
                 return (head >> 5) & 3
-            i = data.find(b"\x00\x00\x01", i + 3)
+            i += 4 + int.from_bytes(data[i : i + 4], "big")
         return None
-    i = 0
-    while i + 4 < n:
-        size = int.from_bytes(data[i : i + 4], "big")
-        head = data[i + 4]
+    i = data.find(b"\x00\x00\x01")
+    while 0 <= i < n - 3:
+        head = data[i + 3]
         if head & 0x1F in (1, 5):
             return (head >> 5) & 3
-        if size <= 0:
-            return None
-        i += 4 + size
+        i = data.find(b"\x00\x00\x01", i + 3)
     return None
 
 
@@ -85,23 +97,26 @@ def nal_ref_idc(data: bytes) -> int | None:
 class Table:
     """A file's video packets in decode order: presentation timestamps and key flags; `order` holds the
     timestamps sorted (display order: frame k has order[k]); `keyat` the keyframes' decode-order positions;
-    `size` the stream's (height, width) as the demuxer reads it (0 where it does not)."""
+    `size` the stream's (height, width) as the demuxer reads it (0 where it does not); `complete` False when
+    the file has packets past the table's (its last REORDER frames are then not numbered)."""
 
     pts: array
     keyat: array
     order: array
     size: tuple[int, int] = (0, 0)
+    complete: bool = True
 
     @classmethod
-    def of(cls, pts: list[int], keys: list[bool], size: tuple[int, int] = (0, 0)) -> Table | None:
+    def of(cls, pts: list[int], keys: list[bool], size=(0, 0), complete: bool = True) -> Table | None:
         """None when the timestamps cannot number the frames (missing or repeated) or no packet is a keyframe."""
         if not pts or len(pts) != len(keys) or NOPTS in pts or len(set(pts)) != len(pts) or not any(keys):
             return None
-        return cls(array("q", pts), array("q", (n for n, k in enumerate(keys) if k)), array("q", sorted(pts)), size)
+        keyat = array("q", (n for n, k in enumerate(keys) if k))
+        return cls(array("q", pts), keyat, array("q", sorted(pts)), size, complete)
 
-    def pays(self) -> bool:
-        """Whether the path is worth its per-packet Python work here: frames of at least MIN_PIXELS."""
-        return self.size[0] * self.size[1] >= MIN_PIXELS
+    def frames(self) -> int:
+        """The frames this table numbers: all of a complete one's, the first len - REORDER of a partial one's."""
+        return len(self.order) if self.complete else max(0, len(self.order) - REORDER)
 
     def __len__(self) -> int:
         return len(self.pts)
@@ -111,11 +126,11 @@ def plan_feed(table: Table, wanted: tuple[int, ...]) -> tuple[int, dict[int, int
     """(the decode-order position of the keyframe to start from: the last one shown at or before the clip's
     first frame, {pts: frame index} of the wanted frames), or None when a wanted frame is past the table or
     before the file's first keyframe."""
-    if not wanted or max(wanted) >= len(table.order) or min(wanted) < 0:
+    if not wanted or max(wanted) >= table.frames() or min(wanted) < 0:
         return None
     want = {table.order[k]: k for k in wanted}
     first = min(want)
-    starts = [n for n in table.keyat if table.pts[n] <= first]
+    starts = [n for n in table.keyat if table.pts[n] <= first]  # the display order of keyframes is their decode order
     if not starts:
         return None
     return starts[-1], want
@@ -136,10 +151,10 @@ class Tables:
         with self.lock:
             if key not in self.items:
                 self.items[key] = value
-                self.held += len(value) if value is not None else 0
+                self.held += len(value) if value is not None else 1
             while self.held > self.frames and len(self.items) > 1:
                 _, old = self.items.popitem(last=False)
-                self.held -= len(old) if old is not None else 0
+                self.held -= len(old) if old is not None else 1
         return value
 
 
@@ -153,22 +168,37 @@ class SeekCutter:
     def __init__(self, nvc, device_index: int, stream):
         self.nvc, self.device_index, self.stream = nvc, device_index, stream
         self.decoders: OrderedDict[Any, Any] = OrderedDict()  # (codec, (height, width)) -> decoder
-        self.failed: dict[str, str] = {}  # path -> why this path failed on it (SimpleDecoder takes it)
         self.sent = self.created = 0
+
+    def cut(self, path: str, wanted: tuple[int, ...]):
+        """planes() of the file's table where the path takes this clip, else None (SimpleDecoder's); a file the
+        path fails on is given up (GIVEN_UP, a log line once per reason) and never tried again."""
+        if path in GIVEN_UP:
+            return None
+        try:
+            table = self.table(path)
+            return self.planes(path, table, wanted) if table is not None else None
+        except Exception as err:  # SimpleDecoder decides about this file, and the CPU if it fails too
+            give_up(path, err)
+            return None
 
     def table(self, path: str) -> Table | None:
         stat = os.stat(path)
 
-        def build():
+        def build():  # None: SimpleDecoder's file (not H.264, frames under MIN_PIXELS, timestamps that number none)
             dmx = self.nvc.CreateDemuxer(path)
-            if dmx.GetNvCodecId() != self.nvc.cudaVideoCodec.H264:
+            size = (_call(dmx, "Height") or 0, _call(dmx, "Width") or 0)
+            if dmx.GetNvCodecId() != self.nvc.cudaVideoCodec.H264 or size[0] * size[1] < MIN_PIXELS:
                 return None
-            pts, keys = [], []
+            pts, keys, complete = [], [], True
             for pkt in dmx:
                 if pkt.bsl:
+                    if len(pts) == SCAN_LIMIT + REORDER:
+                        complete = False
+                        break
                     pts.append(int(pkt.pts))
                     keys.append(bool(pkt.key))
-            return Table.of(pts, keys, (_call(dmx, "Height") or 0, _call(dmx, "Width") or 0))
+            return Table.of(pts, keys, size, complete)
 
         return TABLES.get((path, stat.st_size, stat.st_mtime_ns), build)
 
@@ -203,7 +233,7 @@ class SeekCutter:
         dmx = self.nvc.CreateDemuxer(path)
         key, dec = self._decoder(dmx)
         if None in key[1]:
-            raise RuntimeError("the demuxer does not give the stream's size")
+            raise PathFailed("the demuxer does not give the stream's size")
         got: dict[int, Any] = {}
 
         def take(frames):
@@ -214,8 +244,8 @@ class SeekCutter:
 
         try:
             for n, pkt in _numbered(dmx, start):
-                if n >= len(table.pts) or int(pkt.pts) != table.pts[n]:
-                    raise RuntimeError(f"packet {n} of the file is not the one its table holds")
+                if n < len(table.pts) and int(pkt.pts) != table.pts[n]:
+                    raise PathFailed(f"packet {n} of the file is not the one its table holds")
                 shown = int(pkt.pts) in want
                 if not shown and _nal_ref(pkt) == 0:
                     continue  # a picture nothing refers to, not in the clip: NVDEC never sees it
@@ -229,8 +259,36 @@ class SeekCutter:
             self.decoders.pop(key, None)  # a failed session is not reused
             raise
         if len(got) != len(want):
-            raise RuntimeError(f"the decoder gave {len(got)} of the {len(want)} frames")
-        return [got[p] for p in sorted(want)], key[1]
+            raise PathFailed(f"the decoder gave {len(got)} of the {len(want)} frames")
+        planes, (h, w) = [got[p] for p in sorted(want)], key[1]
+        if any(p.dtype != torch.uint8 or p.ndim != 2 or p.shape[0] < h * 3 // 2 or p.shape[1] != w for p in planes):
+            what = f"{planes[0].dtype} {tuple(planes[0].shape)} for {w}x{h}"
+            raise PathFailed(f"NVDEC's surfaces are not 8-bit 4:2:0 here ({what})")
+        return planes, (h, w)
+
+
+class PathFailed(Exception):
+    """The path cannot give this file's frames (the file goes to SimpleDecoder)."""
+
+
+def give_up(path: str, err: BaseException) -> None:
+    text = str(err).strip().splitlines()
+    why = (text[0] if text else type(err).__name__)[:160]
+    with _lock:
+        GIVEN_UP[path] = why
+        reason = why.split(" (")[0].split(":")[0][:60]
+        if reason not in _reasons:
+            _reasons.add(reason)
+            _notes.append(
+                f"data: NVDEC's low-level path gave up on {path} ({why}); that file's clips go through "
+                f"SimpleDecoder from now on (this line once per reason)"
+            )
+
+
+def take_note() -> str:
+    """The oldest line give_up() left for the run's log, else ''."""
+    with _lock:
+        return _notes.pop(0) if _notes else ""
 
 
 def _numbered(dmx, start: int):
@@ -244,12 +302,8 @@ def _numbered(dmx, start: int):
 
 
 def _nal_ref(pkt) -> int | None:
-    """nal_ref_idc of a packet's picture: its first bytes, then HEAD_BYTES where parameter sets or SEI come first."""
-    size = int(pkt.bsl)
-    got = nal_ref_idc(ctypes.string_at(pkt.bsl_data, min(size, 64)))
-    if got is None and size > 64:
-        got = nal_ref_idc(ctypes.string_at(pkt.bsl_data, min(size, HEAD_BYTES)))
-    return got
+    """nal_ref_idc of a demuxed packet's picture (the whole packet read: its form is told from its lengths)."""
+    return nal_ref_idc(ctypes.string_at(pkt.bsl_data, int(pkt.bsl)))
 
 
 def _call(obj, name: str):
