@@ -40,9 +40,13 @@ def test_nal_ref_idc_reads_the_first_slice_after_parameter_sets_and_sei(wrap):
 def test_nal_ref_idc_three_byte_start_codes_a_zero_length_prefix_and_lengths_that_look_like_start_codes():
     assert nal_ref_idc(b"\x00\x00\x01" + SEI + b"\x00\x00\x01" + B_NONREF) == 0
     assert nal_ref_idc(b"\x00\x00\x00\x00\x06") is None  # a zero length: not a stream this reads
-    long_p = P_REF + bytes(255)  # 257 bytes: its length prefix is 00 00 01 01, a start code and a NAL header
-    assert nal_ref_idc(avcc(long_p)) == 2 and nal_ref_idc(avcc(SEI + bytes(300), B_NONREF)) == 0
+    long_p = P_REF + bytes(255)  # 257 bytes: its length prefix 00 00 01 01 reads as a start code and a B slice
+    assert nal_ref_idc(avcc(long_p)) is None  # the two readings disagree: not known, so the packet is decoded
+    assert nal_ref_idc(avcc(SEI + bytes(300), B_NONREF)) is None  # 00 00 01 2f...: Annex B finds no slice
     assert nal_ref_idc(annexb(long_p)) == 2
+    # a 3-byte start code, SEI, then a reference P, 266 bytes: its first 4 bytes also read as a length to the end
+    three = b"\x00\x00\x01" + bytes([0x06, 1, 4, 0, 0, 0, 0, 0x80]) + b"\x00\x00\x01" + P_REF
+    assert nal_ref_idc(three + b"\x55" * (266 - len(three))) is None and nal_ref_idc(three + b"\x55" * 9) == 2
 
 
 def test_real_files_non_reference_pictures_where_the_encoder_wrote_b_frames(videos):
@@ -295,6 +299,33 @@ def test_the_cutter_hands_back_what_it_cannot_plan_and_fails_loudly_on_a_file_un
     nvc.dtype = torch.int16  # surfaces of another depth: SimpleDecoder refuses such files, so does this path
     with pytest.raises(nvdec_seek.PathFailed, match="not 8-bit 4:2:0"):
         cutter.planes(paths["a"], table, (29, 30))
+
+
+def test_decoding_starts_at_idr_pictures_only(tmp_path):
+    """An open GOP's keyframe (an I picture, not IDR) is no start: its packet may lack the parameter sets."""
+    nvc, paths = scripted(tmp_path, open={})
+    order, kinds, keys = ibbp(48, (0, 24))
+    nvc.files[paths["open"]]["packets"] = [
+        (10 * g, key, avcc(SEI, IDR if g == 0 else bytes([0x61, 0x88])) if key else avcc(kind))
+        for g, kind, key in zip(order, kinds, keys)
+    ]
+    cutter = SeekCutter(nvc, 0, STREAM)
+    table = cutter.table(paths["open"])
+    assert list(table.keyat) == [0]
+    planes, _ = cutter.planes(paths["open"], table, (30, 31))
+    assert [stamp(p) for p in planes] == [300, 310] and min(dict(nvc.fed)) == 0
+
+
+def test_a_picture_that_never_comes_stops_the_feed_past_the_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(nvdec_seek, "SCAN_LIMIT", 40)
+    monkeypatch.setattr(nvdec_seek, "REORDER", 8)
+    nvc, paths = scripted(tmp_path, long={"frames": 400, "keys_at": (0, 24)})
+    cutter = SeekCutter(nvc, 0, STREAM)
+    table = cutter.table(paths["long"])
+    nvc.lose.add(370)
+    with pytest.raises(nvdec_seek.PathFailed, match="gave 1 of the 2 frames"):
+        cutter.planes(paths["long"], table, (36, 37))
+    assert max(dict(nvc.fed)) < 10 * (48 + 8 + 4)  # not the rest of the file's 400 pictures
 
 
 def test_a_long_file_is_read_only_as_far_as_the_path_can_use_it(tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from array import array
 from collections import OrderedDict
@@ -67,30 +68,47 @@ def how() -> str:
     return f"H.264 clips mapping only their own pictures{odd}"
 
 
+def first_slice(data: bytes) -> int | None:
+    """The first slice NAL unit's header byte (types 1 and 5) of a whole H.264 access unit, or None when it has
+    none or its form is ambiguous. PyNvVideoCodec's demuxer gives Annex B (h264_mp4toannexb: a 4-byte start
+    code first); MP4's length-prefixed form is read where 4-byte lengths chain exactly to the end. Bytes that
+    begin 00 00 01 fit both (a length of 256-511 or a 3-byte start code): the header is taken only where both
+    readings agree, else None, and the packet is decoded (the safe side)."""
+    annexb = _annexb_slice(data)
+    if data[:4] == b"\x00\x00\x00\x01":
+        return annexb
+    chained, prefixed = _prefixed_slice(data)
+    if data[:3] == b"\x00\x00\x01" and chained:
+        return annexb if prefixed == annexb else None
+    return prefixed if chained else annexb
+
+
 def nal_ref_idc(data: bytes) -> int | None:
-    """nal_ref_idc of the first slice NAL unit (types 1 and 5) of a whole H.264 access unit, None when it has no
-    slice. The form is read from the bytes: 4-byte big-endian lengths that chain exactly to the end are MP4's
-    length-prefixed form, anything else Annex B (3- or 4-byte start codes), so neither is taken for the other
-    (a length of 256-511 begins with the bytes of a start code)."""
-    n, i = len(data), 0
-    while 0 <= i < n:  # length-prefixed while the lengths chain; i lands on n exactly when they do
-        size = int.from_bytes(data[i : i + 4], "big") if i + 4 < n else 0
-        i = i + 4 + size if size > 0 and i + 4 + size <= n else -1
-    if i == n and n:
-        i = 0
-        while i < n:
-            head = data[i + 4]
-            if head & 0x1F in (1, 5):
-                return (head >> 5) & 3
-            i += 4 + int.from_bytes(data[i : i + 4], "big")
-        return None
-    i = data.find(b"\x00\x00\x01")
+    """nal_ref_idc of a whole access unit's first slice (first_slice), None where that is not known."""
+    head = first_slice(data)
+    return None if head is None else (head >> 5) & 3
+
+
+def _annexb_slice(data: bytes) -> int | None:
+    n, i = len(data), data.find(b"\x00\x00\x01")
     while 0 <= i < n - 3:
-        head = data[i + 3]
-        if head & 0x1F in (1, 5):
-            return (head >> 5) & 3
+        if data[i + 3] & 0x1F in (1, 5):
+            return data[i + 3]
         i = data.find(b"\x00\x00\x01", i + 3)
     return None
+
+
+def _prefixed_slice(data: bytes) -> tuple[bool, int | None]:
+    """(whether 4-byte lengths chain exactly to the end, the first slice's header byte in that reading)."""
+    n, i, head = len(data), 0, None
+    while i < n:
+        size = int.from_bytes(data[i : i + 4], "big") if i + 4 < n else 0
+        if size <= 0 or i + 4 + size > n:
+            return False, None
+        if head is None and data[i + 4] & 0x1F in (1, 5):
+            head = data[i + 4]
+        i += 4 + size
+    return n > 0, head
 
 
 @dataclass(frozen=True)
@@ -197,7 +215,7 @@ class SeekCutter:
                         complete = False
                         break
                     pts.append(int(pkt.pts))
-                    keys.append(bool(pkt.key))
+                    keys.append(bool(pkt.key) and _idr(pkt))  # the pictures decoding may start at
             return Table.of(pts, keys, size, complete)
 
         return TABLES.get((path, stat.st_size, stat.st_mtime_ns), build)
@@ -244,6 +262,8 @@ class SeekCutter:
 
         try:
             for n, pkt in _numbered(dmx, start):
+                if n >= len(table.pts) + REORDER:  # every wanted packet is in the table: a picture never came
+                    break
                 if n < len(table.pts) and int(pkt.pts) != table.pts[n]:
                     raise PathFailed(f"packet {n} of the file is not the one its table holds")
                 shown = int(pkt.pts) in want
@@ -276,7 +296,7 @@ def give_up(path: str, err: BaseException) -> None:
     why = (text[0] if text else type(err).__name__)[:160]
     with _lock:
         GIVEN_UP[path] = why
-        reason = why.split(" (")[0].split(":")[0][:60]
+        reason = re.sub(r"\d+", "N", why.split(" (")[0].split(":")[0])[:60]  # counts and positions aside
         if reason not in _reasons:
             _reasons.add(reason)
             _notes.append(
@@ -302,8 +322,20 @@ def _numbered(dmx, start: int):
 
 
 def _nal_ref(pkt) -> int | None:
-    """nal_ref_idc of a demuxed packet's picture (the whole packet read: its form is told from its lengths)."""
-    return nal_ref_idc(ctypes.string_at(pkt.bsl_data, int(pkt.bsl)))
+    """nal_ref_idc of a demuxed packet's picture (the whole packet read: first_slice tells its form)."""
+    return nal_ref_idc(_bytes(pkt))
+
+
+def _idr(pkt) -> bool:
+    """Whether a packet holds an IDR picture: decoding can start there (h264_mp4toannexb puts the parameter sets
+    before it). A keyframe that is not one (an open GOP's I picture) is no start: its parameter sets may not be
+    in the packet, and a reused session could decode it with another file's."""
+    head = first_slice(_bytes(pkt))
+    return head is not None and head & 0x1F == 5
+
+
+def _bytes(pkt) -> bytes:
+    return ctypes.string_at(pkt.bsl_data, int(pkt.bsl))
 
 
 def _call(obj, name: str):
