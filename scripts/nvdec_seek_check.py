@@ -21,7 +21,6 @@ import json
 import os
 import random
 import sys
-import threading
 import time
 
 EXT = (".mp4", ".mov", ".mkv", ".m4v")
@@ -72,6 +71,7 @@ def main() -> int:
         import torch
 
         from taehv_launch.train.data import nvdec, nvdec_seek
+        from nvdec_seek_probe import timed_threads
         from taehv_launch.train.data.clips import Crop, Ticket, View
     except ImportError as err:
         print(f"error: {err}: run this on the GPU machine with the project on PYTHONPATH", file=sys.stderr)
@@ -171,13 +171,7 @@ def main() -> int:
                 except Exception as err:
                     failed.append(f"{type(err).__name__}: {str(err)[:120]}")
 
-            t0 = time.perf_counter()
-            ths = [threading.Thread(target=work, args=(t,)) for t in range(a.threads)]
-            for th in ths:
-                th.start()
-            for th in ths:
-                th.join()
-            dt = time.perf_counter() - t0
+            dt = timed_threads(a.threads, work)
             print(
                 json.dumps(
                     {

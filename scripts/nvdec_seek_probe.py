@@ -31,6 +31,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from taehv_launch.train.data.nvdec_seek import nal_ref_idc as nal_ref  # noqa: E402  (the trainer's own reading)
 
 
+def timed_threads(n: int, work) -> float:
+    """Seconds that n threads running work(t), t = 0..n-1, take together."""
+    t0 = time.perf_counter()
+    ths = [threading.Thread(target=work, args=(t,)) for t in range(n)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    return time.perf_counter() - t0
+
+
 def table(nvc, path):
     """Decode-order packets: (pts, key, ref) and the display-order pts list."""
     dmx = nvc.CreateDemuxer(path)
@@ -233,13 +244,7 @@ def main() -> int:
                 errors.append(str(err)[:200])
             sent[t] = dec.sent
 
-        t0 = time.perf_counter()
-        ths = [threading.Thread(target=work, args=(t,)) for t in range(a.threads)]
-        for th in ths:
-            th.start()
-        for th in ths:
-            th.join()
-        dt = time.perf_counter() - t0
+        dt = timed_threads(a.threads, work)
         cpu = time.process_time()
         print(
             json.dumps(

@@ -220,8 +220,7 @@ class SeekCutter:
 
         return TABLES.get((path, stat.st_size, stat.st_mtime_ns), build)
 
-    def _decoder(self, dmx):
-        size = (_call(dmx, "Height"), _call(dmx, "Width"))
+    def _decoder(self, dmx, size: tuple[int, int]):
         key = (int(dmx.GetNvCodecId()), size)
         if key not in self.decoders:
             self.created += 1
@@ -249,9 +248,7 @@ class SeekCutter:
         if start > SCAN_LIMIT:
             return None  # too far into the file to demux packet by packet: SimpleDecoder seeks on its own
         dmx = self.nvc.CreateDemuxer(path)
-        key, dec = self._decoder(dmx)
-        if None in key[1]:
-            raise PathFailed("the demuxer does not give the stream's size")
+        key, dec = self._decoder(dmx, table.size)  # a table has the size: build() reads it, none without it
         got: dict[int, Any] = {}
 
         def take(frames):
